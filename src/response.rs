@@ -1,0 +1,169 @@
+//! The answers the layer gives itself, and the [`Outcome`] of every delivery.
+//!
+//! Every response that passes through the layer carries its [`Outcome`] in the response
+//! extensions. The answers the layer makes itself also name it in the
+//! [`idempotency-outcome`](OUTCOME_HEADER) header; errors are `application/problem+json`
+//! (RFC 9457).
+//!
+//! ```
+//! use http::{Request, Response, StatusCode};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//! use tower_idempotency::{IdempotencyLayer, Outcome, key, store::MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let svc = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()).key(key::github()))
+//!     .service(service_fn(|_req| async { Ok::<_, std::convert::Infallible>(Response::new(String::new())) }));
+//!
+//! // A GitHub delivery without its delivery header.
+//! let res = svc.oneshot(Request::post("/").body(String::new()).unwrap()).await.unwrap();
+//! assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+//! assert_eq!(res.headers()["content-type"], "application/problem+json");
+//! assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Rejected));
+//! # }
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
+
+use crate::body::ResponseBody;
+use crate::key::KeyError;
+
+/// The header naming the outcome on the layer's own answers, e.g. `idempotency-outcome:
+/// duplicate`.
+pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("idempotency-outcome");
+
+const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+
+/// What happened to a delivery. Found in the extensions of every response of the layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The handler ran, succeeded, and the key is `done`.
+    Processed,
+    /// The handler ran and failed; the claim was released so a retry runs it again.
+    Released,
+    /// The event was processed already: answered 200 without running the handler.
+    Duplicate,
+    /// Another delivery of the event is being processed: answered 409 with `Retry-After`.
+    InFlight,
+    /// A stale claim held for a person: answered 409.
+    Held,
+    /// No usable key, or an unreadable body: answered 4xx.
+    Rejected,
+    /// The store failed: answered 503 with `Retry-After`; the handler did not run.
+    StoreUnavailable,
+    /// No key, and the layer was told to let such requests through unguarded.
+    PassedThrough,
+}
+
+impl Outcome {
+    /// The outcome's name, as in logs and the [`OUTCOME_HEADER`].
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Processed => "processed",
+            Self::Released => "released",
+            Self::Duplicate => "duplicate",
+            Self::InFlight => "in-flight",
+            Self::Held => "held",
+            Self::Rejected => "rejected",
+            Self::StoreUnavailable => "store-unavailable",
+            Self::PassedThrough => "passed-through",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+pub(crate) fn duplicate<B>() -> Response<ResponseBody<B>> {
+    answer(StatusCode::OK, Outcome::Duplicate, Bytes::new())
+}
+
+pub(crate) fn in_flight<B>(retry_after: Duration) -> Response<ResponseBody<B>> {
+    let mut res = problem(
+        StatusCode::CONFLICT,
+        Outcome::InFlight,
+        "another delivery of this event is being processed; retry later",
+        None,
+    );
+    set_retry_after(&mut res, retry_after);
+    res
+}
+
+pub(crate) fn held<B>() -> Response<ResponseBody<B>> {
+    problem(
+        StatusCode::CONFLICT,
+        Outcome::Held,
+        "an earlier delivery of this event did not finish; it is held for review",
+        None,
+    )
+}
+
+pub(crate) fn rejected<B>(error: &KeyError) -> Response<ResponseBody<B>> {
+    let expected = match error {
+        KeyError::Missing { expected } => Some(&**expected),
+        _ => None,
+    };
+    let mut res = problem(
+        error.status(),
+        Outcome::Rejected,
+        &error.to_string(),
+        expected,
+    );
+    res.extensions_mut().insert(error.clone());
+    res
+}
+
+pub(crate) fn store_unavailable<B>(retry_after: Duration) -> Response<ResponseBody<B>> {
+    let mut res = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Outcome::StoreUnavailable,
+        "the idempotency store is unavailable; the event was not processed",
+        None,
+    );
+    set_retry_after(&mut res, retry_after);
+    res
+}
+
+fn problem<B>(
+    status: StatusCode,
+    outcome: Outcome,
+    detail: &str,
+    expected: Option<&str>,
+) -> Response<ResponseBody<B>> {
+    let mut body = serde_json::json!({
+        "title": status.canonical_reason().unwrap_or_default(),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    if let Some(expected) = expected {
+        body["expected"] = expected.into();
+    }
+    let mut res = answer(status, outcome, Bytes::from(body.to_string()));
+    res.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+    res
+}
+
+fn answer<B>(status: StatusCode, outcome: Outcome, body: Bytes) -> Response<ResponseBody<B>> {
+    let mut res = Response::new(ResponseBody::bytes(body));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(OUTCOME_HEADER, HeaderValue::from_static(outcome.as_str()));
+    res.extensions_mut().insert(outcome);
+    res
+}
+
+fn set_retry_after<B>(res: &mut Response<B>, after: Duration) {
+    let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    res.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+}

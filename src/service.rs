@@ -1,0 +1,424 @@
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_service::Service;
+
+use crate::body::{RequestBody, ResponseBody};
+use crate::future::ResponseFuture;
+use crate::key::{Auto, ExtractKey, IdempotencyKey, KeyError};
+use crate::layer::{Config, MissingKey};
+use crate::response::{self, Outcome};
+use crate::store::{Claim, Lease, StalePolicy, Store, StoreError};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The service made by [`IdempotencyLayer`](crate::IdempotencyLayer): claim, run the inner
+/// service, then commit or release.
+///
+/// The inner service receives `Request<RequestBody<B>>` and its error type is kept: the
+/// layer's own outcomes (duplicate, in flight, bad key, store down) are responses.
+pub struct Idempotency<S, St, K = Auto> {
+    inner: S,
+    shared: Arc<Shared<St, K>>,
+}
+
+pub(crate) struct Shared<St, K> {
+    pub(crate) store: St,
+    pub(crate) key: K,
+    pub(crate) config: Config,
+}
+
+impl<S, St, K> Idempotency<S, St, K> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<St, K>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Clone, St, K> Clone for Idempotency<S, St, K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St: fmt::Debug, K: fmt::Debug> fmt::Debug for Idempotency<S, St, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .field("store", &self.shared.store)
+            .field("key", &self.shared.key)
+            .field("config", &self.shared.config)
+            .finish()
+    }
+}
+
+impl<S, St, K, ReqB, ResB> Service<Request<ReqB>> for Idempotency<S, St, K>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    K: ExtractKey,
+    ReqB: Body<Data = Bytes> + Send + 'static,
+    ReqB::Error: Into<BoxError>,
+    ResB: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<Self::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        // The clone takes the place of the service that was polled ready, which goes into
+        // the future.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::new(Box::pin(deliver(self.shared.clone(), inner, req)))
+    }
+}
+
+/// One delivery, from key to commit or release.
+async fn deliver<S, St, K, ReqB, ResB>(
+    shared: Arc<Shared<St, K>>,
+    mut inner: S,
+    req: Request<ReqB>,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    St: Store,
+    K: ExtractKey,
+    ReqB: Body<Data = Bytes>,
+    ReqB::Error: Into<BoxError>,
+{
+    let config = &shared.config;
+    let (parts, body) = req.into_parts();
+    let (key, body) = match find_key(&shared, &parts, body).await {
+        Ok(found) => found,
+        Err(error) => return Ok(reject(&error)),
+    };
+    let key = match key {
+        Ok(key) => key,
+        Err(KeyError::Missing { .. }) if config.missing_key == MissingKey::PassThrough => {
+            tracing::debug!(
+                outcome = Outcome::PassedThrough.as_str(),
+                "delivery without key"
+            );
+            let res = inner.call(Request::from_parts(parts, body)).await?;
+            return Ok(with_outcome(res, Outcome::PassedThrough));
+        }
+        Err(error) => return Ok(reject(&error)),
+    };
+
+    let lease = match shared.store.claim(&key, config.stale).await {
+        Ok(Claim::Acquired(lease)) => lease,
+        Ok(Claim::Done(done)) => {
+            record(&key, None, Outcome::Duplicate);
+            tracing::trace!(
+                deliveries = done.deliveries,
+                "duplicate of a processed event"
+            );
+            return Ok(response::duplicate());
+        }
+        Ok(Claim::InFlight(pending)) => {
+            record(&key, None, Outcome::InFlight);
+            tracing::trace!(age = ?pending.age, deliveries = pending.deliveries, "claim in flight");
+            return Ok(response::in_flight(config.retry_after));
+        }
+        Ok(Claim::Held(pending)) => {
+            record(&key, None, Outcome::Held);
+            tracing::warn!(
+                namespace = key.namespace(),
+                key = key.value(),
+                age = ?pending.age,
+                deliveries = pending.deliveries,
+                "stale claim held for review: resolve it with Store::resolve",
+            );
+            if let Some(hook) = &config.on_held {
+                hook(&key, &pending);
+            }
+            return Ok(response::held());
+        }
+        Err(error) => {
+            record(&key, None, Outcome::StoreUnavailable);
+            tracing::error!(
+                namespace = key.namespace(),
+                key = key.value(),
+                error = &error as &dyn std::error::Error,
+                "claim failed; the handler does not run",
+            );
+            return Ok(response::store_unavailable(config.retry_after));
+        }
+    };
+    if lease.reclaimed() {
+        tracing::warn!(
+            namespace = key.namespace(),
+            key = key.value(),
+            lease = %lease.token(),
+            "reclaimed a stale claim: the earlier delivery's owner may still be running",
+        );
+    }
+
+    let mut guard = LeaseGuard::new(shared.clone(), lease);
+    // `call` runs inside the caught future, so a panic in `call` itself is caught as well.
+    let request = Request::from_parts(parts, body);
+    let result = AssertUnwindSafe(async move { inner.call(request).await })
+        .catch_unwind()
+        .await;
+    match result {
+        Ok(Ok(res)) => {
+            let outcome = if (config.commit_when)(res.status()) {
+                guard.settle(Settle::Commit).await
+            } else {
+                guard.settle(Settle::Release).await
+            };
+            Ok(with_outcome(res, outcome))
+        }
+        Ok(Err(error)) => {
+            guard.settle(Settle::Release).await;
+            Err(error)
+        }
+        Err(panic) => {
+            guard.abandon().await;
+            std::panic::resume_unwind(panic)
+        }
+    }
+}
+
+/// Finds the key, buffering the body first if the extractor reads it. The outer error is a
+/// body that could not be buffered; the inner one an extractor's verdict.
+async fn find_key<St, K, B>(
+    shared: &Shared<St, K>,
+    parts: &Parts,
+    body: B,
+) -> Result<(Result<IdempotencyKey, KeyError>, RequestBody<B>), KeyError>
+where
+    K: ExtractKey,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let config = &shared.config;
+    if !shared.key.reads_body(parts) {
+        let key = shared.key.extract(parts, None);
+        return Ok((check_len(key, config), RequestBody::new(body)));
+    }
+    let bytes = buffer(parts, body, config).await?;
+    let key = shared.key.extract(parts, Some(&bytes));
+    Ok((check_len(key, config), RequestBody::buffered(bytes)))
+}
+
+async fn buffer<B>(parts: &Parts, body: B, config: &Config) -> Result<Bytes, KeyError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let limit = config.body_limit;
+    let too_large = KeyError::BodyTooLarge { limit };
+    let declared = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(too_large);
+    }
+    let collect = Limited::new(body, limit).collect();
+    match tokio::time::timeout(config.body_timeout, collect).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(error)) if error.is::<LengthLimitError>() => Err(too_large),
+        Ok(Err(error)) => Err(KeyError::BodyUnreadable {
+            detail: error.to_string(),
+        }),
+        Err(_elapsed) => Err(KeyError::BodyTimeout),
+    }
+}
+
+fn check_len(
+    key: Result<IdempotencyKey, KeyError>,
+    config: &Config,
+) -> Result<IdempotencyKey, KeyError> {
+    let key = key?;
+    if key.value().len() > config.max_key_len {
+        return Err(KeyError::invalid(format!(
+            "the key is {} bytes long; at most {} are allowed",
+            key.value().len(),
+            config.max_key_len
+        )));
+    }
+    Ok(key)
+}
+
+fn reject<B>(error: &KeyError) -> Response<ResponseBody<B>> {
+    tracing::debug!(outcome = Outcome::Rejected.as_str(), %error, "delivery rejected");
+    response::rejected(error)
+}
+
+fn with_outcome<B>(res: Response<B>, outcome: Outcome) -> Response<ResponseBody<B>> {
+    let mut res = res.map(ResponseBody::new);
+    res.extensions_mut().insert(outcome);
+    res
+}
+
+/// The one event every delivery with a key records.
+fn record(key: &IdempotencyKey, lease: Option<&Lease>, outcome: Outcome) {
+    tracing::debug!(
+        namespace = key.namespace(),
+        key = key.value(),
+        outcome = outcome.as_str(),
+        lease = lease.map(|l| tracing::field::display(l.token())),
+        "delivery",
+    );
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Settle {
+    Commit,
+    Release,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum GuardState {
+    /// The inner service is running.
+    Running,
+    /// A commit or release is under way.
+    Settling(Settle),
+    /// Nothing left to do.
+    Settled,
+}
+
+/// Holds a lease while the inner service runs, and makes sure it is settled even when the
+/// response future is dropped half way: hyper drops it when the client disconnects.
+struct LeaseGuard<St: Store, K: ExtractKey> {
+    shared: Arc<Shared<St, K>>,
+    lease: Lease,
+    state: GuardState,
+}
+
+impl<St: Store, K: ExtractKey> LeaseGuard<St, K> {
+    fn new(shared: Arc<Shared<St, K>>, lease: Lease) -> Self {
+        Self {
+            shared,
+            lease,
+            state: GuardState::Running,
+        }
+    }
+
+    /// Commits or releases, and answers the delivery's outcome. If the future is dropped
+    /// during the store call, `Drop` finishes the same action in a task of its own.
+    async fn settle(&mut self, action: Settle) -> Outcome {
+        self.state = GuardState::Settling(action);
+        let result = run(&self.shared.store, &self.lease, action).await;
+        self.state = GuardState::Settled;
+        report(&self.lease, action, &result)
+    }
+
+    /// The inner service panicked: under reclaim, release so the retry runs; under hold,
+    /// leave the claim to the stale path, since the work may have been half done.
+    async fn abandon(&mut self) {
+        match self.shared.config.stale.policy() {
+            StalePolicy::Reclaim => {
+                self.settle(Settle::Release).await;
+            }
+            StalePolicy::Hold => {
+                self.state = GuardState::Settled;
+                left_for_hold(&self.lease, "the handler panicked");
+            }
+        }
+    }
+}
+
+impl<St: Store, K: ExtractKey> Drop for LeaseGuard<St, K> {
+    fn drop(&mut self) {
+        let action = match self.state {
+            GuardState::Settled => return,
+            GuardState::Settling(action) => action,
+            GuardState::Running => match self.shared.config.stale.policy() {
+                StalePolicy::Reclaim => Settle::Release,
+                StalePolicy::Hold => {
+                    return left_for_hold(&self.lease, "the request was dropped mid-flight");
+                }
+            },
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                namespace = self.lease.key().namespace(),
+                key = self.lease.key().value(),
+                lease = %self.lease.token(),
+                "no runtime to settle a dropped claim; it is left to the stale path",
+            );
+            return;
+        };
+        let shared = self.shared.clone();
+        let lease = self.lease.clone();
+        runtime.spawn(async move {
+            let result = run(&shared.store, &lease, action).await;
+            report(&lease, action, &result);
+        });
+    }
+}
+
+async fn run<St: Store>(store: &St, lease: &Lease, action: Settle) -> Result<(), StoreError> {
+    match action {
+        Settle::Commit => store.commit(lease).await,
+        Settle::Release => store.release(lease).await,
+    }
+}
+
+fn report(lease: &Lease, action: Settle, result: &Result<(), StoreError>) -> Outcome {
+    let outcome = match action {
+        Settle::Commit => Outcome::Processed,
+        Settle::Release => Outcome::Released,
+    };
+    record(lease.key(), Some(lease), outcome);
+    let key = lease.key();
+    match (result, action) {
+        (Ok(()), _) => {}
+        (Err(StoreError::LeaseLost), _) => tracing::warn!(
+            namespace = key.namespace(),
+            key = key.value(),
+            lease = %lease.token(),
+            action = ?action,
+            "lost the lease: another delivery took over this claim; nothing was changed",
+        ),
+        (Err(error), Settle::Commit) => tracing::error!(
+            namespace = key.namespace(),
+            key = key.value(),
+            lease = %lease.token(),
+            error = error as &dyn std::error::Error,
+            "commit failed after the handler succeeded; the claim will turn stale",
+        ),
+        (Err(error), Settle::Release) => tracing::error!(
+            namespace = key.namespace(),
+            key = key.value(),
+            lease = %lease.token(),
+            error = error as &dyn std::error::Error,
+            "release failed; the claim will turn stale",
+        ),
+    }
+    outcome
+}
+
+fn left_for_hold(lease: &Lease, why: &str) {
+    tracing::warn!(
+        namespace = lease.key().namespace(),
+        key = lease.key().value(),
+        lease = %lease.token(),
+        "{why}; under the hold policy the claim stays for review once stale",
+    );
+}
