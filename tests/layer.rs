@@ -1,0 +1,847 @@
+//! Every row of the status table, driven through the layer with `MemoryStore` (and stores
+//! that fail on purpose).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Full};
+use tokio::sync::{Semaphore, mpsc};
+use tower::{Layer, Service, ServiceExt, service_fn};
+use tower_idempotency::body::{RequestBody, ResponseBody};
+use tower_idempotency::store::{
+    Claim, Lease, MemoryStore, Resolution, Stale, Store, StoreError, StuckClaim,
+};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MissingKey, Outcome, key};
+
+type Req = Request<RequestBody<Full<Bytes>>>;
+type Res = Response<ResponseBody<Full<Bytes>>>;
+
+/// A webhook handler whose behaviour each request picks with `x-behave`: `ok`, `500`, `err`,
+/// `panic`, or `block` (wait for a permit of `gate`, after announcing itself on `started`).
+#[derive(Clone)]
+struct Handler {
+    runs: Arc<AtomicUsize>,
+    gate: Arc<Semaphore>,
+    started: mpsc::UnboundedSender<()>,
+}
+
+struct Harness {
+    runs: Arc<AtomicUsize>,
+    gate: Arc<Semaphore>,
+    started: mpsc::UnboundedReceiver<()>,
+    handler: Handler,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(Semaphore::new(0));
+        Self {
+            runs: runs.clone(),
+            gate: gate.clone(),
+            started: rx,
+            handler: Handler {
+                runs,
+                gate,
+                started: tx,
+            },
+        }
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    fn service<St: Store + Clone, K: key::ExtractKey + Clone>(
+        &self,
+        layer: IdempotencyLayer<St, K>,
+    ) -> impl Service<Request<Full<Bytes>>, Response = Res, Error = &'static str, Future = impl Send>
+    + Clone
+    + Send
+    + 'static {
+        let handler = self.handler.clone();
+        layer.layer(service_fn(move |req: Req| {
+            let h = handler.clone();
+            async move {
+                h.runs.fetch_add(1, Ordering::SeqCst);
+                let behave = req
+                    .headers()
+                    .get("x-behave")
+                    .map(|v| v.to_str().unwrap().to_owned())
+                    .unwrap_or_else(|| "ok".into());
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                match behave.as_str() {
+                    "500" => {
+                        let mut res = Response::new(Full::new(Bytes::from_static(b"boom")));
+                        *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                        Ok(res)
+                    }
+                    "err" => Err("handler error"),
+                    "panic" => panic!("handler panicked"),
+                    "block" => {
+                        let _ = h.started.send(());
+                        h.gate.acquire().await.unwrap().forget();
+                        Ok(Response::new(Full::new(body)))
+                    }
+                    _ => Ok(Response::new(Full::new(body))),
+                }
+            }
+        }))
+    }
+}
+
+fn delivery(id: &str, behave: &str) -> Request<Full<Bytes>> {
+    Request::post("/hook")
+        .header("x-event-id", id)
+        .header("x-behave", behave)
+        .body(Full::new(Bytes::from_static(b"payload")))
+        .unwrap()
+}
+
+fn layer(store: MemoryStore) -> IdempotencyLayer<MemoryStore, key::Header> {
+    IdempotencyLayer::new(store).key(key::header("x-event-id").namespace("test"))
+}
+
+fn test_key(id: &str) -> IdempotencyKey {
+    IdempotencyKey::new("test", id).unwrap()
+}
+
+async fn body_text(res: Res) -> String {
+    String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+}
+
+async fn problem(res: Res) -> serde_json::Value {
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    serde_json::from_str(&body_text(res).await).unwrap()
+}
+
+#[tokio::test]
+async fn first_delivery_runs_and_commits_then_duplicates_get_200() {
+    let h = Harness::new();
+    let store = MemoryStore::new();
+    let svc = h.service(layer(store.clone()));
+
+    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    assert!(
+        res.headers().get("idempotency-outcome").is_none(),
+        "the handler's response is untouched"
+    );
+    assert_eq!(body_text(res).await, "payload");
+
+    for _ in 0..3 {
+        let dup = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+        assert_eq!(
+            dup.status(),
+            StatusCode::OK,
+            "never 409 for a finished event"
+        );
+        assert_eq!(dup.headers()["idempotency-outcome"], "duplicate");
+        assert_eq!(dup.extensions().get::<Outcome>(), Some(&Outcome::Duplicate));
+        assert_eq!(body_text(dup).await, "");
+    }
+    assert_eq!(h.runs(), 1);
+    match store
+        .claim(&test_key("e1"), Stale::default())
+        .await
+        .unwrap()
+    {
+        Claim::Done(done) => assert_eq!(done.deliveries, 5),
+        other => panic!("expected done, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn non_success_releases_and_the_retry_runs() {
+    let h = Harness::new();
+    let store = MemoryStore::new();
+    let svc = h.service(layer(store.clone()));
+
+    let res = svc.clone().oneshot(delivery("e1", "500")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Released));
+    assert!(store.is_empty(), "the claim was released");
+
+    let retry = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::OK);
+    assert_eq!(
+        retry.extensions().get::<Outcome>(),
+        Some(&Outcome::Processed)
+    );
+    assert_eq!(
+        h.runs(),
+        2,
+        "the handler that failed once ran again on retry"
+    );
+    let dup = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(dup.headers()["idempotency-outcome"], "duplicate");
+    assert_eq!(h.runs(), 2);
+}
+
+#[tokio::test]
+async fn inner_error_is_returned_and_releases() {
+    let h = Harness::new();
+    let store = MemoryStore::new();
+    let svc = h.service(layer(store.clone()));
+
+    let err = svc
+        .clone()
+        .oneshot(delivery("e1", "err"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err, "handler error",
+        "the inner error type and value are kept"
+    );
+    assert!(store.is_empty());
+    svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(h.runs(), 2);
+}
+
+#[tokio::test]
+async fn commit_when_decides_what_counts_as_success() {
+    let h = Harness::new();
+    let store = MemoryStore::new();
+    let svc =
+        h.service(layer(store.clone()).commit_when(|s| s.is_success() || s.is_server_error()));
+    let res = svc.clone().oneshot(delivery("e1", "500")).await.unwrap();
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    let dup = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(dup.headers()["idempotency-outcome"], "duplicate");
+    assert_eq!(h.runs(), 1);
+}
+
+async fn panicking_delivery(h: &Harness, store: MemoryStore, stale: Stale) {
+    let svc = h.service(layer(store).stale(stale));
+    let join = tokio::spawn(svc.oneshot(delivery("e1", "panic"))).await;
+    assert!(
+        join.unwrap_err().is_panic(),
+        "the panic goes on to the caller"
+    );
+}
+
+#[tokio::test]
+async fn panic_releases_under_reclaim() {
+    let h = Harness::new();
+    let store = MemoryStore::new();
+    panicking_delivery(&h, store.clone(), Stale::default()).await;
+    assert!(store.is_empty(), "released");
+    let svc = h.service(layer(store));
+    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    assert_eq!(h.runs(), 2, "the retry ran");
+}
+
+#[tokio::test(start_paused = true)]
+async fn panic_is_held_under_hold_until_resolved() {
+    let h = Harness::new();
+    let store = MemoryStore::new();
+    let hold = Stale::hold_after(Duration::from_secs(60));
+    panicking_delivery(&h, store.clone(), hold).await;
+    let svc = h.service(layer(store.clone()).stale(hold));
+
+    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::CONFLICT,
+        "not stale yet: in flight"
+    );
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(res.headers()["idempotency-outcome"], "held");
+    assert_eq!(h.runs(), 1, "the retry did not run");
+
+    let stuck = store.stuck_claims(Duration::from_secs(60)).await.unwrap();
+    assert_eq!(
+        stuck.iter().map(|s| &s.key).collect::<Vec<_>>(),
+        [&test_key("e1")]
+    );
+    assert!(
+        store
+            .resolve(&test_key("e1"), Resolution::Release)
+            .await
+            .unwrap()
+    );
+    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    assert_eq!(h.runs(), 2, "after the person released it, the retry ran");
+}
+
+/// Starts a delivery whose handler blocks, waits until the handler runs, and drops the
+/// response future, as hyper does when the client disconnects.
+async fn dropped_delivery(h: &mut Harness, store: MemoryStore, stale: Stale) {
+    let svc = h.service(layer(store).stale(stale));
+    let mut fut = Box::pin(svc.oneshot(delivery("e1", "block")));
+    tokio::select! {
+        _ = &mut fut => panic!("the handler should block"),
+        started = h.started.recv() => started.unwrap(),
+    }
+    drop(fut);
+}
+
+async fn eventually(mut check: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("condition not reached");
+}
+
+#[tokio::test]
+async fn dropped_future_releases_under_reclaim() {
+    let mut h = Harness::new();
+    let store = MemoryStore::new();
+    dropped_delivery(&mut h, store.clone(), Stale::default()).await;
+    eventually(|| store.is_empty()).await;
+    let svc = h.service(layer(store));
+    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    assert_eq!(h.runs(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_future_is_held_under_hold() {
+    let mut h = Harness::new();
+    let store = MemoryStore::new();
+    let hold = Stale::hold_after(Duration::from_secs(60));
+    dropped_delivery(&mut h, store.clone(), hold).await;
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    let svc = h.service(layer(store.clone()).stale(hold));
+    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.headers()["idempotency-outcome"], "held");
+    assert_eq!(h.runs(), 1);
+    assert!(
+        store
+            .resolve(&test_key("e1"), Resolution::Done)
+            .await
+            .unwrap()
+    );
+    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(
+        res.headers()["idempotency-outcome"],
+        "duplicate",
+        "resolved as done"
+    );
+    assert_eq!(h.runs(), 1);
+}
+
+#[tokio::test]
+async fn in_flight_duplicate_gets_409_with_retry_after() {
+    let mut h = Harness::new();
+    let store = MemoryStore::new();
+    let svc = h.service(layer(store).retry_after(Duration::from_millis(1500)));
+    let first = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
+    h.started.recv().await.unwrap();
+
+    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(
+        res.headers()["retry-after"],
+        "2",
+        "rounded up to whole seconds"
+    );
+    assert_eq!(res.headers()["idempotency-outcome"], "in-flight");
+    assert_eq!(problem(res).await["status"], 409);
+
+    h.gate.add_permits(1);
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+    let dup = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(dup.headers()["idempotency-outcome"], "duplicate");
+    assert_eq!(h.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reclaimed_owner_is_fenced_off() {
+    let mut h = Harness::new();
+    let store = MemoryStore::new();
+    let stale = Stale::reclaim_after(Duration::from_secs(60));
+    let svc = h.service(layer(store.clone()).stale(stale));
+
+    // The first owner blocks past the stale limit...
+    let old = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
+    h.started.recv().await.unwrap();
+    tokio::time::advance(Duration::from_secs(61)).await;
+    // ...so a retry reclaims the key and starts running too.
+    let new = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
+    h.started.recv().await.unwrap();
+    assert_eq!(h.runs(), 2, "the stale claim was reclaimed");
+
+    // The old owner finishes first: its commit is fenced off, the key stays in flight.
+    h.gate.add_permits(1);
+    let old_res = old.await.unwrap().unwrap();
+    assert_eq!(old_res.status(), StatusCode::OK, "its response stands");
+    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(
+        res.headers()["idempotency-outcome"],
+        "in-flight",
+        "the old owner's late commit did not mark the new owner's claim done"
+    );
+
+    h.gate.add_permits(1);
+    assert_eq!(new.await.unwrap().unwrap().status(), StatusCode::OK);
+    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.headers()["idempotency-outcome"], "duplicate");
+    assert_eq!(h.runs(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn held_claim_answers_409_and_calls_the_hook() {
+    let mut h = Harness::new();
+    let store = MemoryStore::new();
+    let alerts = Arc::new(AtomicUsize::new(0));
+    let seen = alerts.clone();
+    let hold = layer(store.clone())
+        .stale(Stale::hold_after(Duration::from_secs(60)))
+        .on_held(move |key, pending| {
+            assert_eq!(key.value(), "e1");
+            assert!(pending.age >= Duration::from_secs(60));
+            seen.fetch_add(1, Ordering::SeqCst);
+        });
+    let svc = h.service(hold);
+    let _owner = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
+    h.started.recv().await.unwrap();
+    tokio::time::advance(Duration::from_secs(61)).await;
+
+    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Held));
+    assert!(res.headers().get("retry-after").is_none());
+    assert_eq!(alerts.load(Ordering::SeqCst), 1);
+    assert_eq!(h.runs(), 1);
+    let stuck: Vec<StuckClaim> = store.stuck_claims(Duration::from_secs(60)).await.unwrap();
+    assert_eq!(stuck.len(), 1);
+    assert_eq!(stuck[0].deliveries, 2);
+}
+
+#[tokio::test]
+async fn missing_key_is_400_naming_the_expected_key() {
+    let h = Harness::new();
+    let svc = h.service(layer(MemoryStore::new()));
+    let req = Request::post("/hook")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let res = svc.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Rejected));
+    let body = problem(res).await;
+    assert_eq!(body["status"], 400);
+    assert_eq!(body["expected"], "header `x-event-id`");
+    assert_eq!(h.runs(), 0);
+}
+
+#[tokio::test]
+async fn missing_key_can_pass_through() {
+    let h = Harness::new();
+    let store = MemoryStore::new();
+    let svc = h.service(layer(store.clone()).missing_key(MissingKey::PassThrough));
+    for _ in 0..2 {
+        let req = Request::post("/hook")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let res = svc.clone().oneshot(req).await.unwrap();
+        assert_eq!(
+            res.extensions().get::<Outcome>(),
+            Some(&Outcome::PassedThrough)
+        );
+    }
+    assert_eq!(h.runs(), 2, "unguarded requests run every time");
+    assert!(store.is_empty());
+    // A key that is present but invalid is still rejected.
+    let req = Request::post("/hook")
+        .header("x-event-id", " ")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(
+        svc.oneshot(req).await.unwrap().status(),
+        StatusCode::BAD_REQUEST
+    );
+}
+
+#[tokio::test]
+async fn invalid_keys_are_400() {
+    let h = Harness::new();
+    let svc = h.service(layer(MemoryStore::new()).max_key_len(16));
+    let mut non_utf8 = delivery("x", "ok");
+    non_utf8.headers_mut().insert(
+        "x-event-id",
+        http::HeaderValue::from_bytes(b"\xfe\xff").unwrap(),
+    );
+    let cases = [
+        delivery("", "ok"),
+        delivery("   ", "ok"),
+        delivery(&"k".repeat(17), "ok"),
+        delivery(&"k".repeat(10 * 1024), "ok"),
+        delivery("a\tb", "ok"),
+        non_utf8,
+    ];
+    for req in cases {
+        let res = svc.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+        let body = problem(res).await;
+        assert!(
+            body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("invalid idempotency key"),
+            "{body}"
+        );
+    }
+    assert_eq!(h.runs(), 0);
+}
+
+fn stripe_event(body: &'static str) -> Request<Full<Bytes>> {
+    Request::post("/stripe")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn body_key_errors() {
+    let h = Harness::new();
+    let svc = h.service(
+        IdempotencyLayer::new(MemoryStore::new())
+            .key(key::stripe())
+            .body_limit(64),
+    );
+    let cases = [
+        ("not json", StatusCode::BAD_REQUEST, "not valid JSON"),
+        (
+            r#"{"type":"charge.succeeded"}"#,
+            StatusCode::BAD_REQUEST,
+            "JSON field `/id`",
+        ),
+        (
+            r#"{"id":{"nested":1}}"#,
+            StatusCode::BAD_REQUEST,
+            "is an object",
+        ),
+        (r#"{"id":[1,2]}"#, StatusCode::BAD_REQUEST, "is an array"),
+        (
+            r#"{"id":"evt_1","padding":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "limit of 64 bytes",
+        ),
+    ];
+    for (body, status, detail) in cases {
+        let res = svc.clone().oneshot(stripe_event(body)).await.unwrap();
+        assert_eq!(res.status(), status, "{body}");
+        let problem = problem(res).await;
+        assert!(
+            problem["detail"].as_str().unwrap().contains(detail),
+            "{problem}"
+        );
+    }
+    assert_eq!(h.runs(), 0);
+    // An integer id is a valid key.
+    let res = svc.oneshot(stripe_event(r#"{"id":12345}"#)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(h.runs(), 1);
+}
+
+/// A streaming body with no declared length, delivered in chunks.
+struct Chunks(std::vec::IntoIter<&'static [u8]>);
+
+fn chunks(parts: Vec<&'static [u8]>) -> Chunks {
+    Chunks(parts.into_iter())
+}
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(
+            self.0
+                .next()
+                .map(|c| Ok(Frame::data(Bytes::from_static(c)))),
+        )
+    }
+}
+
+#[tokio::test]
+async fn streamed_body_over_the_limit_is_413_and_under_it_arrives_intact() {
+    let echo = service_fn(|req: Request<RequestBody<Chunks>>| async move {
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        Ok::<_, Infallible>(Response::new(Full::new(body)))
+    });
+    let svc = IdempotencyLayer::new(MemoryStore::new())
+        .key(key::stripe())
+        .body_limit(32)
+        .layer(echo);
+
+    let ok = Request::new(chunks(vec![b"{\"id\":", b"\"evt_1\",", b"\"a\":1}"]));
+    let res = svc.clone().oneshot(ok).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let echoed = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(echoed, "{\"id\":\"evt_1\",\"a\":1}");
+
+    let big = Request::new(chunks(vec![b"{\"id\":\"evt_2\",", &[b' '; 40], b"}"]));
+    let res = svc.oneshot(big).await.unwrap();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn declared_length_over_the_limit_is_413_without_reading() {
+    let h = Harness::new();
+    let svc = h.service(
+        IdempotencyLayer::new(MemoryStore::new())
+            .key(key::stripe())
+            .body_limit(1024),
+    );
+    let req = Request::post("/")
+        .header("content-length", "67108864")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    assert_eq!(
+        svc.oneshot(req).await.unwrap().status(),
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+}
+
+/// A body that never ends.
+struct Endless;
+
+impl Body for Endless {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Pending
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn body_that_never_ends_times_out_with_408() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let seen = runs.clone();
+    let svc = IdempotencyLayer::new(MemoryStore::new())
+        .key(key::stripe())
+        .body_timeout(Duration::from_secs(10))
+        .layer(service_fn(move |_req: Request<RequestBody<Endless>>| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::new()))) }
+        }));
+    let res = svc.oneshot(Request::new(Endless)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// A body that records whether anyone polled it.
+struct Watched(Arc<AtomicBool>);
+
+impl Body for Watched {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.store(true, Ordering::SeqCst);
+        Poll::Ready(None)
+    }
+}
+
+#[tokio::test]
+async fn header_keys_never_touch_the_body() {
+    let polled = Arc::new(AtomicBool::new(false));
+    let svc = layer(MemoryStore::new()).layer(service_fn(
+        |req: Request<RequestBody<Watched>>| async move {
+            assert_eq!(
+                format!("{:?}", req.body()),
+                "RequestBody { kind: \"inner\" }"
+            );
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        },
+    ));
+    let req = Request::post("/")
+        .header("x-event-id", "e1")
+        .body(Watched(polled.clone()))
+        .unwrap();
+    assert_eq!(svc.oneshot(req).await.unwrap().status(), StatusCode::OK);
+    assert!(
+        !polled.load(Ordering::SeqCst),
+        "the layer did not read the body"
+    );
+}
+
+#[tokio::test]
+async fn same_event_twice_in_a_row_runs_once() {
+    let h = Harness::new();
+    let svc = h.service(layer(MemoryStore::new()));
+    let a = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    let b = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(h.runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_event_from_64_tasks_runs_once() {
+    let h = Harness::new();
+    let svc = h.service(layer(MemoryStore::new()));
+    let tasks: Vec<_> = (0..64)
+        .map(|_| tokio::spawn(svc.clone().oneshot(delivery("e1", "ok"))))
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap().unwrap().status());
+    }
+    assert!(
+        answers
+            .iter()
+            .all(|s| *s == StatusCode::OK || *s == StatusCode::CONFLICT),
+        "{answers:?}"
+    );
+    assert_eq!(h.runs(), 1);
+}
+
+/// A store that fails on purpose, around a working one.
+#[derive(Clone, Default)]
+struct Faulty {
+    inner: MemoryStore,
+    fail_claim: Arc<AtomicBool>,
+    fail_commit: Arc<AtomicBool>,
+}
+
+fn outage() -> StoreError {
+    StoreError::backend(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        "connection refused",
+    ))
+}
+
+impl Store for Faulty {
+    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        if self.fail_claim.load(Ordering::SeqCst) {
+            return Err(outage());
+        }
+        self.inner.claim(key, stale).await
+    }
+    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
+        if self.fail_commit.load(Ordering::SeqCst) {
+            return Err(outage());
+        }
+        self.inner.commit(lease).await
+    }
+    fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.release(lease)
+    }
+    fn stuck_claims(
+        &self,
+        older_than: Duration,
+    ) -> impl Future<Output = Result<Vec<StuckClaim>, StoreError>> + Send {
+        self.inner.stuck_claims(older_than)
+    }
+    fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        r: Resolution,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.inner.resolve(key, r)
+    }
+    fn purge_completed(
+        &self,
+        older_than: Duration,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        self.inner.purge_completed(older_than)
+    }
+}
+
+#[tokio::test]
+async fn store_failure_is_503_and_the_handler_does_not_run() {
+    let h = Harness::new();
+    let store = Faulty::default();
+    store.fail_claim.store(true, Ordering::SeqCst);
+    let svc = h.service(
+        IdempotencyLayer::new(store.clone())
+            .key(key::header("x-event-id").namespace("test"))
+            .retry_after(Duration::from_secs(7)),
+    );
+    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "7");
+    assert_eq!(
+        res.extensions().get::<Outcome>(),
+        Some(&Outcome::StoreUnavailable)
+    );
+    assert_eq!(h.runs(), 0, "never run without a claim");
+
+    // The store comes back: the sender's retry is processed, once.
+    store.fail_claim.store(false, Ordering::SeqCst);
+    svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(h.runs(), 1);
+}
+
+#[tokio::test]
+async fn failed_commit_keeps_the_response_and_leaves_the_claim() {
+    let h = Harness::new();
+    let store = Faulty::default();
+    store.fail_commit.store(true, Ordering::SeqCst);
+    let svc = h.service(
+        IdempotencyLayer::new(store.clone()).key(key::header("x-event-id").namespace("test")),
+    );
+    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "the work is done; its response stands"
+    );
+    assert_eq!(body_text(res).await, "payload");
+    store.fail_commit.store(false, Ordering::SeqCst);
+    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(
+        res.headers()["idempotency-outcome"],
+        "in-flight",
+        "the claim is left to turn stale"
+    );
+    assert_eq!(h.runs(), 1);
+}
+
+#[tokio::test]
+async fn auto_keys_by_provider() {
+    let h = Harness::new();
+    let svc = h.service(IdempotencyLayer::new(MemoryStore::new()));
+    let send = |name: &str, value: &str| {
+        Request::post("/")
+            .header(name, value)
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    // The same id from two senders is two events.
+    svc.clone()
+        .oneshot(send("x-github-delivery", "same"))
+        .await
+        .unwrap();
+    svc.clone()
+        .oneshot(send("x-shopify-webhook-id", "same"))
+        .await
+        .unwrap();
+    svc.clone()
+        .oneshot(send("x-github-delivery", "same"))
+        .await
+        .unwrap();
+    assert_eq!(h.runs(), 2);
+    let stripe = Request::post("/")
+        .header("stripe-signature", "t=1,v1=x")
+        .body(Full::new(Bytes::from_static(br#"{"id":"same"}"#)))
+        .unwrap();
+    svc.oneshot(stripe).await.unwrap();
+    assert_eq!(h.runs(), 3);
+}
