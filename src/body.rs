@@ -73,7 +73,7 @@ impl<B> RequestBody<B> {
     /// A body that was read whole and is replayed from memory.
     pub fn buffered(data: Bytes) -> Self {
         Self {
-            kind: Kind::Bytes { data: Some(data) },
+            kind: Kind::bytes(data),
         }
     }
 }
@@ -89,9 +89,16 @@ impl<B> ResponseBody<B> {
     /// One of the layer's own answers.
     pub(crate) fn bytes(data: Bytes) -> Self {
         Self {
-            kind: Kind::Bytes {
-                data: (!data.is_empty()).then_some(data),
-            },
+            kind: Kind::bytes(data),
+        }
+    }
+}
+
+impl<B> Kind<B> {
+    /// Bytes sent as one frame; none at all when empty.
+    fn bytes(data: Bytes) -> Self {
+        Self::Bytes {
+            data: (!data.is_empty()).then_some(data),
         }
     }
 }

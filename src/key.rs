@@ -283,7 +283,15 @@ pub struct Or<A, B> {
 
 impl<A: ExtractKey, B: ExtractKey> ExtractKey for Or<A, B> {
     fn reads_body(&self, parts: &Parts) -> bool {
-        self.first.reads_body(parts) || self.second.reads_body(parts)
+        if self.first.reads_body(parts) {
+            return true;
+        }
+        // The body is buffered only when the head-only first extractor finds nothing: a
+        // delivery keyed by its header must not be refused for the size of its body.
+        matches!(
+            self.first.extract(parts, None),
+            Err(KeyError::Missing { .. })
+        ) && self.second.reads_body(parts)
     }
 
     fn extract(&self, parts: &Parts, body: Option<&[u8]>) -> Result<IdempotencyKey, KeyError> {
@@ -310,6 +318,20 @@ impl<A: ExtractKey, B: ExtractKey> ExtractKey for Or<A, B> {
         }
     }
 }
+
+/// Inherent `or`, so that chaining needs no trait import.
+macro_rules! inherent_or {
+    ($($ty:ty),*) => {$(
+        impl $ty {
+            /// Uses `other` when this extractor finds no key; see [`ExtractKey::or`].
+            pub fn or<O: ExtractKey>(self, other: O) -> Or<Self, O> {
+                ExtractKey::or(self, other)
+            }
+        }
+    )*};
+}
+
+inherent_or!(Header, Json, JsonFields, Auto);
 
 /// The key in a request header. Built by [`header`].
 #[derive(Debug, Clone)]
@@ -490,7 +512,12 @@ impl ExtractKey for JsonFields {
                 let field = document
                     .pointer(&pointer.source)
                     .ok_or_else(|| KeyError::missing(pointer.expected()))?;
-                json_seek::key_text(field, pointer)
+                let text = json_seek::key_text(field, pointer)?;
+                // Each part is checked like a key of its own: an empty order number must not
+                // merge every such event into one.
+                check_text("key", &text, MAX_KEY_LEN)
+                    .map_err(|err| KeyError::invalid(format!("{}: {err}", pointer.expected())))?;
+                Ok(text)
             })
             .collect::<Result<Vec<String>, KeyError>>()?;
         // Serialising a list of strings cannot fail.
@@ -635,6 +662,10 @@ pub fn twitch() -> Header {
 
 /// Slack Events API: the body field `/event_id`, namespace `slack`.
 ///
+/// The one-time `url_verification` handshake carries no `event_id`: answer it before this
+/// layer, or let key-less requests through with
+/// [`MissingKey::PassThrough`](crate::MissingKey::PassThrough).
+///
 /// Slack retries a failed event three times within minutes, marking each retry with
 /// `X-Slack-Retry-Num`; the outer wrapper's `event_id` names the event (api.slack.com/apis/events-api).
 pub fn slack() -> Json {
@@ -660,8 +691,12 @@ pub struct Auto {
 /// Recognises, in this order: GitHub (`X-GitHub-Delivery`), Shopify (`X-Shopify-Webhook-Id`),
 /// Standard Webhooks (`webhook-id`, `svix-id`), Twilio (`I-Twilio-Idempotency-Token`), Twitch
 /// (`Twitch-Eventsub-Message-Id`), Stripe (a `Stripe-Signature` header: the key is the body's
-/// `/id`), Slack (an `X-Slack-Signature` header: the body's `/event_id`), and a plain
-/// `Idempotency-Key` header. The body is read only for Stripe and Slack.
+/// `/id`), Slack (an `X-Slack-Signature` header on a JSON body: the body's `/event_id`), and a
+/// plain `Idempotency-Key` header. The body is read only for Stripe and Slack.
+///
+/// Slack's one-time `url_verification` handshake carries no `event_id`: answer it before this
+/// layer, or let key-less requests through with
+/// [`MissingKey::PassThrough`](crate::MissingKey::PassThrough).
 pub fn auto() -> Auto {
     Auto {
         headers: [
@@ -676,6 +711,18 @@ pub fn auto() -> Auto {
         stripe: stripe(),
         slack: slack(),
     }
+}
+
+fn is_json(parts: &Parts) -> bool {
+    parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        })
 }
 
 const STRIPE_SIGNATURE: HeaderName = HeaderName::from_static("stripe-signature");
@@ -699,7 +746,9 @@ impl Auto {
         if parts.headers.contains_key(STRIPE_SIGNATURE) {
             return Detected::Body(&self.stripe);
         }
-        if parts.headers.contains_key(SLACK_SIGNATURE) {
+        // Slack signs its form-encoded slash commands too; only JSON Events API deliveries
+        // carry an `event_id`.
+        if parts.headers.contains_key(SLACK_SIGNATURE) && is_json(parts) {
             return Detected::Body(&self.slack);
         }
         if parts.headers.contains_key(&generic[0].name) {
@@ -1088,6 +1137,40 @@ mod tests {
     }
 
     #[test]
+    fn or_buffers_the_body_only_when_the_header_is_missing() {
+        let ex = header("x-id").or(json("/id"));
+        assert!(!ex.reads_body(&parts(&[("x-id", "h")])));
+        assert!(ex.reads_body(&parts(&[])));
+    }
+
+    #[test]
+    fn json_fields_checks_each_part() {
+        let ex = json_fields(["/customer", "/order"]);
+        let p = parts(&[]);
+        for body in [
+            &br#"{"customer":"c1","order":""}"#[..],
+            br#"{"customer":"c1","order":"a\u0000"}"#,
+        ] {
+            let err = ex.extract(&p, Some(body)).unwrap_err();
+            assert!(matches!(err, KeyError::Invalid { .. }), "{err:?}");
+        }
+    }
+
+    #[test]
+    fn auto_leaves_slack_forms_alone() {
+        let ex = auto();
+        let form = parts(&[
+            ("x-slack-signature", "v0=abc"),
+            ("content-type", "application/x-www-form-urlencoded"),
+        ]);
+        assert!(!ex.reads_body(&form));
+        assert!(matches!(
+            ex.extract(&form, None),
+            Err(KeyError::Missing { .. })
+        ));
+    }
+
+    #[test]
     fn or_hands_the_body_only_to_body_readers() {
         let ex = header("x-id").or(json("/id").namespace("body"));
         let p = parts(&[]);
@@ -1122,7 +1205,10 @@ mod tests {
                 .unwrap(),
             key("stripe", "evt_9")
         );
-        let slack = parts(&[("x-slack-signature", "v0=abc")]);
+        let slack = parts(&[
+            ("x-slack-signature", "v0=abc"),
+            ("content-type", "application/json"),
+        ]);
         assert_eq!(
             ex.extract(&slack, Some(br#"{"event_id":"Ev1"}"#)).unwrap(),
             key("slack", "Ev1")

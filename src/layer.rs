@@ -54,6 +54,7 @@ pub(crate) struct Config {
     pub(crate) body_limit: usize,
     pub(crate) body_timeout: Duration,
     pub(crate) retry_after: Duration,
+    pub(crate) store_timeout: Duration,
     pub(crate) commit_when: fn(StatusCode) -> bool,
     pub(crate) missing_key: MissingKey,
     pub(crate) max_key_len: usize,
@@ -65,8 +66,12 @@ impl<St> IdempotencyLayer<St> {
     /// recognises the common webhook senders by their headers.
     ///
     /// Defaults: commit on 2xx; stale claims reclaimed after 15 minutes; bodies buffered (only
-    /// for body keys) up to 1 MiB within 30 seconds; `Retry-After: 5` on 409 and 503 answers;
-    /// a request without a key rejected with 400.
+    /// for body keys) up to 1 MiB within 30 seconds; store calls bounded by 5 seconds;
+    /// `Retry-After: 5` on the in-flight 409 and on 503; a request without a key rejected
+    /// with 400.
+    ///
+    /// The layer uses tokio's timers: run it on a runtime with time enabled (the default of
+    /// `#[tokio::main]`).
     pub fn new(store: St) -> Self {
         Self {
             store,
@@ -76,6 +81,7 @@ impl<St> IdempotencyLayer<St> {
                 body_limit: DEFAULT_BODY_LIMIT,
                 body_timeout: Duration::from_secs(30),
                 retry_after: Duration::from_secs(5),
+                store_timeout: Duration::from_secs(5),
                 commit_when: |status| status.is_success(),
                 missing_key: MissingKey::Reject,
                 max_key_len: MAX_KEY_LEN,
@@ -117,10 +123,18 @@ impl<St, K> IdempotencyLayer<St, K> {
         self
     }
 
-    /// The `Retry-After` sent with 409 (in flight) and 503 (store failure). Default: 5
-    /// seconds.
+    /// The `Retry-After` sent with the in-flight 409 and with 503 (store failure). Default: 5
+    /// seconds. A held claim's 409 has none: only a person can settle it.
     pub fn retry_after(mut self, after: Duration) -> Self {
         self.config.retry_after = after;
+        self
+    }
+
+    /// How long a claim, commit or release may take. A claim past it is answered 503 (and
+    /// released when it lands later); a commit past it leaves the claim to turn stale.
+    /// Default: 5 seconds.
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.config.store_timeout = timeout;
         self
     }
 
@@ -214,6 +228,7 @@ impl fmt::Debug for Config {
             .field("body_limit", &self.body_limit)
             .field("body_timeout", &self.body_timeout)
             .field("retry_after", &self.retry_after)
+            .field("store_timeout", &self.store_timeout)
             .field("missing_key", &self.missing_key)
             .field("max_key_len", &self.max_key_len)
             .field("on_held", &self.on_held.is_some())

@@ -93,3 +93,8 @@ pub use layer::{DEFAULT_BODY_LIMIT, IdempotencyLayer, MissingKey};
 pub use response::Outcome;
 pub use service::Idempotency;
 pub use store::{Stale, StalePolicy};
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(all(doctest, feature = "sqlite"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -119,6 +119,11 @@ pub(crate) fn rejected<B>(error: &KeyError) -> Response<ResponseBody<B>> {
         &error.to_string(),
         expected,
     );
+    if *error == KeyError::BodyTimeout {
+        // The rest of the body may still be on its way: the connection cannot be reused.
+        res.headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
     res.extensions_mut().insert(error.clone());
     res
 }

@@ -2,6 +2,7 @@ use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -82,15 +83,15 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<Self::Response, S::Error>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+    /// Always ready: the inner service is driven to readiness inside the response future,
+    /// once the delivery holds a claim, so that a slow upload or a duplicate answered by the
+    /// layer never occupies a slot of a concurrency limit further in.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        // The clone takes the place of the service that was polled ready, which goes into
-        // the future.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = self.inner.clone();
         ResponseFuture::new(Box::pin(deliver(self.shared.clone(), inner, req)))
     }
 }
@@ -121,13 +122,14 @@ where
                 outcome = Outcome::PassedThrough.as_str(),
                 "delivery without key"
             );
+            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
             let res = inner.call(Request::from_parts(parts, body)).await?;
             return Ok(with_outcome(res, Outcome::PassedThrough));
         }
         Err(error) => return Ok(reject(&error)),
     };
 
-    let lease = match shared.store.claim(&key, config.stale).await {
+    let lease = match claim(&shared, &key).await {
         Ok(Claim::Acquired(lease)) => lease,
         Ok(Claim::Done(done)) => {
             record(&key, None, Outcome::Duplicate);
@@ -179,9 +181,12 @@ where
     let mut guard = LeaseGuard::new(shared.clone(), lease);
     // `call` runs inside the caught future, so a panic in `call` itself is caught as well.
     let request = Request::from_parts(parts, body);
-    let result = AssertUnwindSafe(async move { inner.call(request).await })
-        .catch_unwind()
-        .await;
+    let result = AssertUnwindSafe(async move {
+        std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+        inner.call(request).await
+    })
+    .catch_unwind()
+    .await;
     match result {
         Ok(Ok(res)) => {
             let outcome = if (config.commit_when)(res.status()) {
@@ -199,6 +204,54 @@ where
             guard.abandon().await;
             std::panic::resume_unwind(panic)
         }
+    }
+}
+
+/// Claims `key` within the store timeout.
+///
+/// A claim that does not complete at its first poll (a database round trip) finishes in a
+/// task of its own. Should the delivery be dropped or time out meanwhile, a claim that landed
+/// anyway is released by that task: the handler never ran, so nothing is lost, and no orphaned
+/// `processing` row waits for the stale limit.
+async fn claim<St: Store, K: ExtractKey>(
+    shared: &Arc<Shared<St, K>>,
+    key: &IdempotencyKey,
+) -> Result<Claim, StoreError> {
+    let owner = shared.clone();
+    let owned_key = key.clone();
+    let mut claiming =
+        Box::pin(async move { owner.store.claim(&owned_key, owner.config.stale).await });
+    if let Poll::Ready(result) =
+        std::future::poll_fn(|cx| Poll::Ready(claiming.as_mut().poll(cx))).await
+    {
+        return result;
+    }
+    let timeout = shared.config.store_timeout;
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return claiming.await;
+    };
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    let owner = shared.clone();
+    runtime.spawn(async move {
+        if let Err(Ok(Claim::Acquired(lease))) = answer.send(claiming.await) {
+            let result = owner.store.release(&lease).await;
+            tracing::debug!(
+                namespace = lease.key().namespace(),
+                key = lease.key().value(),
+                lease = %lease.token(),
+                released = result.is_ok(),
+                "the delivery went away during its claim; the claim was released",
+            );
+        }
+    });
+    match tokio::time::timeout(timeout, answered).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(StoreError::backend(
+            "the claim task ended without an answer",
+        )),
+        Err(_) => Err(StoreError::backend(format!(
+            "the store did not answer the claim within {timeout:?}"
+        ))),
     }
 }
 
@@ -323,7 +376,14 @@ impl<St: Store, K: ExtractKey> LeaseGuard<St, K> {
     /// during the store call, `Drop` finishes the same action in a task of its own.
     async fn settle(&mut self, action: Settle) -> Outcome {
         self.state = GuardState::Settling(action);
-        let result = run(&self.shared.store, &self.lease, action).await;
+        let config = &self.shared.config;
+        let result = run(
+            &self.shared.store,
+            &self.lease,
+            action,
+            config.store_timeout,
+        )
+        .await;
         self.state = GuardState::Settled;
         report(&self.lease, action, &result)
     }
@@ -367,17 +427,32 @@ impl<St: Store, K: ExtractKey> Drop for LeaseGuard<St, K> {
         let shared = self.shared.clone();
         let lease = self.lease.clone();
         runtime.spawn(async move {
-            let result = run(&shared.store, &lease, action).await;
+            let timeout = shared.config.store_timeout;
+            let result = run(&shared.store, &lease, action, timeout).await;
             report(&lease, action, &result);
         });
     }
 }
 
-async fn run<St: Store>(store: &St, lease: &Lease, action: Settle) -> Result<(), StoreError> {
-    match action {
-        Settle::Commit => store.commit(lease).await,
-        Settle::Release => store.release(lease).await,
-    }
+async fn run<St: Store>(
+    store: &St,
+    lease: &Lease,
+    action: Settle,
+    timeout: Duration,
+) -> Result<(), StoreError> {
+    let call = async {
+        match action {
+            Settle::Commit => store.commit(lease).await,
+            Settle::Release => store.release(lease).await,
+        }
+    };
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::backend(format!(
+                "the store did not answer within {timeout:?}"
+            )))
+        })
 }
 
 fn report(lease: &Lease, action: Settle, result: &Result<(), StoreError>) -> Outcome {

@@ -640,6 +640,7 @@ async fn body_that_never_ends_times_out_with_408() {
         }));
     let res = svc.oneshot(Request::new(Endless)).await.unwrap();
     assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(res.headers()["connection"], "close");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
@@ -844,4 +845,143 @@ async fn auto_keys_by_provider() {
         .unwrap();
     svc.oneshot(stripe).await.unwrap();
     assert_eq!(h.runs(), 3);
+}
+
+/// A store whose claims take a while, like a database round trip.
+#[derive(Clone, Default)]
+struct Slow {
+    inner: MemoryStore,
+    delay: Duration,
+}
+
+impl Store for Slow {
+    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.claim(key, stale).await
+    }
+    fn commit(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.commit(lease)
+    }
+    fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.release(lease)
+    }
+    fn stuck_claims(
+        &self,
+        older_than: Duration,
+    ) -> impl Future<Output = Result<Vec<StuckClaim>, StoreError>> + Send {
+        self.inner.stuck_claims(older_than)
+    }
+    fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        r: Resolution,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.inner.resolve(key, r)
+    }
+    fn purge_completed(
+        &self,
+        older_than: Duration,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        self.inner.purge_completed(older_than)
+    }
+}
+
+#[tokio::test]
+async fn delivery_dropped_during_its_claim_leaves_no_claim_behind() {
+    let h = Harness::new();
+    let store = Slow {
+        inner: MemoryStore::new(),
+        delay: Duration::from_millis(100),
+    };
+    let svc = h.service(
+        IdempotencyLayer::new(store.clone()).key(key::header("x-event-id").namespace("test")),
+    );
+    // The client goes away while the claim is on its way to the store.
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(20),
+        svc.clone().oneshot(delivery("e1", "ok")),
+    )
+    .await;
+    assert!(dropped.is_err());
+    // The claim lands, finds nobody waiting for it, and is released.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    eventually(|| store.inner.is_empty()).await;
+    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    assert_eq!(h.runs(), 1);
+}
+
+#[tokio::test]
+async fn store_that_does_not_answer_in_time_is_503() {
+    let h = Harness::new();
+    let store = Slow {
+        inner: MemoryStore::new(),
+        delay: Duration::from_millis(200),
+    };
+    let svc = h.service(
+        IdempotencyLayer::new(store.clone())
+            .key(key::header("x-event-id").namespace("test"))
+            .store_timeout(Duration::from_millis(20)),
+    );
+    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res.headers().contains_key("retry-after"));
+    assert_eq!(h.runs(), 0);
+    // The late claim is released, so the sender's retry is not stuck behind it.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    eventually(|| store.inner.is_empty()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn reclaimed_owner_that_fails_leaves_the_new_claim_alone() {
+    let mut h = Harness::new();
+    let store = MemoryStore::new();
+    let svc = h.service(layer(store.clone()).stale(Stale::reclaim_after(Duration::from_secs(60))));
+    let mut old_req = delivery("e1", "block");
+    old_req
+        .headers_mut()
+        .insert("x-behave", http::HeaderValue::from_static("block"));
+    let old = tokio::spawn(svc.clone().oneshot(old_req));
+    h.started.recv().await.unwrap();
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let new = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
+    h.started.recv().await.unwrap();
+
+    // The old owner's work fails; its release must not delete the new owner's claim.
+    old.abort();
+    let _ = old.await;
+    tokio::task::yield_now().await;
+    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.headers()["idempotency-outcome"], "in-flight");
+    h.gate.add_permits(1);
+    assert_eq!(new.await.unwrap().unwrap().status(), StatusCode::OK);
+    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.headers()["idempotency-outcome"], "duplicate");
+    assert_eq!(h.runs(), 2);
+}
+
+#[tokio::test]
+async fn header_key_with_body_fallback_does_not_buffer_when_the_header_is_there() {
+    let h = Harness::new();
+    let svc = h.service(
+        IdempotencyLayer::new(MemoryStore::new())
+            .key(key::header("x-event-id").or(key::json("/id")))
+            .body_limit(16),
+    );
+    let big = Request::post("/")
+        .header("x-event-id", "e1")
+        .body(Full::new(Bytes::from(vec![b'x'; 4096])))
+        .unwrap();
+    assert_eq!(
+        svc.clone().oneshot(big).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let big_without_header = Request::post("/")
+        .body(Full::new(Bytes::from(vec![b'x'; 4096])))
+        .unwrap();
+    assert_eq!(
+        svc.oneshot(big_without_header).await.unwrap().status(),
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+    assert_eq!(h.runs(), 1);
 }
