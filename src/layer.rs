@@ -180,6 +180,14 @@ impl<St, K> IdempotencyLayer<St, K> {
     pub fn store(&self) -> &St {
         &self.store
     }
+
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+        allow(dead_code)
+    )]
+    pub(crate) fn into_parts(self) -> (St, K, Config) {
+        (self.store, self.key, self.config)
+    }
 }
 
 impl<S, St, K> Layer<S> for IdempotencyLayer<St, K>

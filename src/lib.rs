@@ -86,6 +86,12 @@ mod layer;
 pub mod response;
 mod service;
 pub mod store;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
+pub mod transactional;
 
 pub use future::ResponseFuture;
 pub use key::IdempotencyKey;

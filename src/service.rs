@@ -19,7 +19,7 @@ use crate::layer::{Config, MissingKey};
 use crate::response::{self, Outcome};
 use crate::store::{Claim, Lease, StalePolicy, Store, StoreError};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The service made by [`IdempotencyLayer`](crate::IdempotencyLayer): claim, run the inner
 /// service, then commit or release.
@@ -257,7 +257,7 @@ async fn claim<St: Store, K: ExtractKey>(
 
 /// Finds the key, buffering the body first if the extractor reads it. The outer error is a
 /// body that could not be buffered; the inner one an extractor's verdict.
-async fn find_key<St, K, B>(
+pub(crate) async fn find_key<St, K, B>(
     shared: &Shared<St, K>,
     parts: &Parts,
     body: B,
@@ -317,19 +317,19 @@ fn check_len(
     Ok(key)
 }
 
-fn reject<B>(error: &KeyError) -> Response<ResponseBody<B>> {
+pub(crate) fn reject<B>(error: &KeyError) -> Response<ResponseBody<B>> {
     tracing::debug!(outcome = Outcome::Rejected.as_str(), %error, "delivery rejected");
     response::rejected(error)
 }
 
-fn with_outcome<B>(res: Response<B>, outcome: Outcome) -> Response<ResponseBody<B>> {
+pub(crate) fn with_outcome<B>(res: Response<B>, outcome: Outcome) -> Response<ResponseBody<B>> {
     let mut res = res.map(ResponseBody::new);
     res.extensions_mut().insert(outcome);
     res
 }
 
 /// The one event every delivery with a key records.
-fn record(key: &IdempotencyKey, lease: Option<&Lease>, outcome: Outcome) {
+pub(crate) fn record(key: &IdempotencyKey, lease: Option<&Lease>, outcome: Outcome) {
     tracing::debug!(
         namespace = key.namespace(),
         key = key.value(),

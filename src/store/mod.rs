@@ -34,7 +34,19 @@
 //!   token is still the row's token, and answer [`StoreError::LeaseLost`] otherwise. Committing
 //!   twice with the same lease is harmless.
 //! - Maintenance: [`stuck_claims`](Store::stuck_claims), [`resolve`](Store::resolve),
-//!   [`purge_completed`](Store::purge_completed).
+//!   [`purge_completed`](Store::purge_completed), and [`spawn_purge`] to purge periodically.
+//!
+//! # Backends
+//!
+//! | store | feature | time source | claim round trips |
+//! |---|---|---|---|
+//! | [`MemoryStore`] | `memory` (default) | [`tokio::time::Instant`] | none |
+//! | `SqliteStore` | `sqlite` | SQLite's `unixepoch('subsec')` | 1 |
+//! | `PostgresStore` | `postgres` | Postgres' `now()` | 1 |
+//! | `MySqlStore` | `mysql` | the server's `UTC_TIMESTAMP(6)` | 1 on MariaDB; on MySQL 1 for a new key, 2 otherwise |
+//!
+//! The SQL stores take time from the database, never from the application's clock, so app
+//! instances with skewed clocks agree on which claims are stale.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -48,9 +60,32 @@ use crate::key::IdempotencyKey;
 
 #[cfg(feature = "memory")]
 mod memory;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
+mod purge;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod sql;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
+
 #[cfg(feature = "memory")]
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
 pub use memory::MemoryStore;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use mysql::{MySqlFlavor, MySqlStore};
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use postgres::PostgresStore;
+pub use purge::{PurgeTask, spawn_purge};
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use sqlite::SqliteStore;
 
 /// How long done rows are kept by default before [`Store::purge_completed`] may delete them:
 /// 7 days, longer than the senders' retry windows (Stripe and PayPal retry for 3 days).
@@ -335,4 +370,20 @@ impl StoreError {
     pub fn backend(err: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
         Self::Backend(err.into())
     }
+}
+
+/// A store's configuration was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The table name is not a plain SQL identifier: `[A-Za-z_][A-Za-z0-9_]*`, at most 49
+    /// bytes (so the index names derived from it fit in 63), and on Postgres optionally
+    /// `schema.table`.
+    #[error("invalid table name {name:?}: {reason}")]
+    InvalidTableName {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }

@@ -1,0 +1,267 @@
+//! The PostgreSQL store.
+//!
+//! ```no_run
+//! use sqlx::postgres::PgPoolOptions;
+//! use tower_idempotency::{IdempotencyLayer, key, store::PostgresStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = PgPoolOptions::new()
+//!     .max_connections(16)
+//!     .connect("postgres://app@db.internal/app")
+//!     .await?;
+//! let store = PostgresStore::new(pool);
+//! store.migrate().await?;
+//! let layer = IdempotencyLayer::new(store).key(key::stripe());
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Time
+//!
+//! Every timestamp and age is computed by the server with `now()`: the start of the current
+//! transaction, which for the store's single-statement operations is the start of the
+//! statement. It is one value throughout a statement, so the stale test, the timestamp written
+//! and the age returned agree, and app instances with skewed clocks agree on staleness. (Not
+//! `clock_timestamp()`, which changes while a statement runs.)
+//!
+//! # Table
+//!
+//! [`PostgresStore::migrate`] runs this in one transaction, under a transaction-scoped advisory
+//! lock so that instances starting together do not race on the catalog (`idempotency_keys` is
+//! the default name, see [`PostgresStore::with_table_name`]):
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS "idempotency_keys" (
+//!     namespace    TEXT        NOT NULL,
+//!     "key"        TEXT        NOT NULL,
+//!     state        TEXT        NOT NULL CHECK (state IN ('processing', 'done')),
+//!     token        BIGINT      NOT NULL,
+//!     deliveries   BIGINT      NOT NULL,
+//!     claimed_at   TIMESTAMPTZ NOT NULL,
+//!     completed_at TIMESTAMPTZ,
+//!     PRIMARY KEY (namespace, "key")
+//! );
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_claimed_idx"
+//!     ON "idempotency_keys" (state, claimed_at);
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_completed_idx"
+//!     ON "idempotency_keys" (state, completed_at);
+//! ```
+//!
+//! # Round trips
+//!
+//! One per operation (once sqlx has prepared the statement on the connection):
+//!
+//! - `claim`: `INSERT … ON CONFLICT (namespace, "key") DO UPDATE SET deliveries =
+//!   deliveries + 1, token = CASE WHEN <stale and reclaim> …, claimed_at = CASE …
+//!   RETURNING state, token, deliveries, <age>`. The primary key decides between
+//!   concurrent claims; the claim acquired if the returned token is the one it generated. A
+//!   duplicate of a done key is this one statement too.
+//! - `commit`: `UPDATE … SET state = 'done' … WHERE namespace = $1 AND "key" = $2 AND token =
+//!   $3`; `release`: `DELETE … WHERE … AND token = $3 AND state = 'processing'`.
+//! - `stuck_claims`, `resolve`, `purge_completed`: one statement each, using the indexes.
+
+use std::sync::Arc;
+
+use sqlx::{AssertSqlSafe, PgPool, Row};
+
+use super::sql::{self, ClaimRow, Queries, ResultExt, TableName, sql_store};
+use super::{Claim, ConfigError, LeaseToken, Stale, StalePolicy, StoreError};
+use crate::key::IdempotencyKey;
+
+/// Serialises concurrent `migrate()` calls: an arbitrary constant ("tower_id" in ASCII).
+const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6964;
+
+/// Claims kept in a PostgreSQL table, shared by every app instance that uses the database.
+///
+/// Cloning is cheap: clones share the pool. Call [`migrate`](Self::migrate) once at start-up
+/// (it is idempotent) before serving. See the [module docs](crate::store::postgres) for the SQL,
+/// the time source and the round trips.
+#[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub struct PostgresStore {
+    pool: PgPool,
+    sql: Arc<Queries>,
+}
+
+fn queries(table: TableName) -> Queries {
+    let t = table.quoted('"');
+    let age = "(extract(epoch FROM now() - claimed_at) * 1000000)::bigint";
+    let migrate = format!(
+        r#"SELECT pg_advisory_xact_lock({MIGRATE_LOCK});
+CREATE TABLE IF NOT EXISTS {t} (
+    namespace    TEXT        NOT NULL,
+    "key"        TEXT        NOT NULL,
+    state        TEXT        NOT NULL CHECK (state IN ('processing', 'done')),
+    token        BIGINT      NOT NULL,
+    deliveries   BIGINT      NOT NULL,
+    claimed_at   TIMESTAMPTZ NOT NULL,
+    completed_at TIMESTAMPTZ,
+    PRIMARY KEY (namespace, "key")
+);
+CREATE INDEX IF NOT EXISTS {claimed} ON {t} (state, claimed_at);
+CREATE INDEX IF NOT EXISTS {completed} ON {t} (state, completed_at);"#,
+        claimed = table.claimed_index('"'),
+        completed = table.completed_index('"'),
+    );
+    // $4: whether the policy reclaims; $5: the stale limit in microseconds.
+    let takeover = "t.state = 'processing' AND $4 \
+                        AND t.claimed_at <= now() - $5::bigint * interval '1 microsecond'";
+    let claim = format!(
+        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, claimed_at)
+VALUES ($1, $2, 'processing', $3, 1, now())
+ON CONFLICT (namespace, "key") DO UPDATE SET
+    deliveries = t.deliveries + 1,
+    token = CASE WHEN {takeover} THEN excluded.token ELSE t.token END,
+    claimed_at = CASE WHEN {takeover} THEN excluded.claimed_at ELSE t.claimed_at END
+RETURNING state, token, deliveries, {age} AS age_us"#
+    );
+    let commit = format!(
+        r#"UPDATE {t} SET state = 'done',
+    completed_at = CASE WHEN state = 'done' THEN completed_at ELSE now() END
+WHERE namespace = $1 AND "key" = $2 AND token = $3"#
+    );
+    let release = format!(
+        r#"DELETE FROM {t}
+WHERE namespace = $1 AND "key" = $2 AND token = $3 AND state = 'processing'"#
+    );
+    let stuck = format!(
+        r#"SELECT namespace, "key", deliveries, {age} AS age_us FROM {t}
+WHERE state = 'processing' AND claimed_at <= now() - $1::bigint * interval '1 microsecond'
+ORDER BY claimed_at, namespace, "key""#
+    );
+    let resolve_done = format!(
+        r#"UPDATE {t} SET state = 'done', completed_at = now(), token = $1
+WHERE namespace = $2 AND "key" = $3 AND state = 'processing'"#
+    );
+    let resolve_release =
+        format!(r#"DELETE FROM {t} WHERE namespace = $1 AND "key" = $2 AND state = 'processing'"#);
+    let purge = format!(
+        r#"DELETE FROM {t}
+WHERE state = 'done' AND completed_at <= now() - $1::bigint * interval '1 microsecond'"#
+    );
+    let tx_claim = format!(
+        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, claimed_at, completed_at)
+VALUES ($1, $2, 'done', $3, 1, now(), now())
+ON CONFLICT (namespace, "key") DO UPDATE SET deliveries = t.deliveries + 1
+RETURNING state, token, deliveries, {age} AS age_us"#
+    );
+    Queries {
+        table,
+        tx_claim: tx_claim.into(),
+        migrate: migrate.into(),
+        claim: claim.into(),
+        commit: commit.into(),
+        release: release.into(),
+        stuck: stuck.into(),
+        resolve_done: resolve_done.into(),
+        resolve_release: resolve_release.into(),
+        purge: purge.into(),
+    }
+}
+
+impl PostgresStore {
+    /// A store on `pool`, in the table `idempotency_keys`.
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(queries(TableName::default_table())),
+        }
+    }
+
+    /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes, or
+    /// `schema.table` with each part so (the schema must exist). It is quoted in SQL, so it is
+    /// case-sensitive.
+    pub fn with_table_name(mut self, name: &str) -> Result<Self, ConfigError> {
+        self.sql = Arc::new(queries(TableName::parse(name, true)?));
+        Ok(self)
+    }
+
+    /// The table's name, as given.
+    pub fn table_name(&self) -> String {
+        self.sql.table.name()
+    }
+
+    /// The pool the store uses.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Creates the table and its indexes if they do not exist, in one transaction. Safe to
+    /// call at every start-up, from several instances at once.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await.store()?;
+        sqlx::raw_sql(AssertSqlSafe(self.sql.migrate.clone()))
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        tx.commit().await.store()
+    }
+}
+
+sql_store!(PostgresStore);
+
+impl PostgresStore {
+    async fn claim_key(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        let token = LeaseToken::generate();
+        let row = sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(token.to_i64())
+            .bind(stale.policy() == StalePolicy::Reclaim)
+            .bind(sql::micros(stale.after()))
+            .fetch_one(&self.pool)
+            .await
+            .store()?;
+        let row = ClaimRow {
+            state: row.try_get(0).store()?,
+            token: row.try_get(1).store()?,
+            deliveries: row.try_get(2).store()?,
+            age_us: row.try_get(3).store()?,
+        };
+        row.into_claim(key, token, stale, None)
+    }
+}
+
+impl crate::transactional::TransactionalStore for PostgresStore {
+    type Database = sqlx::Postgres;
+
+    /// `BEGIN; SET LOCAL lock_timeout = <ms>` (one round trip), then the marker's insert. The
+    /// lock timeout stays in force for the handler's own statements in the transaction.
+    async fn begin(
+        &self,
+        key: &IdempotencyKey,
+        lock_timeout: std::time::Duration,
+    ) -> Result<crate::transactional::Begin<sqlx::Postgres>, StoreError> {
+        let ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
+        let begin = format!("BEGIN; SET LOCAL lock_timeout = {ms}");
+        let mut tx = self.pool.begin_with(AssertSqlSafe(begin)).await.store()?;
+        let token = LeaseToken::generate();
+        let row = sqlx::query(AssertSqlSafe(self.sql.tx_claim.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(token.to_i64())
+            .fetch_one(&mut *tx)
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            // 55P03 lock_not_available: the first delivery's transaction is still open.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
+                return Ok(crate::transactional::Begin::lock_timed_out(lock_timeout));
+            }
+            Err(e) => return Err(StoreError::backend(e)),
+        };
+        let row = ClaimRow {
+            state: row.try_get(0).store()?,
+            token: row.try_get(1).store()?,
+            deliveries: row.try_get(2).store()?,
+            age_us: row.try_get(3).store()?,
+        };
+        crate::transactional::begun(
+            row.into_claim(key, token, sql::NEVER_STALE, Some(false))?,
+            tx,
+        )
+        .await
+    }
+}

@@ -1,0 +1,437 @@
+//! What the SQL backends share: table names, durations as database numbers, and the claim
+//! decision made from the row an upsert returns.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Claim, Completed, ConfigError, Lease, LeaseToken, Stale, StoreError, StuckClaim};
+use crate::key::IdempotencyKey;
+
+/// The table every SQL store uses unless told otherwise.
+pub(crate) const DEFAULT_TABLE: &str = "idempotency_keys";
+
+/// The longest table name (or schema name) accepted: 63 bytes (Postgres' identifier limit)
+/// less the longest index suffix, so the derived index names are never truncated into each
+/// other.
+pub(crate) const MAX_TABLE_NAME_LEN: usize = 63 - COMPLETED_INDEX_SUFFIX.len();
+const _: () = assert!(
+    MAX_TABLE_NAME_LEN == 49,
+    "update the message in TableName::parse"
+);
+
+const CLAIMED_INDEX_SUFFIX: &str = "_claimed_idx";
+const COMPLETED_INDEX_SUFFIX: &str = "_completed_idx";
+
+/// Durations are bound as whole microseconds, capped at about a century: far past any stale
+/// limit or retention anyone means, and well inside every backend's date range.
+const MAX_MICROS: i64 = 100 * 366 * 24 * 60 * 60 * 1_000_000;
+
+/// A validated table name, optionally schema-qualified (Postgres only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TableName {
+    schema: Option<String>,
+    table: String,
+}
+
+impl TableName {
+    /// The default table.
+    pub(crate) fn default_table() -> Self {
+        Self {
+            schema: None,
+            table: DEFAULT_TABLE.to_owned(),
+        }
+    }
+
+    /// Validates `name`: `[A-Za-z_][A-Za-z0-9_]*`, at most [`MAX_TABLE_NAME_LEN`] bytes; with
+    /// `allow_schema`, also `schema.table` with each part so.
+    pub(crate) fn parse(name: &str, allow_schema: bool) -> Result<Self, ConfigError> {
+        let invalid = |reason: &'static str| ConfigError::InvalidTableName {
+            name: name.to_owned(),
+            reason,
+        };
+        let (schema, table) = match name.split_once('.') {
+            Some((schema, table)) if allow_schema => (Some(schema), table),
+            Some(_) => return Err(invalid("this backend takes no schema-qualified name")),
+            None => (None, name),
+        };
+        for part in schema.iter().chain([&table]) {
+            if part.is_empty() {
+                return Err(invalid("it is empty"));
+            }
+            if part.len() > MAX_TABLE_NAME_LEN {
+                return Err(invalid("it is longer than 49 bytes"));
+            }
+            let mut bytes = part.bytes();
+            let first_ok = bytes
+                .next()
+                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
+            if !first_ok || !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err(invalid(
+                    "only ASCII letters, digits and `_` are allowed, not starting with a digit",
+                ));
+            }
+        }
+        Ok(Self {
+            schema: schema.map(str::to_owned),
+            table: table.to_owned(),
+        })
+    }
+
+    /// The name as given.
+    pub(crate) fn name(&self) -> String {
+        match &self.schema {
+            Some(schema) => format!("{schema}.{}", self.table),
+            None => self.table.clone(),
+        }
+    }
+
+    /// The table, quoted with `quote` (`"` or `` ` ``), schema-qualified if it has a schema.
+    /// Validation admits no quote characters, so quoting cannot be escaped.
+    pub(crate) fn quoted(&self, quote: char) -> String {
+        match &self.schema {
+            Some(schema) => format!("{quote}{schema}{quote}.{quote}{}{quote}", self.table),
+            None => format!("{quote}{}{quote}", self.table),
+        }
+    }
+
+    /// The quoted, unqualified name of the index on `(state, claimed_at)`.
+    pub(crate) fn claimed_index(&self, quote: char) -> String {
+        format!("{quote}{}{CLAIMED_INDEX_SUFFIX}{quote}", self.table)
+    }
+
+    /// The quoted, unqualified name of the index on `(state, completed_at)`.
+    pub(crate) fn completed_index(&self, quote: char) -> String {
+        format!("{quote}{}{COMPLETED_INDEX_SUFFIX}{quote}", self.table)
+    }
+}
+
+/// `duration` in whole microseconds, for binding; capped at [`MAX_MICROS`].
+pub(crate) fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).map_or(MAX_MICROS, |us| us.min(MAX_MICROS))
+}
+
+/// A number of microseconds read back from the database; negative ages (a clock stepped
+/// back) read as zero.
+pub(crate) fn duration_from_micros(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+fn count(deliveries: i64) -> u64 {
+    u64::try_from(deliveries).unwrap_or(0)
+}
+
+/// The row an upsert left behind (or a claim's follow-up read).
+#[derive(Debug)]
+pub(crate) struct ClaimRow {
+    pub(crate) state: String,
+    pub(crate) token: i64,
+    pub(crate) deliveries: i64,
+    /// Microseconds since the row's claim, by the database's clock.
+    pub(crate) age_us: i64,
+}
+
+impl ClaimRow {
+    /// What the claim answers. The upsert wrote `ours` if and only if it inserted the row or
+    /// took over a stale claim; `reclaimed` says which, when the backend knows it otherwise
+    /// (`None`: a row with more than one delivery was reclaimed).
+    pub(crate) fn into_claim(
+        self,
+        key: &IdempotencyKey,
+        ours: LeaseToken,
+        stale: Stale,
+        reclaimed: Option<bool>,
+    ) -> Result<Claim, StoreError> {
+        if LeaseToken::from_i64(self.token) == ours {
+            let reclaimed = reclaimed.unwrap_or(self.deliveries > 1);
+            return Ok(Claim::Acquired(Lease::new(key.clone(), ours, reclaimed)));
+        }
+        let deliveries = count(self.deliveries);
+        match self.state.as_str() {
+            DONE => Ok(Claim::Done(Completed::new(deliveries))),
+            PROCESSING => Ok(stale.pending(duration_from_micros(self.age_us), deliveries)),
+            other => Err(StoreError::backend(format!(
+                "unexpected state {other:?} in the idempotency table"
+            ))),
+        }
+    }
+}
+
+/// A stale policy under which no claim is ever stale: transactional mode has no stale claims.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    allow(dead_code)
+)]
+pub(crate) const NEVER_STALE: Stale = Stale::reclaim_after(Duration::MAX);
+
+/// The state of a claim being processed, as stored.
+pub(crate) const PROCESSING: &str = "processing";
+/// The state of a committed claim, as stored.
+pub(crate) const DONE: &str = "done";
+
+/// A row of [`Store::stuck_claims`](super::Store::stuck_claims).
+pub(crate) fn stuck_claim(
+    namespace: String,
+    key: String,
+    deliveries: i64,
+    age_us: i64,
+) -> Result<StuckClaim, StoreError> {
+    let key = IdempotencyKey::new(namespace, key).map_err(StoreError::backend)?;
+    Ok(StuckClaim::new(
+        key,
+        duration_from_micros(age_us),
+        count(deliveries),
+    ))
+}
+
+/// The statements of one store on one table, made once and shared by its clones.
+///
+/// Parameters, by position: `claim` as the backend documents; `commit` and `release`
+/// (namespace, key, token); `resolve_done` (new token, namespace, key); `resolve_release`
+/// (namespace, key); `stuck` and `purge` (age in microseconds).
+pub(crate) struct Queries {
+    pub(crate) table: TableName,
+    pub(crate) migrate: Arc<str>,
+    pub(crate) claim: Arc<str>,
+    pub(crate) commit: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) stuck: Arc<str>,
+    pub(crate) resolve_done: Arc<str>,
+    pub(crate) resolve_release: Arc<str>,
+    pub(crate) purge: Arc<str>,
+    /// Transactional mode: insert the marker as `done` inside the delivery's transaction
+    /// (namespace, key, token); on a conflict, count the delivery and return the row.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+        allow(dead_code)
+    )]
+    pub(crate) tx_claim: Arc<str>,
+}
+
+/// The parts of a SQL store that differ only in the pool's type: `Debug`, and every
+/// [`Store`](super::Store) method but `claim`, which calls the backend's inherent
+/// `claim_key`. The store is a struct `{ pool, sql: Arc<Queries> }`.
+macro_rules! sql_store {
+    ($store:ident) => {
+        impl $store {
+            async fn affected(
+                &self,
+                sql: &::std::sync::Arc<str>,
+                lease: &$crate::store::Lease,
+            ) -> Result<u64, $crate::store::StoreError> {
+                let done = ::sqlx::query(::sqlx::AssertSqlSafe(sql.clone()))
+                    .bind(lease.key().namespace())
+                    .bind(lease.key().value())
+                    .bind(lease.token().to_i64())
+                    .execute(&self.pool)
+                    .await
+                    .map_err($crate::store::StoreError::backend)?;
+                Ok(done.rows_affected())
+            }
+        }
+
+        impl ::std::fmt::Debug for $store {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct(stringify!($store))
+                    .field("table", &self.sql.table.name())
+                    .field("pool", &self.pool)
+                    .finish()
+            }
+        }
+
+        impl $crate::store::Store for $store {
+            async fn claim(
+                &self,
+                key: &$crate::key::IdempotencyKey,
+                stale: $crate::store::Stale,
+            ) -> Result<$crate::store::Claim, $crate::store::StoreError> {
+                self.claim_key(key, stale).await
+            }
+
+            async fn commit(
+                &self,
+                lease: &$crate::store::Lease,
+            ) -> Result<(), $crate::store::StoreError> {
+                // Matched rows, not changed rows (MySQL: sqlx sets CLIENT_FOUND_ROWS), so a
+                // repeated commit answers Ok.
+                match self.affected(&self.sql.commit, lease).await? {
+                    0 => Err($crate::store::StoreError::LeaseLost),
+                    _ => Ok(()),
+                }
+            }
+
+            async fn release(
+                &self,
+                lease: &$crate::store::Lease,
+            ) -> Result<(), $crate::store::StoreError> {
+                match self.affected(&self.sql.release, lease).await? {
+                    0 => Err($crate::store::StoreError::LeaseLost),
+                    _ => Ok(()),
+                }
+            }
+
+            async fn stuck_claims(
+                &self,
+                older_than: ::std::time::Duration,
+            ) -> Result<Vec<$crate::store::StuckClaim>, $crate::store::StoreError> {
+                use ::sqlx::Row as _;
+                use $crate::store::sql::ResultExt as _;
+                let rows = ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.stuck.clone()))
+                    .bind($crate::store::sql::micros(older_than))
+                    .fetch_all(&self.pool)
+                    .await
+                    .store()?;
+                rows.iter()
+                    .map(|row| {
+                        $crate::store::sql::stuck_claim(
+                            row.try_get(0).store()?,
+                            row.try_get(1).store()?,
+                            row.try_get(2).store()?,
+                            row.try_get(3).store()?,
+                        )
+                    })
+                    .collect()
+            }
+
+            async fn resolve(
+                &self,
+                key: &$crate::key::IdempotencyKey,
+                resolution: $crate::store::Resolution,
+            ) -> Result<bool, $crate::store::StoreError> {
+                let query = match resolution {
+                    // A new token fences off the old owner, whose late commit or release must
+                    // not undo what the person decided.
+                    $crate::store::Resolution::Done => {
+                        ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.resolve_done.clone()))
+                            .bind($crate::store::LeaseToken::generate().to_i64())
+                            .bind(key.namespace())
+                            .bind(key.value())
+                    }
+                    $crate::store::Resolution::Release => {
+                        ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.resolve_release.clone()))
+                            .bind(key.namespace())
+                            .bind(key.value())
+                    }
+                };
+                let done = query
+                    .execute(&self.pool)
+                    .await
+                    .map_err($crate::store::StoreError::backend)?;
+                Ok(done.rows_affected() > 0)
+            }
+
+            async fn purge_completed(
+                &self,
+                older_than: ::std::time::Duration,
+            ) -> Result<u64, $crate::store::StoreError> {
+                let done = ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.purge.clone()))
+                    .bind($crate::store::sql::micros(older_than))
+                    .execute(&self.pool)
+                    .await
+                    .map_err($crate::store::StoreError::backend)?;
+                Ok(done.rows_affected())
+            }
+        }
+    };
+}
+pub(crate) use sql_store;
+
+/// Maps a backend result's error into a [`StoreError`], keeping the source.
+pub(crate) trait ResultExt<T> {
+    fn store(self) -> Result<T, StoreError>;
+}
+
+impl<T> ResultExt<T> for Result<T, sqlx::Error> {
+    fn store(self) -> Result<T, StoreError> {
+        self.map_err(StoreError::backend)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names() {
+        for ok in [
+            "idempotency_keys",
+            "_t",
+            "T1",
+            &"a".repeat(MAX_TABLE_NAME_LEN),
+        ] {
+            assert!(TableName::parse(ok, false).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "1t",
+            "a-b",
+            "a b",
+            "t\"",
+            "t`",
+            "é",
+            "a;drop",
+            &"a".repeat(MAX_TABLE_NAME_LEN + 1),
+            "s.t",
+        ] {
+            assert!(TableName::parse(bad, false).is_err(), "{bad}");
+        }
+        let qualified = TableName::parse("app.claims", true).unwrap();
+        assert_eq!(qualified.quoted('"'), r#""app"."claims""#);
+        assert_eq!(qualified.claimed_index('"'), r#""claims_claimed_idx""#);
+        assert_eq!(qualified.name(), "app.claims");
+        for bad in [".t", "s.", "s.t.u", "s.1"] {
+            assert!(TableName::parse(bad, true).is_err(), "{bad}");
+        }
+        let long = "a".repeat(MAX_TABLE_NAME_LEN);
+        let table = TableName::parse(&long, false).unwrap();
+        assert_eq!(table.completed_index('`').len(), 63 + 2);
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(micros(Duration::from_millis(300)), 300_000);
+        assert_eq!(micros(Duration::MAX), MAX_MICROS);
+        assert_eq!(duration_from_micros(-5), Duration::ZERO);
+        assert_eq!(duration_from_micros(1_500), Duration::from_micros(1_500));
+    }
+
+    #[test]
+    fn claim_decision() {
+        let key = IdempotencyKey::new("ns", "k").unwrap();
+        let ours = LeaseToken::generate();
+        let other = LeaseToken::generate().to_i64();
+        let stale = Stale::hold_after(Duration::from_secs(1));
+        let row = |state: &str, token, deliveries, age_us| ClaimRow {
+            state: state.to_owned(),
+            token,
+            deliveries,
+            age_us,
+        };
+        match row(PROCESSING, ours.to_i64(), 1, 0).into_claim(&key, ours, stale, None) {
+            Ok(Claim::Acquired(lease)) => assert!(!lease.reclaimed()),
+            other => panic!("{other:?}"),
+        }
+        match row(PROCESSING, ours.to_i64(), 4, 0).into_claim(&key, ours, stale, None) {
+            Ok(Claim::Acquired(lease)) => assert!(lease.reclaimed()),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            row(DONE, other, 3, 9)
+                .into_claim(&key, ours, stale, None)
+                .unwrap(),
+            Claim::Done(Completed::new(3))
+        );
+        assert!(matches!(
+            row(PROCESSING, other, 2, 10).into_claim(&key, ours, stale, None),
+            Ok(Claim::InFlight(p)) if p.deliveries == 2 && p.age == Duration::from_micros(10)
+        ));
+        assert!(matches!(
+            row(PROCESSING, other, 2, 2_000_000).into_claim(&key, ours, stale, None),
+            Ok(Claim::Held(_))
+        ));
+        assert!(
+            row("weird", other, 2, 0)
+                .into_claim(&key, ours, stale, None)
+                .is_err()
+        );
+    }
+}

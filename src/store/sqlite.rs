@@ -1,0 +1,285 @@
+//! The SQLite store: the embedded default, one process, zero setup.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+//! use tower_idempotency::{IdempotencyLayer, key, store::SqliteStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let options = SqliteConnectOptions::new()
+//!     .filename("webhooks.db")
+//!     .create_if_missing(true)
+//!     .journal_mode(SqliteJournalMode::Wal)
+//!     .busy_timeout(Duration::from_secs(5));
+//! let pool = SqlitePoolOptions::new().connect_with(options).await?;
+//! let store = SqliteStore::new(pool);
+//! store.migrate().await?;
+//! let layer = IdempotencyLayer::new(store).key(key::github());
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Connecting
+//!
+//! - **A file**: use WAL (`journal_mode(SqliteJournalMode::Wal)`) so readers do not block the
+//!   writer, and a busy timeout (`busy_timeout`, 5 s by default in sqlx) so concurrent claims
+//!   wait for the write lock instead of failing. Several pools, and several processes on one
+//!   machine, can share the file: SQLite's write lock serialises the claims.
+//! - **In memory** (`sqlite::memory:`): sqlx opens a shared-cache in-memory database that all
+//!   connections of the pool share and that vanishes when its last connection closes, and
+//!   shared-cache connections fail with "database table is locked" instead of waiting. Use
+//!   one connection that the pool never closes:
+//!   `SqlitePoolOptions::new().max_connections(1).min_connections(1).idle_timeout(None)
+//!   .max_lifetime(None)`. For tests; a restart forgets everything.
+//!
+//! # Time
+//!
+//! Timestamps are integers, microseconds since the Unix epoch, computed in SQL from SQLite's
+//! clock, `unixepoch('subsec')` (millisecond resolution; SQLite 3.42 or later, the bundled
+//! SQLite is newer), never from a Rust clock. SQLite keeps `'now'` fixed within a statement,
+//! so the stale test, the timestamp written and the age returned agree.
+//!
+//! # Table
+//!
+//! [`SqliteStore::migrate`] runs this in one `BEGIN IMMEDIATE` transaction
+//! (`idempotency_keys` is the default name, see [`SqliteStore::with_table_name`]):
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS "idempotency_keys" (
+//!     namespace    TEXT    NOT NULL,
+//!     "key"        TEXT    NOT NULL,
+//!     state        TEXT    NOT NULL CHECK (state IN ('processing', 'done')),
+//!     token        INTEGER NOT NULL,
+//!     deliveries   INTEGER NOT NULL,
+//!     claimed_at   INTEGER NOT NULL, -- microseconds since the Unix epoch
+//!     completed_at INTEGER,          -- microseconds since the Unix epoch
+//!     PRIMARY KEY (namespace, "key")
+//! );
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_claimed_idx"
+//!     ON "idempotency_keys" (state, claimed_at);
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_completed_idx"
+//!     ON "idempotency_keys" (state, completed_at);
+//! ```
+//!
+//! # Round trips
+//!
+//! SQLite runs in-process, so a "round trip" is one statement on sqlx's worker thread. One per
+//! operation:
+//!
+//! - `claim`: `INSERT … ON CONFLICT (namespace, "key") DO UPDATE SET deliveries =
+//!   deliveries + 1, token = CASE WHEN <stale and reclaim> …, claimed_at = CASE …
+//!   RETURNING state, token, deliveries, <age>`; acquired if the returned token is the one
+//!   it generated. A duplicate of a done key is this one statement too.
+//! - `commit`: `UPDATE … WHERE namespace = ?1 AND "key" = ?2 AND token = ?3`; `release`:
+//!   `DELETE … WHERE … AND token = ?3 AND state = 'processing'`.
+//! - `stuck_claims`, `resolve`, `purge_completed`: one statement each, using the indexes.
+
+use std::sync::Arc;
+
+use sqlx::{AssertSqlSafe, Row, SqlitePool};
+
+use super::sql::{self, ClaimRow, Queries, ResultExt, TableName, sql_store};
+use super::{Claim, ConfigError, LeaseToken, Stale, StalePolicy, StoreError};
+use crate::key::IdempotencyKey;
+
+/// Now, in microseconds since the Unix epoch, from SQLite's clock.
+const NOW_US: &str = "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
+
+/// Claims kept in a SQLite database.
+///
+/// Cloning is cheap: clones share the pool. Call [`migrate`](Self::migrate) once at start-up
+/// (it is idempotent) before serving. See the [module docs](crate::store::sqlite) for how to
+/// connect, the SQL, the time source and the round trips.
+#[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    sql: Arc<Queries>,
+}
+
+fn queries(table: TableName) -> Queries {
+    let t = table.quoted('"');
+    let migrate = format!(
+        r#"CREATE TABLE IF NOT EXISTS {t} (
+    namespace    TEXT    NOT NULL,
+    "key"        TEXT    NOT NULL,
+    state        TEXT    NOT NULL CHECK (state IN ('processing', 'done')),
+    token        INTEGER NOT NULL,
+    deliveries   INTEGER NOT NULL,
+    claimed_at   INTEGER NOT NULL,
+    completed_at INTEGER,
+    PRIMARY KEY (namespace, "key")
+);
+CREATE INDEX IF NOT EXISTS {claimed} ON {t} (state, claimed_at);
+CREATE INDEX IF NOT EXISTS {completed} ON {t} (state, completed_at);"#,
+        claimed = table.claimed_index('"'),
+        completed = table.completed_index('"'),
+    );
+    // ?4: whether the policy reclaims; ?5: the stale limit in microseconds.
+    let takeover = format!("t.state = 'processing' AND ?4 AND t.claimed_at <= {NOW_US} - ?5");
+    let claim = format!(
+        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, claimed_at)
+VALUES (?1, ?2, 'processing', ?3, 1, {NOW_US})
+ON CONFLICT (namespace, "key") DO UPDATE SET
+    deliveries = t.deliveries + 1,
+    token = CASE WHEN {takeover} THEN excluded.token ELSE t.token END,
+    claimed_at = CASE WHEN {takeover} THEN excluded.claimed_at ELSE t.claimed_at END
+RETURNING state, token, deliveries, {NOW_US} - claimed_at AS age_us"#
+    );
+    let commit = format!(
+        r#"UPDATE {t} SET state = 'done',
+    completed_at = CASE WHEN state = 'done' THEN completed_at ELSE {NOW_US} END
+WHERE namespace = ?1 AND "key" = ?2 AND token = ?3"#
+    );
+    let release = format!(
+        r#"DELETE FROM {t}
+WHERE namespace = ?1 AND "key" = ?2 AND token = ?3 AND state = 'processing'"#
+    );
+    let stuck = format!(
+        r#"SELECT namespace, "key", deliveries, {NOW_US} - claimed_at AS age_us FROM {t}
+WHERE state = 'processing' AND claimed_at <= {NOW_US} - ?1
+ORDER BY claimed_at, namespace, "key""#
+    );
+    let resolve_done = format!(
+        r#"UPDATE {t} SET state = 'done', completed_at = {NOW_US}, token = ?1
+WHERE namespace = ?2 AND "key" = ?3 AND state = 'processing'"#
+    );
+    let resolve_release =
+        format!(r#"DELETE FROM {t} WHERE namespace = ?1 AND "key" = ?2 AND state = 'processing'"#);
+    let purge =
+        format!(r#"DELETE FROM {t} WHERE state = 'done' AND completed_at <= {NOW_US} - ?1"#);
+    let tx_claim = format!(
+        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, claimed_at, completed_at)
+VALUES (?1, ?2, 'done', ?3, 1, {NOW_US}, {NOW_US})
+ON CONFLICT (namespace, "key") DO UPDATE SET deliveries = t.deliveries + 1
+RETURNING state, token, deliveries, {NOW_US} - claimed_at AS age_us"#
+    );
+    Queries {
+        table,
+        tx_claim: tx_claim.into(),
+        migrate: migrate.into(),
+        claim: claim.into(),
+        commit: commit.into(),
+        release: release.into(),
+        stuck: stuck.into(),
+        resolve_done: resolve_done.into(),
+        resolve_release: resolve_release.into(),
+        purge: purge.into(),
+    }
+}
+
+impl SqliteStore {
+    /// A store on `pool`, in the table `idempotency_keys`.
+    pub fn new(pool: SqlitePool) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(queries(TableName::default_table())),
+        }
+    }
+
+    /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes.
+    pub fn with_table_name(mut self, name: &str) -> Result<Self, ConfigError> {
+        self.sql = Arc::new(queries(TableName::parse(name, false)?));
+        Ok(self)
+    }
+
+    /// The table's name.
+    pub fn table_name(&self) -> String {
+        self.sql.table.name()
+    }
+
+    /// The pool the store uses.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Creates the table and its indexes if they do not exist, in one transaction. Safe to
+    /// call at every start-up, from several pools at once.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        // IMMEDIATE takes the write lock up front, waiting for it under the busy timeout; a
+        // deferred transaction could fail to upgrade its read lock instead.
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.store()?;
+        sqlx::raw_sql(AssertSqlSafe(self.sql.migrate.clone()))
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        tx.commit().await.store()
+    }
+}
+
+sql_store!(SqliteStore);
+
+impl SqliteStore {
+    async fn claim_key(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        let token = LeaseToken::generate();
+        let row = sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(token.to_i64())
+            .bind(stale.policy() == StalePolicy::Reclaim)
+            .bind(sql::micros(stale.after()))
+            .fetch_one(&self.pool)
+            .await
+            .store()?;
+        let row = ClaimRow {
+            state: row.try_get(0).store()?,
+            token: row.try_get(1).store()?,
+            deliveries: row.try_get(2).store()?,
+            age_us: row.try_get(3).store()?,
+        };
+        row.into_claim(key, token, stale, None)
+    }
+}
+
+impl crate::transactional::TransactionalStore for SqliteStore {
+    type Database = sqlx::Sqlite;
+
+    /// `PRAGMA busy_timeout = <ms>; BEGIN IMMEDIATE` (one round trip), then the marker's
+    /// insert. SQLite has one writer at a time: `BEGIN IMMEDIATE` takes the write lock at once,
+    /// so deliveries in transactional mode run one after another, and a duplicate waits at
+    /// `BEGIN` for the first to finish, up to the lock timeout. The connection keeps that busy
+    /// timeout afterwards.
+    async fn begin(
+        &self,
+        key: &IdempotencyKey,
+        lock_timeout: std::time::Duration,
+    ) -> Result<crate::transactional::Begin<sqlx::Sqlite>, StoreError> {
+        let ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
+        let begin = format!("PRAGMA busy_timeout = {ms}; BEGIN IMMEDIATE");
+        let mut tx = match self.pool.begin_with(AssertSqlSafe(begin)).await {
+            Ok(tx) => tx,
+            Err(sqlx::Error::Database(e)) if is_busy(e.code().as_deref()) => {
+                return Ok(crate::transactional::Begin::lock_timed_out(lock_timeout));
+            }
+            Err(e) => return Err(StoreError::backend(e)),
+        };
+        let token = LeaseToken::generate();
+        let row = sqlx::query(AssertSqlSafe(self.sql.tx_claim.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(token.to_i64())
+            .fetch_one(&mut *tx)
+            .await
+            .store()?;
+        let row = ClaimRow {
+            state: row.try_get(0).store()?,
+            token: row.try_get(1).store()?,
+            deliveries: row.try_get(2).store()?,
+            age_us: row.try_get(3).store()?,
+        };
+        crate::transactional::begun(
+            row.into_claim(key, token, sql::NEVER_STALE, Some(false))?,
+            tx,
+        )
+        .await
+    }
+}
+
+/// SQLITE_BUSY and its extended codes (the low byte is 5).
+fn is_busy(code: Option<&str>) -> bool {
+    code.and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| c & 0xff == 5)
+}

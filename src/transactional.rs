@@ -1,0 +1,531 @@
+//! Transactional mode: the marker and the handler's own writes commit together.
+//!
+//! When the work a webhook triggers is itself a write to the same database (mark an order
+//! paid, insert a row), claim and commit can be one database transaction: the layer begins
+//! it, inserts the key's marker in it, hands it to the handler, and commits it only after a
+//! successful response. A handler that fails, panics or is dropped rolls everything back,
+//! marker included, so the sender's retry runs it again. There is no `processing` row and so
+//! no stale claim to decide about: a crash rolls back.
+//!
+//! ```no_run
+//! use axum::{Router, http::StatusCode, routing::post};
+//! use sqlx::Postgres;
+//! use tower_idempotency::{IdempotencyLayer, key, store::PostgresStore, transactional::Tx};
+//!
+//! async fn order_paid(mut tx: Tx<Postgres>, body: String) -> Result<&'static str, StatusCode> {
+//!     let event: serde_json::Value = serde_json::from_str(&body).map_err(|_| StatusCode::BAD_REQUEST)?;
+//!     let order = event["data"]["object"]["metadata"]["order_id"].as_str().unwrap_or_default();
+//!     // Runs in the layer's transaction: committed with the marker, or not at all.
+//!     sqlx::query("UPDATE orders SET status = 'paid' WHERE id = $1")
+//!         .bind(order)
+//!         .execute(&mut *tx)
+//!         .await
+//!         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+//!     Ok("paid")
+//! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = PostgresStore::new(sqlx::PgPool::connect("postgres://localhost/app").await?);
+//! store.migrate().await?;
+//! let app: Router = Router::new().route(
+//!     "/webhooks/stripe",
+//!     post(order_paid).layer(IdempotencyLayer::new(store).key(key::stripe()).transactional()),
+//! );
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # When to choose it
+//!
+//! Choose it when the handler's work is writes to the database the store lives in: it is the
+//! correct default then. Do not choose it for work no transaction can roll back (an e-mail, a
+//! third-party API call): a rollback after such a call would let the retry repeat it. Use the
+//! claim-then-commit mode of [`IdempotencyLayer`] for those.
+//!
+//! The transaction holds a pooled connection for as long as the handler runs; size the pool
+//! for the deliveries you handle at once.
+//!
+//! # Concurrent duplicates
+//!
+//! A duplicate that arrives while the first delivery's transaction is open waits on the
+//! table's unique index. When the first commits, the duplicate answers 200; when it rolls
+//! back, the duplicate runs the handler itself. The wait is bounded by
+//! [`TransactionalLayer::lock_timeout`] (5 seconds by default): past it the duplicate answers
+//! 409 with `Retry-After`. Each backend's store documents how it bounds the wait.
+//!
+//! # What every delivery gets
+//!
+//! | situation | answer | marker and the handler's writes |
+//! |---|---|---|
+//! | handler answers 2xx | its response | committed together |
+//! | handler answers non-2xx, `Err`, panics, or is dropped | its response / error | rolled back |
+//! | the commit fails | 503 with `Retry-After`: nothing was written | rolled back |
+//! | duplicate of a committed event | 200, `idempotency-outcome: duplicate` | unchanged |
+//! | duplicate while the first is open, past the lock timeout | 409 with `Retry-After` | unchanged |
+//! | store unreachable | 503 with `Retry-After`, the handler does not run | unchanged |
+//!
+//! Key errors are answered as in claim-then-commit mode.
+
+use std::fmt;
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::{Request, Response};
+use http_body::Body;
+use sqlx::{Database, Transaction};
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::IdempotencyLayer;
+use crate::body::{RequestBody, ResponseBody};
+use crate::future::ResponseFuture;
+use crate::key::{Auto, ExtractKey, IdempotencyKey, KeyError};
+use crate::layer::{Config, MissingKey};
+use crate::response::{self, Outcome};
+use crate::service::{self as claim_mode, BoxError, Shared};
+use crate::store::{Claim, Completed, Pending, Store, StoreError};
+
+/// A store that can run a delivery in one database transaction: the SQL stores.
+pub trait TransactionalStore: Store + Clone {
+    /// The database the store's pool talks to.
+    type Database: Database;
+
+    /// Begins a transaction whose lock waits are bounded by `lock_timeout`, and inserts the
+    /// marker of `key` as `done` in it. A duplicate's insert waits for an open transaction
+    /// holding the same key.
+    fn begin(
+        &self,
+        key: &IdempotencyKey,
+        lock_timeout: Duration,
+    ) -> impl Future<Output = Result<Begin<Self::Database>, StoreError>> + Send;
+}
+
+/// What [`TransactionalStore::begin`] found.
+#[non_exhaustive]
+pub enum Begin<DB: Database> {
+    /// The marker is inserted in this open transaction.
+    Claimed(Transaction<'static, DB>),
+    /// The event was committed already.
+    Done(Completed),
+    /// A claim-then-commit delivery holds the key, or the first delivery's transaction did not
+    /// finish within the lock timeout.
+    InFlight(Pending),
+}
+
+impl<DB: Database> Begin<DB> {
+    /// The answer when a duplicate's wait for the first delivery's transaction timed out.
+    pub(crate) fn lock_timed_out(waited: Duration) -> Self {
+        Self::InFlight(Pending::new(waited, 0))
+    }
+}
+
+/// Turns the claim read from the marker's insert into the answer of
+/// [`TransactionalStore::begin`]. When the key exists already, the transaction holds only the
+/// delivery count: it is committed.
+pub(crate) async fn begun<DB: Database>(
+    claim: Claim,
+    tx: Transaction<'static, DB>,
+) -> Result<Begin<DB>, StoreError> {
+    let begin = match claim {
+        Claim::Acquired(_) => return Ok(Begin::Claimed(tx)),
+        Claim::Done(done) => Begin::Done(done),
+        Claim::InFlight(pending) | Claim::Held(pending) => Begin::InFlight(pending),
+    };
+    tx.commit().await.map_err(StoreError::backend)?;
+    Ok(begin)
+}
+
+impl<DB: Database> fmt::Debug for Begin<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Claimed(_) => f.write_str("Claimed(..)"),
+            Self::Done(done) => f.debug_tuple("Done").field(done).finish(),
+            Self::InFlight(pending) => f.debug_tuple("InFlight").field(pending).finish(),
+        }
+    }
+}
+
+impl<St, K> IdempotencyLayer<St, K> {
+    /// Runs each delivery in one database transaction with its marker; see
+    /// [the module documentation](crate::transactional).
+    pub fn transactional(self) -> TransactionalLayer<St, K>
+    where
+        St: TransactionalStore,
+    {
+        let (store, key, config) = self.into_parts();
+        TransactionalLayer {
+            store,
+            key,
+            config,
+            lock_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The layer of transactional mode. Built by [`IdempotencyLayer::transactional`].
+#[derive(Clone)]
+pub struct TransactionalLayer<St, K = Auto> {
+    store: St,
+    key: K,
+    config: Config,
+    lock_timeout: Duration,
+}
+
+impl<St, K> TransactionalLayer<St, K> {
+    /// How long a duplicate waits for the first delivery's open transaction before it answers
+    /// 409 with `Retry-After`. Default: 5 seconds.
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+}
+
+impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for TransactionalLayer<St, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransactionalLayer")
+            .field("store", &self.store)
+            .field("key", &self.key)
+            .field("config", &self.config)
+            .field("lock_timeout", &self.lock_timeout)
+            .finish()
+    }
+}
+
+impl<S, St, K> Layer<S> for TransactionalLayer<St, K>
+where
+    St: TransactionalStore,
+    K: ExtractKey + Clone,
+{
+    type Service = TransactionalService<S, St, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        TransactionalService {
+            inner,
+            shared: Arc::new(Shared {
+                store: self.store.clone(),
+                key: self.key.clone(),
+                config: self.config.clone(),
+            }),
+            lock_timeout: self.lock_timeout,
+        }
+    }
+}
+
+/// The service of transactional mode. Made by [`TransactionalLayer`].
+pub struct TransactionalService<S, St, K = Auto> {
+    inner: S,
+    shared: Arc<Shared<St, K>>,
+    lock_timeout: Duration,
+}
+
+impl<S: Clone, St, K> Clone for TransactionalService<S, St, K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+            lock_timeout: self.lock_timeout,
+        }
+    }
+}
+
+impl<S: fmt::Debug, St: fmt::Debug, K: fmt::Debug> fmt::Debug for TransactionalService<S, St, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransactionalService")
+            .field("inner", &self.inner)
+            .field("store", &self.shared.store)
+            .field("key", &self.shared.key)
+            .field("lock_timeout", &self.lock_timeout)
+            .finish()
+    }
+}
+
+impl<S, St, K, ReqB, ResB> Service<Request<ReqB>> for TransactionalService<S, St, K>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: TransactionalStore,
+    K: ExtractKey,
+    ReqB: Body<Data = Bytes> + Send + 'static,
+    ReqB::Error: Into<BoxError>,
+    ResB: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<Self::Response, S::Error>;
+
+    /// Always ready: the inner service is made ready inside the response future, once the
+    /// delivery holds its transaction.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let inner = self.inner.clone();
+        let fut = deliver(self.shared.clone(), self.lock_timeout, inner, req);
+        ResponseFuture::new(Box::pin(fut))
+    }
+}
+
+async fn deliver<S, St, K, ReqB, ResB>(
+    shared: Arc<Shared<St, K>>,
+    lock_timeout: Duration,
+    mut inner: S,
+    req: Request<ReqB>,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    St: TransactionalStore,
+    K: ExtractKey,
+    ReqB: Body<Data = Bytes>,
+    ReqB::Error: Into<BoxError>,
+{
+    let config = &shared.config;
+    let (parts, body) = req.into_parts();
+    let (key, body) = match claim_mode::find_key(&shared, &parts, body).await {
+        Ok(found) => found,
+        Err(error) => return Ok(claim_mode::reject(&error)),
+    };
+    let key = match key {
+        Ok(key) => key,
+        Err(KeyError::Missing { .. }) if config.missing_key == MissingKey::PassThrough => {
+            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+            let res = inner.call(Request::from_parts(parts, body)).await?;
+            return Ok(claim_mode::with_outcome(res, Outcome::PassedThrough));
+        }
+        Err(error) => return Ok(claim_mode::reject(&error)),
+    };
+
+    // The lock wait is part of beginning, so the store's own bound comes on top of it.
+    let begin = shared.store.begin(&key, lock_timeout);
+    let tx = match tokio::time::timeout(config.store_timeout + lock_timeout, begin).await {
+        Ok(Ok(Begin::Claimed(tx))) => tx,
+        Ok(Ok(Begin::Done(_))) => {
+            claim_mode::record(&key, None, Outcome::Duplicate);
+            return Ok(response::duplicate());
+        }
+        Ok(Ok(Begin::InFlight(_))) => {
+            claim_mode::record(&key, None, Outcome::InFlight);
+            return Ok(response::in_flight(config.retry_after));
+        }
+        Ok(Err(error)) => return Ok(store_failed(config, &key, &error, "could not begin")),
+        Err(_) => {
+            let error = StoreError::backend("the store did not begin a transaction in time");
+            return Ok(store_failed(config, &key, &error, "could not begin"));
+        }
+    };
+
+    let handle = TxHandle {
+        slot: Arc::new(Mutex::new(Some(tx))),
+    };
+    let mut request = Request::from_parts(parts, body);
+    request.extensions_mut().insert(handle.clone());
+    // A dropped future drops the handle's last clone with the transaction in it, and sqlx
+    // rolls an unfinished transaction back when it is dropped.
+    let result = AssertUnwindSafe(async move {
+        std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+        inner.call(request).await
+    })
+    .catch_unwind()
+    .await;
+
+    let res = match result {
+        Ok(Ok(res)) => res,
+        Ok(Err(error)) => {
+            handle.roll_back(&key).await;
+            return Err(error);
+        }
+        Err(panic) => {
+            handle.roll_back(&key).await;
+            std::panic::resume_unwind(panic)
+        }
+    };
+    if !(config.commit_when)(res.status()) {
+        handle.roll_back(&key).await;
+        claim_mode::record(&key, None, Outcome::Released);
+        return Ok(claim_mode::with_outcome(res, Outcome::Released));
+    }
+    let Some(tx) = handle.take() else {
+        let error = StoreError::backend("the handler kept the transaction after it answered");
+        return Ok(store_failed(config, &key, &error, "could not commit"));
+    };
+    let commit = tokio::time::timeout(config.store_timeout, tx.commit()).await;
+    match commit {
+        Ok(Ok(())) => {
+            claim_mode::record(&key, None, Outcome::Processed);
+            Ok(claim_mode::with_outcome(res, Outcome::Processed))
+        }
+        // Nothing was written: the handler's success must not be reported, or the event is
+        // lost. The sender's retry runs it again.
+        Ok(Err(error)) => Ok(store_failed(
+            config,
+            &key,
+            &StoreError::backend(error),
+            "could not commit",
+        )),
+        Err(_) => {
+            let error = StoreError::backend("the commit did not finish in time");
+            Ok(store_failed(config, &key, &error, "could not commit"))
+        }
+    }
+}
+
+fn store_failed<B>(
+    config: &Config,
+    key: &IdempotencyKey,
+    error: &StoreError,
+    what: &str,
+) -> Response<ResponseBody<B>> {
+    claim_mode::record(key, None, Outcome::StoreUnavailable);
+    tracing::error!(
+        namespace = key.namespace(),
+        key = key.value(),
+        error = error as &dyn std::error::Error,
+        "{what} the delivery's transaction; nothing was written",
+    );
+    response::store_unavailable(config.retry_after)
+}
+
+/// The delivery's open transaction, in the request extensions of the inner service.
+///
+/// Handlers that are not axum handlers reach the transaction through it:
+///
+/// ```no_run
+/// # use sqlx::Postgres;
+/// # use tower_idempotency::transactional::TxHandle;
+/// # async fn handler<B>(req: http::Request<B>) -> Result<(), sqlx::Error> {
+/// let handle = req.extensions().get::<TxHandle<Postgres>>().expect("transactional layer").clone();
+/// let mut tx = handle.lock().await.expect("the transaction is open while the handler runs");
+/// sqlx::query("INSERT INTO audit (note) VALUES ('paid')").execute(&mut *tx).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct TxHandle<DB: Database> {
+    slot: Arc<Mutex<Option<Transaction<'static, DB>>>>,
+}
+
+impl<DB: Database> TxHandle<DB> {
+    /// Locks the transaction for this handler. `None` once the layer has finished it (after
+    /// the handler answered).
+    pub async fn lock(&self) -> Option<Tx<DB>> {
+        let guard: OwnedMutexGuard<_> = self.slot.clone().lock_owned().await;
+        OwnedMutexGuard::try_map(guard, Option::as_mut)
+            .ok()
+            .map(|guard| Tx { guard })
+    }
+
+    /// Takes the transaction back, unless a handler still holds it.
+    fn take(&self) -> Option<Transaction<'static, DB>> {
+        self.slot.try_lock().ok()?.take()
+    }
+
+    async fn roll_back(&self, key: &IdempotencyKey) {
+        let Some(tx) = self.take() else {
+            // A handler still holds it; it rolls back when the last holder drops it.
+            return;
+        };
+        if let Err(error) = tx.rollback().await {
+            tracing::warn!(
+                namespace = key.namespace(),
+                key = key.value(),
+                error = &error as &dyn std::error::Error,
+                "rollback failed; the connection is closed instead",
+            );
+        }
+    }
+}
+
+impl<DB: Database> Clone for TxHandle<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            slot: self.slot.clone(),
+        }
+    }
+}
+
+impl<DB: Database> fmt::Debug for TxHandle<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TxHandle").finish_non_exhaustive()
+    }
+}
+
+/// The delivery's transaction, locked for a handler. Derefs to the connection, so
+/// `sqlx::query(..).execute(&mut *tx)` runs inside it.
+///
+/// Under the `axum` feature it is an extractor. Keep it within the handler: the layer commits
+/// only after the handler has let go of it.
+pub struct Tx<DB: Database> {
+    guard: OwnedMappedMutexGuard<Option<Transaction<'static, DB>>, Transaction<'static, DB>>,
+}
+
+impl<DB: Database> Deref for Tx<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        &self.guard
+    }
+}
+
+impl<DB: Database> DerefMut for Tx<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        &mut self.guard
+    }
+}
+
+impl<DB: Database> fmt::Debug for Tx<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tx").finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "axum")]
+mod extract {
+    use axum_core::extract::FromRequestParts;
+    use axum_core::response::{IntoResponse, Response};
+    use http::StatusCode;
+    use http::request::Parts;
+
+    use super::{Database, Tx, TxHandle};
+
+    /// Why a [`Tx`] could not be extracted: the route has no transactional layer.
+    #[derive(Debug)]
+    pub struct MissingTransaction;
+
+    impl IntoResponse for MissingTransaction {
+        fn into_response(self) -> Response {
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "this route asks for the delivery's transaction but has no transactional \
+                 idempotency layer",
+            )
+                .into_response()
+        }
+    }
+
+    impl<DB: Database, S: Send + Sync> FromRequestParts<S> for Tx<DB> {
+        type Rejection = MissingTransaction;
+
+        async fn from_request_parts(
+            parts: &mut Parts,
+            _state: &S,
+        ) -> Result<Self, Self::Rejection> {
+            let handle = parts
+                .extensions
+                .get::<TxHandle<DB>>()
+                .ok_or(MissingTransaction)?
+                .clone();
+            handle.lock().await.ok_or(MissingTransaction)
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use extract::MissingTransaction;

@@ -1,0 +1,519 @@
+//! The store conformance suite, written once and run against every backend, and the
+//! multi-instance races.
+//!
+//! A backend's test file builds stores and calls `conformance_suite!` and `race_suite!`:
+//!
+//! ```ignore
+//! conformance_suite!(async { Some(MemoryStore::new()) });
+//! race_suite!(async { Some(MemoryStore::new()) });
+//! ```
+//!
+//! `$make` yields `Option<S>`: `None` when the backend's database cannot be reached and the
+//! test is skipped (see [`unreachable`]; under `CI` it panics instead).
+//!
+//! Each test works in a namespace of its own, so backends that share one database between
+//! tests (and between runs) need no cleaning.
+
+#![allow(dead_code, unreachable_pub)]
+
+pub mod db;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use tower::{Layer, Service, ServiceExt, service_fn};
+use tower_idempotency::store::{Claim, Lease, Resolution, Store, StoreError};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Stale, key};
+
+/// The database URL in the environment variable `var`, or `default`.
+pub fn database_url(var: &str, default: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
+}
+
+/// Connects with `connect` to the database at `url` (from the environment variable `var`).
+/// If it cannot be reached, the test fails under `CI` and is skipped (loudly) otherwise; after
+/// one failure the other tests of the binary do not wait for the connect timeout again.
+pub async fn connect<T, E: std::fmt::Display>(
+    var: &str,
+    url: &str,
+    connect: impl std::future::Future<Output = Result<T, E>>,
+) -> Option<T> {
+    static UNREACHABLE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let err = match UNREACHABLE.get() {
+        Some(err) => err.clone(),
+        None => match connect.await {
+            Ok(pool) => return Some(pool),
+            Err(err) => UNREACHABLE.get_or_init(|| err.to_string()).clone(),
+        },
+    };
+    if std::env::var_os("CI").is_some() {
+        panic!(
+            "{var}={url} cannot be reached ({err}); CI is set, so this fails instead of skipping"
+        );
+    }
+    // Straight to stderr, not `eprintln!`, which the test harness captures for passing tests.
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED: {var}={url} cannot be reached ({err}); set {var} to a reachable database"
+    );
+    None
+}
+
+/// A namespace no other test or earlier run uses.
+pub fn unique_namespace(test: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("{test}-{}-{nanos:x}-{n}", std::process::id())
+}
+
+pub fn key_in(ns: &str, value: &str) -> IdempotencyKey {
+    IdempotencyKey::new(ns.to_owned(), value).unwrap()
+}
+
+pub const LONG: Stale = Stale::reclaim_after(Duration::from_secs(600));
+pub const SHORT: Duration = Duration::from_millis(300);
+/// Comfortably past `SHORT`, even on a busy machine.
+pub const PAST_SHORT: Duration = Duration::from_millis(700);
+
+pub async fn acquire<S: Store>(store: &S, key: &IdempotencyKey, stale: Stale) -> Lease {
+    match store.claim(key, stale).await.unwrap() {
+        Claim::Acquired(lease) => lease,
+        other => panic!("expected to acquire {key}, got {other:?}"),
+    }
+}
+
+pub async fn claim_commit_duplicate<S: Store>(store: S) {
+    let ns = unique_namespace("commit");
+    let key = key_in(&ns, "evt_1");
+    let lease = acquire(&store, &key, LONG).await;
+    assert!(!lease.reclaimed());
+    assert_eq!(lease.key(), &key);
+    match store.claim(&key, LONG).await.unwrap() {
+        Claim::InFlight(p) => assert_eq!(p.deliveries, 2),
+        other => panic!("expected in flight, got {other:?}"),
+    }
+    store.commit(&lease).await.unwrap();
+    // Committing again with the same lease is harmless (a retried commit).
+    store.commit(&lease).await.unwrap();
+    match store.claim(&key, LONG).await.unwrap() {
+        Claim::Done(done) => assert_eq!(done.deliveries, 3),
+        other => panic!("expected done, got {other:?}"),
+    }
+    // Other keys and other namespaces are independent.
+    acquire(&store, &key_in(&ns, "evt_2"), LONG).await;
+    acquire(&store, &key_in(&format!("{ns}-other"), "evt_1"), LONG).await;
+}
+
+pub async fn release_lets_the_retry_run<S: Store>(store: S) {
+    let key = key_in(&unique_namespace("release"), "evt_1");
+    let lease = acquire(&store, &key, LONG).await;
+    store.release(&lease).await.unwrap();
+    let again = acquire(&store, &key, LONG).await;
+    assert_ne!(
+        again.token(),
+        lease.token(),
+        "every claim gets a fresh token"
+    );
+    // The first lease is gone: releasing or committing with it changes nothing.
+    assert!(matches!(
+        store.release(&lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.commit(&lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::InFlight(_)
+    ));
+    store.commit(&again).await.unwrap();
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    // A done row cannot be released.
+    assert!(matches!(
+        store.release(&again).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+}
+
+pub async fn stale_reclaim_fences_the_old_owner<S: Store>(store: S) {
+    let key = key_in(&unique_namespace("reclaim"), "evt_1");
+    let old = acquire(&store, &key, LONG).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    // Not stale under a long limit...
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::InFlight(_)
+    ));
+    // ...stale under a short one: reclaimed with a new token.
+    let new = acquire(&store, &key, Stale::reclaim_after(SHORT)).await;
+    assert!(new.reclaimed());
+    assert_ne!(new.token(), old.token());
+    // The old owner's late commit and release change nothing.
+    assert!(matches!(
+        store.commit(&old).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.release(&old).await,
+        Err(StoreError::LeaseLost)
+    ));
+    match store.claim(&key, LONG).await.unwrap() {
+        // The reclaim restarted the claim's clock: the row is younger than the first claim.
+        Claim::InFlight(p) => assert!(p.age < PAST_SHORT, "age {:?}", p.age),
+        other => panic!("expected in flight, got {other:?}"),
+    }
+    store.commit(&new).await.unwrap();
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    assert!(matches!(
+        store.commit(&old).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+}
+
+pub async fn stale_hold_keeps_the_row<S: Store>(store: S) {
+    let key = key_in(&unique_namespace("hold"), "evt_1");
+    let hold = Stale::hold_after(SHORT);
+    let owner = acquire(&store, &key, hold).await;
+    assert!(matches!(
+        store.claim(&key, hold).await.unwrap(),
+        Claim::InFlight(_)
+    ));
+    tokio::time::sleep(PAST_SHORT).await;
+    match store.claim(&key, hold).await.unwrap() {
+        Claim::Held(p) => {
+            assert!(p.age >= SHORT, "age {:?}", p.age);
+            assert_eq!(p.deliveries, 3);
+        }
+        other => panic!("expected held, got {other:?}"),
+    }
+    assert!(matches!(
+        store.claim(&key, hold).await.unwrap(),
+        Claim::Held(_)
+    ));
+    // The owner may still finish: its lease was never taken over.
+    store.commit(&owner).await.unwrap();
+    assert!(matches!(
+        store.claim(&key, hold).await.unwrap(),
+        Claim::Done(_)
+    ));
+}
+
+pub async fn stuck_claims_and_resolve<S: Store>(store: S) {
+    let ns = unique_namespace("stuck");
+    let old = key_in(&ns, "old");
+    let done = key_in(&ns, "done");
+    let young = key_in(&ns, "young");
+    let old_lease = acquire(&store, &old, LONG).await;
+    let done_lease = acquire(&store, &done, LONG).await;
+    store.commit(&done_lease).await.unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    acquire(&store, &young, LONG).await;
+
+    let stuck: Vec<_> = store
+        .stuck_claims(SHORT)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.key.namespace() == ns)
+        .collect();
+    assert_eq!(stuck.len(), 1, "{stuck:?}");
+    assert_eq!(stuck[0].key, old);
+    assert!(stuck[0].age >= SHORT);
+    assert_eq!(stuck[0].deliveries, 1);
+
+    // Resolve as done: later deliveries are duplicates, the old owner is fenced off.
+    assert!(store.resolve(&old, Resolution::Done).await.unwrap());
+    assert!(matches!(
+        store.claim(&old, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    assert!(matches!(
+        store.release(&old_lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.claim(&old, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    // Only processing rows are resolved.
+    assert!(!store.resolve(&old, Resolution::Release).await.unwrap());
+    assert!(!store.resolve(&done, Resolution::Release).await.unwrap());
+    assert!(
+        !store
+            .resolve(&key_in(&ns, "absent"), Resolution::Done)
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store.claim(&done, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+
+    // Resolve by release: the next delivery runs.
+    assert!(store.resolve(&young, Resolution::Release).await.unwrap());
+    acquire(&store, &young, LONG).await;
+}
+
+pub async fn purge_completed_keeps_recent_and_processing<S: Store>(store: S) {
+    let ns = unique_namespace("purge");
+    let old_done = key_in(&ns, "old-done");
+    let processing = key_in(&ns, "processing");
+    let lease = acquire(&store, &old_done, LONG).await;
+    store.commit(&lease).await.unwrap();
+    acquire(&store, &processing, LONG).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    let recent_done = key_in(&ns, "recent-done");
+    let lease = acquire(&store, &recent_done, LONG).await;
+    store.commit(&lease).await.unwrap();
+
+    let purged = store.purge_completed(SHORT).await.unwrap();
+    assert!(purged >= 1, "purged {purged}");
+    // The old done key is forgotten: a delivery now runs again.
+    acquire(&store, &old_done, LONG).await;
+    assert!(matches!(
+        store.claim(&recent_done, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    assert!(matches!(
+        store.claim(&processing, LONG).await.unwrap(),
+        Claim::InFlight(_)
+    ));
+}
+
+pub async fn concurrent_claims_have_one_winner<S: Store + Clone>(stores: Vec<S>) {
+    let key = key_in(&unique_namespace("claims"), "evt_1");
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let store = stores[i % stores.len()].clone();
+            let key = key.clone();
+            tokio::spawn(async move { store.claim(&key, LONG).await.unwrap() })
+        })
+        .collect();
+    let mut acquired = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Claim::Acquired(_) => acquired += 1,
+            Claim::InFlight(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(acquired, 1);
+}
+
+/// Generates one `#[tokio::test]` per conformance check, each with a store made by `$make`
+/// (`None` skips the test).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn claim_commit_duplicate() {
+            let Some(store) = $make.await else { return };
+            $crate::common::claim_commit_duplicate(store).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn release_lets_the_retry_run() {
+            let Some(store) = $make.await else { return };
+            $crate::common::release_lets_the_retry_run(store).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn stale_reclaim_fences_the_old_owner() {
+            let Some(store) = $make.await else { return };
+            $crate::common::stale_reclaim_fences_the_old_owner(store).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn stale_hold_keeps_the_row() {
+            let Some(store) = $make.await else { return };
+            $crate::common::stale_hold_keeps_the_row(store).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn stuck_claims_and_resolve() {
+            let Some(store) = $make.await else { return };
+            $crate::common::stuck_claims_and_resolve(store).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn purge_completed_keeps_recent_and_processing() {
+            let Some(store) = $make.await else { return };
+            $crate::common::purge_completed_keeps_recent_and_processing(store).await;
+        }
+    };
+}
+
+/// A webhook handler that counts its runs per event id and sleeps a little, so concurrent
+/// deliveries overlap.
+pub fn counting_layer_service<St>(
+    layer: IdempotencyLayer<St, key::Header>,
+    runs: Arc<AtomicUsize>,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static
+where
+    St: Store + Clone,
+{
+    layer.layer(service_fn(move |_req| {
+        let runs = runs.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        }
+    }))
+}
+
+fn delivery(id: &str) -> Request<Full<Bytes>> {
+    Request::post("/hook")
+        .header("x-event-id", id)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+/// A store whose backend is gone (a closed pool): a claim fails with a backend error that keeps
+/// its source, and the layer answers 503 without running the handler.
+pub async fn store_down_is_503<St: Store + Clone>(store: St) -> StoreError {
+    let ns = unique_namespace("down");
+    let err = store.claim(&key_in(&ns, "evt_1"), LONG).await.unwrap_err();
+    assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the backend error is kept as the source"
+    );
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(store).key(key::header("x-event-id").namespace(ns));
+    let svc = counting_layer_service(layer, runs.clone());
+    let res = svc.oneshot(delivery("evt_1")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the handler never runs unguarded"
+    );
+    err
+}
+
+/// 64 deliveries of one event spread over several instances (one store handle each): exactly
+/// one handler run, every other answer 200 (duplicate) or 409 (in flight).
+pub async fn race_one_event<St: Store + Clone>(stores: Vec<St>) {
+    let ns = unique_namespace("race-one");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let services: Vec<_> = stores
+        .into_iter()
+        .map(|store| {
+            let layer =
+                IdempotencyLayer::new(store).key(key::header("x-event-id").namespace(ns.clone()));
+            counting_layer_service(layer, runs.clone())
+        })
+        .collect();
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let svc = services[i % services.len()].clone();
+            let req = delivery("evt_race");
+            tokio::spawn(async move { svc.oneshot(req).await.unwrap().status() })
+        })
+        .collect();
+    let mut ok = 0;
+    for task in tasks {
+        let status = task.await.unwrap();
+        assert!(
+            status == StatusCode::OK || status == StatusCode::CONFLICT,
+            "unexpected {status}"
+        );
+        ok += usize::from(status == StatusCode::OK);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "exactly one handler run");
+    assert!(ok >= 1);
+}
+
+/// 200 distinct events, each delivered twice at once over several instances: exactly 200
+/// handler runs.
+pub async fn race_many_events<St: Store + Clone>(stores: Vec<St>) {
+    let ns = unique_namespace("race-many");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let services: Vec<_> = stores
+        .into_iter()
+        .map(|store| {
+            let layer =
+                IdempotencyLayer::new(store).key(key::header("x-event-id").namespace(ns.clone()));
+            counting_layer_service(layer, runs.clone())
+        })
+        .collect();
+    let tasks: Vec<_> = (0..400)
+        .map(|i| {
+            let svc = services[i % services.len()].clone();
+            let req = delivery(&format!("evt_{}", i / 2));
+            tokio::spawn(async move { svc.oneshot(req).await.unwrap().status() })
+        })
+        .collect();
+    for task in tasks {
+        let status = task.await.unwrap();
+        assert!(
+            status == StatusCode::OK || status == StatusCode::CONFLICT,
+            "unexpected {status}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 200, "one run per event");
+}
+
+/// Generates the race tests for a backend; `$make` builds one instance's store (its own pool),
+/// or `None` to skip.
+#[macro_export]
+macro_rules! race_suite {
+    ($make:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn concurrent_claims_have_one_winner() {
+            let mut stores = Vec::new();
+            for _ in 0..4 {
+                let Some(store) = $make.await else { return };
+                stores.push(store);
+            }
+            $crate::common::concurrent_claims_have_one_winner(stores).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn race_one_event_over_four_instances() {
+            let mut stores = Vec::new();
+            for _ in 0..4 {
+                let Some(store) = $make.await else { return };
+                stores.push(store);
+            }
+            $crate::common::race_one_event(stores).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn race_200_events_over_four_instances() {
+            let mut stores = Vec::new();
+            for _ in 0..4 {
+                let Some(store) = $make.await else { return };
+                stores.push(store);
+            }
+            $crate::common::race_many_events(stores).await;
+        }
+    };
+}

@@ -1,0 +1,145 @@
+//! The conformance suite and the races on `MySqlStore`, plus its own checks.
+//!
+//! The database comes from `MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`). If it
+//! cannot be reached the tests are skipped, or fail when `CI` is set. On MariaDB the suite runs
+//! twice: with the detected one-statement claim, and forced to the two-statement claim MySQL
+//! needs.
+
+#![cfg(feature = "mysql")]
+
+mod common;
+
+use sqlx::mysql::MySqlPool;
+use tower_idempotency::store::{Claim, ConfigError, MySqlFlavor, MySqlStore, Store, StoreError};
+
+fn url() -> String {
+    common::db::mysql_url()
+}
+
+async fn store() -> Option<MySqlStore> {
+    common::db::mysql_store().await
+}
+
+conformance_suite!(store());
+race_suite!(store());
+
+/// The claim as MySQL makes it (upsert, then a read), run against whatever server this is.
+mod two_statement_claim {
+    use super::*;
+
+    async fn store() -> Option<MySqlStore> {
+        Some(super::store().await?.with_flavor(MySqlFlavor::MySql))
+    }
+
+    crate::conformance_suite!(store());
+    crate::race_suite!(store());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_flavor_is_detected() {
+    let Some(store) = store().await else { return };
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let expected = if version.contains("MariaDB") {
+        MySqlFlavor::MariaDb
+    } else {
+        MySqlFlavor::MySql
+    };
+    assert_eq!(store.flavor().await.unwrap(), expected, "{version}");
+    let forced = store.with_flavor(MySqlFlavor::MySql);
+    assert_eq!(forced.flavor().await.unwrap(), MySqlFlavor::MySql);
+}
+
+#[tokio::test]
+async fn table_names_are_validated() {
+    let store = MySqlStore::new(MySqlPool::connect_lazy(&url()).unwrap());
+    assert_eq!(store.table_name(), "idempotency_keys");
+    for bad in [
+        "",
+        "bad-name",
+        "1st",
+        "x`; DROP TABLE t; --",
+        "db.t",
+        &"t".repeat(50),
+    ] {
+        let err = store.clone().with_table_name(bad).unwrap_err();
+        assert!(
+            matches!(err, ConfigError::InvalidTableName { .. }),
+            "{bad}: {err}"
+        );
+    }
+    assert_eq!(
+        store.with_table_name("Claims_2").unwrap().table_name(),
+        "Claims_2"
+    );
+}
+
+async fn rows_in(pool: &MySqlPool, table: &str, ns: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM `{table}` WHERE namespace = ?");
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(ns)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_table_name_end_to_end() {
+    let Some(default) = store().await else { return };
+    let store = default
+        .clone()
+        .with_table_name("idempotency_custom_e2e")
+        .unwrap();
+    store.migrate().await.unwrap();
+    let ns = common::unique_namespace("custom");
+    let key = common::key_in(&ns, "evt_1");
+    let lease = common::acquire(&store, &key, common::LONG).await;
+    store.commit(&lease).await.unwrap();
+    assert!(matches!(
+        store.claim(&key, common::LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    assert_eq!(
+        rows_in(store.pool(), "idempotency_custom_e2e", &ns).await,
+        1
+    );
+    assert_eq!(rows_in(store.pool(), "idempotency_keys", &ns).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_case_sensitive() {
+    let Some(store) = store().await else { return };
+    let ns = common::unique_namespace("case");
+    let lower = common::acquire(&store, &common::key_in(&ns, "evt_a"), common::LONG).await;
+    store.commit(&lower).await.unwrap();
+    common::acquire(&store, &common::key_in(&ns, "EVT_A"), common::LONG).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_twice_is_fine() {
+    let Some(store) = store().await else { return };
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let key = common::key_in(&common::unique_namespace("twice"), "evt_1");
+    common::acquire(&store, &key, common::LONG).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_pool_is_a_503_with_the_sqlx_error_as_source() {
+    let Some(store) = store().await else { return };
+    // Detect the flavor first, so the claim's own statement meets the closed pool.
+    store.flavor().await.unwrap();
+    store.pool().close().await;
+    let err = common::store_down_is_503(store).await;
+    let source = std::error::Error::source(&err).unwrap();
+    assert!(
+        matches!(
+            source.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::PoolClosed)
+        ),
+        "{source:?}"
+    );
+    assert!(matches!(err, StoreError::Backend(_)));
+}

@@ -1,0 +1,130 @@
+//! The conformance suite and the races on `PostgresStore`, plus its own checks.
+//!
+//! The database comes from `POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
+//! If it cannot be reached the tests are skipped, or fail when `CI` is set.
+
+#![cfg(feature = "postgres")]
+
+mod common;
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use tower_idempotency::store::{Claim, ConfigError, PostgresStore, Store, StoreError};
+
+fn url() -> String {
+    common::db::postgres_url()
+}
+
+async fn pool() -> Option<PgPool> {
+    common::db::postgres_pool().await
+}
+
+async fn store() -> Option<PostgresStore> {
+    common::db::postgres_store().await
+}
+
+conformance_suite!(store());
+race_suite!(store());
+
+#[tokio::test]
+async fn table_names_are_validated() {
+    let pool = PgPoolOptions::new().connect_lazy(&url()).unwrap();
+    let store = PostgresStore::new(pool);
+    assert_eq!(store.table_name(), "idempotency_keys");
+    for bad in [
+        "",
+        "bad-name",
+        "1st",
+        "x\"; DROP TABLE t; --",
+        "a.b.c",
+        &"t".repeat(50),
+    ] {
+        let err = store.clone().with_table_name(bad).unwrap_err();
+        assert!(
+            matches!(err, ConfigError::InvalidTableName { .. }),
+            "{bad}: {err}"
+        );
+    }
+    let named = store.clone().with_table_name("app.claims").unwrap();
+    assert_eq!(named.table_name(), "app.claims");
+}
+
+async fn rows_in(pool: &PgPool, table: &str, ns: &str) -> i64 {
+    let sql = format!(r#"SELECT count(*) FROM {table} WHERE namespace = $1"#);
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(ns)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_table_name_end_to_end() {
+    let Some(pool) = pool().await else { return };
+    for name in ["idempotency_custom_e2e", "public.idempotency_qualified_e2e"] {
+        let store = PostgresStore::new(pool.clone())
+            .with_table_name(name)
+            .unwrap();
+        store.migrate().await.unwrap();
+        let ns = common::unique_namespace("custom");
+        let key = common::key_in(&ns, "evt_1");
+        let lease = common::acquire(&store, &key, common::LONG).await;
+        store.commit(&lease).await.unwrap();
+        assert!(matches!(
+            store.claim(&key, common::LONG).await.unwrap(),
+            Claim::Done(_)
+        ));
+        assert_eq!(rows_in(&pool, name, &ns).await, 1);
+        assert_eq!(rows_in(&pool, "idempotency_keys", &ns).await, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_twice_is_fine() {
+    let Some(store) = store().await else { return };
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    common::acquire(
+        &store,
+        &common::key_in(&common::unique_namespace("twice"), "evt_1"),
+        common::LONG,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations_do_not_race() {
+    let Some(pool) = pool().await else { return };
+    let store = PostgresStore::new(pool)
+        .with_table_name(&format!("idempotency_mig_{}", std::process::id()))
+        .unwrap();
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.migrate().await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let sql = format!("DROP TABLE {}", store.table_name());
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_pool_is_a_503_with_the_sqlx_error_as_source() {
+    let Some(store) = store().await else { return };
+    store.pool().close().await;
+    let err = common::store_down_is_503(store).await;
+    let source = std::error::Error::source(&err).unwrap();
+    assert!(
+        matches!(
+            source.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::PoolClosed)
+        ),
+        "{source:?}"
+    );
+    assert!(matches!(err, StoreError::Backend(_)));
+}

@@ -1,0 +1,153 @@
+//! The conformance suite and the races on `SqliteStore`: a file (several pools on it, as
+//! several processes would share it) and `sqlite::memory:`.
+
+#![cfg(feature = "sqlite")]
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use tower_idempotency::store::{Claim, ConfigError, SqliteStore, Store, StoreError};
+
+/// One database file for this test run, in the system's temp directory.
+fn db_file() -> &'static PathBuf {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let name = common::unique_namespace("tower-idempotency");
+        std::env::temp_dir().join(format!("{name}.sqlite3"))
+    })
+}
+
+/// A new pool on the file: one app instance.
+async fn file_pool() -> SqlitePool {
+    let options = SqliteConnectOptions::new()
+        .filename(db_file())
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(30));
+    SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .expect("open the SQLite file")
+}
+
+async fn file_store() -> Option<SqliteStore> {
+    let store = SqliteStore::new(file_pool().await);
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+/// A new in-memory database: one connection the pool never closes, since the database lives
+/// only as long as its connections.
+async fn memory_store() -> Option<SqliteStore> {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .min_connections(1)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .connect("sqlite::memory:")
+        .await
+        .expect("open an in-memory SQLite database");
+    let store = SqliteStore::new(pool);
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+mod file {
+    use super::file_store;
+
+    crate::conformance_suite!(file_store());
+    crate::race_suite!(file_store());
+}
+
+mod memory {
+    use super::memory_store;
+
+    crate::conformance_suite!(memory_store());
+}
+
+#[tokio::test]
+async fn table_names_are_validated() {
+    let store = SqliteStore::new(SqlitePool::connect_lazy("sqlite::memory:").unwrap());
+    assert_eq!(store.table_name(), "idempotency_keys");
+    for bad in [
+        "",
+        "bad-name",
+        "1st",
+        "x\"; DROP TABLE t; --",
+        "main.t",
+        &"t".repeat(50),
+    ] {
+        let err = store.clone().with_table_name(bad).unwrap_err();
+        assert!(
+            matches!(err, ConfigError::InvalidTableName { .. }),
+            "{bad}: {err}"
+        );
+    }
+    assert_eq!(
+        store.with_table_name("Claims_2").unwrap().table_name(),
+        "Claims_2"
+    );
+}
+
+async fn rows_in(pool: &SqlitePool, table: &str, ns: &str) -> i64 {
+    let sql = format!(r#"SELECT count(*) FROM "{table}" WHERE namespace = ?1"#);
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(ns)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_table_name_end_to_end() {
+    let pool = file_pool().await;
+    SqliteStore::new(pool.clone()).migrate().await.unwrap();
+    let store = SqliteStore::new(pool.clone())
+        .with_table_name("idempotency_custom")
+        .unwrap();
+    store.migrate().await.unwrap();
+    let ns = common::unique_namespace("custom");
+    let key = common::key_in(&ns, "evt_1");
+    let lease = common::acquire(&store, &key, common::LONG).await;
+    store.commit(&lease).await.unwrap();
+    assert!(matches!(
+        store.claim(&key, common::LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    assert_eq!(rows_in(&pool, "idempotency_custom", &ns).await, 1);
+    assert_eq!(rows_in(&pool, "idempotency_keys", &ns).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_twice_is_fine() {
+    let Some(store) = file_store().await else {
+        return;
+    };
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let key = common::key_in(&common::unique_namespace("twice"), "evt_1");
+    common::acquire(&store, &key, common::LONG).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_pool_is_a_503_with_the_sqlx_error_as_source() {
+    let Some(store) = file_store().await else {
+        return;
+    };
+    store.pool().close().await;
+    let err = common::store_down_is_503(store).await;
+    let source = std::error::Error::source(&err).unwrap();
+    assert!(
+        matches!(
+            source.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::PoolClosed)
+        ),
+        "{source:?}"
+    );
+    assert!(matches!(err, StoreError::Backend(_)));
+}
