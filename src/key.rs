@@ -927,8 +927,10 @@ mod json_seek {
                 while seq.next_element::<IgnoredAny>()?.is_some() {}
                 return Ok(Found::Other("an array"));
             };
-            // RFC 6901: an array index is `0` or digits without a leading zero.
-            let index = (token == "0" || !token.starts_with('0'))
+            // RFC 6901: an array index is `0` or digits without a leading zero (no sign,
+            // which `usize::from_str` would accept).
+            let digits = !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit());
+            let index = (digits && (token == "0" || !token.starts_with('0')))
                 .then(|| token.parse::<usize>().ok())
                 .flatten();
             let mut found = Found::Absent;

@@ -76,17 +76,25 @@ impl<St> IdempotencyLayer<St> {
         Self {
             store,
             key: key::auto(),
-            config: Config {
-                stale: Stale::default(),
-                body_limit: DEFAULT_BODY_LIMIT,
-                body_timeout: Duration::from_secs(30),
-                retry_after: Duration::from_secs(5),
-                store_timeout: Duration::from_secs(5),
-                commit_when: |status| status.is_success(),
-                missing_key: MissingKey::Reject,
-                max_key_len: MAX_KEY_LEN,
-                on_held: None,
-            },
+            config: Config::defaults(),
+        }
+    }
+}
+
+impl Config {
+    /// The defaults documented on [`IdempotencyLayer::new`], shared by the
+    /// [order layer](crate::order::OrderLayer).
+    pub(crate) fn defaults() -> Self {
+        Self {
+            stale: Stale::default(),
+            body_limit: DEFAULT_BODY_LIMIT,
+            body_timeout: Duration::from_secs(30),
+            retry_after: Duration::from_secs(5),
+            store_timeout: Duration::from_secs(5),
+            commit_when: |status| status.is_success(),
+            missing_key: MissingKey::Reject,
+            max_key_len: MAX_KEY_LEN,
+            on_held: None,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The answers the layer gives itself, and the [`Outcome`] of every delivery.
 //!
 //! Every response that passes through the layer carries its [`Outcome`] in the response
-//! extensions. The answers the layer makes itself also name it in the
+//! extensions, and, once a key was found, the [`IdempotencyKey`](crate::IdempotencyKey): what
+//! an access log needs. The answers the layer makes itself also name it in the
 //! [`idempotency-outcome`](OUTCOME_HEADER) header; errors are `application/problem+json`
 //! (RFC 9457).
 //!
@@ -60,6 +61,9 @@ pub enum Outcome {
     StoreUnavailable,
     /// No key, and the layer was told to let such requests through unguarded.
     PassedThrough,
+    /// The [order layer](crate::order) found that the entity is at this delivery's version or
+    /// a newer one already: answered 200 without running the handler.
+    Outdated,
 }
 
 impl Outcome {
@@ -74,6 +78,7 @@ impl Outcome {
             Self::Rejected => "rejected",
             Self::StoreUnavailable => "store-unavailable",
             Self::PassedThrough => "passed-through",
+            Self::Outdated => "outdated",
         }
     }
 }
@@ -88,6 +93,10 @@ pub(crate) fn duplicate<B>() -> Response<ResponseBody<B>> {
     answer(StatusCode::OK, Outcome::Duplicate, Bytes::new())
 }
 
+pub(crate) fn outdated<B>() -> Response<ResponseBody<B>> {
+    answer(StatusCode::OK, Outcome::Outdated, Bytes::new())
+}
+
 pub(crate) fn in_flight<B>(retry_after: Duration) -> Response<ResponseBody<B>> {
     let mut res = problem(
         StatusCode::CONFLICT,
@@ -97,6 +106,28 @@ pub(crate) fn in_flight<B>(retry_after: Duration) -> Response<ResponseBody<B>> {
     );
     set_retry_after(&mut res, retry_after);
     res
+}
+
+/// The [order layer](crate::order)'s answer while another version of the entity is applied.
+pub(crate) fn entity_busy<B>(retry_after: Duration) -> Response<ResponseBody<B>> {
+    let mut res = problem(
+        StatusCode::CONFLICT,
+        Outcome::InFlight,
+        "another version of this entity is being applied; retry later",
+        None,
+    );
+    set_retry_after(&mut res, retry_after);
+    res
+}
+
+/// The [order layer](crate::order)'s answer when a stale pending version is held for review.
+pub(crate) fn entity_held<B>() -> Response<ResponseBody<B>> {
+    problem(
+        StatusCode::CONFLICT,
+        Outcome::Held,
+        "an earlier version of this entity did not finish applying; it is held for review",
+        None,
+    )
 }
 
 pub(crate) fn held<B>() -> Response<ResponseBody<B>> {
@@ -121,6 +152,23 @@ pub(crate) fn rejected<B>(error: &KeyError) -> Response<ResponseBody<B>> {
     );
     if *error == KeyError::BodyTimeout {
         // The rest of the body may still be on its way: the connection cannot be reused.
+        res.headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    res.extensions_mut().insert(error.clone());
+    res
+}
+
+/// A delivery the [order layer](crate::order) cannot order: no usable entity id or version, or
+/// an unreadable body.
+pub(crate) fn unordered<B>(error: &crate::order::OrderError) -> Response<ResponseBody<B>> {
+    let mut res = problem(
+        error.status(),
+        Outcome::Rejected,
+        &error.to_string(),
+        error.expected(),
+    );
+    if error.status() == StatusCode::REQUEST_TIMEOUT {
         res.headers_mut()
             .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     }

@@ -1,4 +1,5 @@
 use std::fmt;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -17,7 +18,7 @@ use crate::future::ResponseFuture;
 use crate::key::{Auto, ExtractKey, IdempotencyKey, KeyError};
 use crate::layer::{Config, MissingKey};
 use crate::response::{self, Outcome};
-use crate::store::{Claim, Lease, StalePolicy, Store, StoreError};
+use crate::store::{Claim, Lease, LeaseToken, StalePolicy, Store, StoreError};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -128,11 +129,30 @@ where
         }
         Err(error) => return Ok(reject(&error)),
     };
+    let mut res = deliver_keyed(&shared, inner, Request::from_parts(parts, body), &key).await;
+    if let Ok(res) = &mut res {
+        res.extensions_mut().insert(key);
+    }
+    res
+}
 
-    let lease = match claim(&shared, &key).await {
+/// One delivery with a valid key: claim, run, commit or release.
+async fn deliver_keyed<S, St, K, B, ResB>(
+    shared: &Arc<Shared<St, K>>,
+    mut inner: S,
+    request: Request<B>,
+    key: &IdempotencyKey,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+    St: Store,
+    K: ExtractKey,
+{
+    let config = &shared.config;
+    let lease = match claim(shared, key).await {
         Ok(Claim::Acquired(lease)) => lease,
         Ok(Claim::Done(done)) => {
-            record(&key, None, Outcome::Duplicate);
+            record(key, None, Outcome::Duplicate);
             tracing::trace!(
                 deliveries = done.deliveries,
                 "duplicate of a processed event"
@@ -140,12 +160,12 @@ where
             return Ok(response::duplicate());
         }
         Ok(Claim::InFlight(pending)) => {
-            record(&key, None, Outcome::InFlight);
+            record(key, None, Outcome::InFlight);
             tracing::trace!(age = ?pending.age, deliveries = pending.deliveries, "claim in flight");
             return Ok(response::in_flight(config.retry_after));
         }
         Ok(Claim::Held(pending)) => {
-            record(&key, None, Outcome::Held);
+            record(key, None, Outcome::Held);
             tracing::warn!(
                 namespace = key.namespace(),
                 key = key.value(),
@@ -154,12 +174,12 @@ where
                 "stale claim held for review: resolve it with Store::resolve",
             );
             if let Some(hook) = &config.on_held {
-                hook(&key, &pending);
+                hook(key, &pending);
             }
             return Ok(response::held());
         }
         Err(error) => {
-            record(&key, None, Outcome::StoreUnavailable);
+            record(key, None, Outcome::StoreUnavailable);
             tracing::error!(
                 namespace = key.namespace(),
                 key = key.value(),
@@ -180,7 +200,6 @@ where
 
     let mut guard = LeaseGuard::new(shared.clone(), lease);
     // `call` runs inside the caught future, so a panic in `call` itself is caught as well.
-    let request = Request::from_parts(parts, body);
     let result = AssertUnwindSafe(async move {
         std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
         inner.call(request).await
@@ -219,21 +238,10 @@ async fn claim<St: Store, K: ExtractKey>(
 ) -> Result<Claim, StoreError> {
     let owner = shared.clone();
     let owned_key = key.clone();
-    let mut claiming =
-        Box::pin(async move { owner.store.claim(&owned_key, owner.config.stale).await });
-    if let Poll::Ready(result) =
-        std::future::poll_fn(|cx| Poll::Ready(claiming.as_mut().poll(cx))).await
-    {
-        return result;
-    }
-    let timeout = shared.config.store_timeout;
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return claiming.await;
-    };
-    let (answer, answered) = tokio::sync::oneshot::channel();
+    let claiming = async move { owner.store.claim(&owned_key, owner.config.stale).await };
     let owner = shared.clone();
-    runtime.spawn(async move {
-        if let Err(Ok(Claim::Acquired(lease))) = answer.send(claiming.await) {
+    let orphaned = move |claim| async move {
+        if let Claim::Acquired(lease) = claim {
             let result = owner.store.release(&lease).await;
             tracing::debug!(
                 namespace = lease.key().namespace(),
@@ -243,14 +251,50 @@ async fn claim<St: Store, K: ExtractKey>(
                 "the delivery went away during its claim; the claim was released",
             );
         }
+    };
+    acquire(claiming, shared.config.store_timeout, "claim", orphaned).await
+}
+
+/// Runs a store call that may acquire something (a claim, an entity's pending version) within
+/// `timeout`.
+///
+/// A call that does not complete at its first poll (a database round trip) finishes in a task
+/// of its own. Should the delivery be dropped or time out meanwhile, whatever the call answered
+/// anyway goes to `orphaned`, which gives back what was acquired.
+pub(crate) async fn acquire<T, F, O, Fut>(
+    acquiring: F,
+    timeout: Duration,
+    what: &str,
+    orphaned: O,
+) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, StoreError>> + Send + 'static,
+    O: FnOnce(T) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let mut acquiring = Box::pin(acquiring);
+    if let Poll::Ready(result) =
+        std::future::poll_fn(|cx| Poll::Ready(acquiring.as_mut().poll(cx))).await
+    {
+        return result;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return acquiring.await;
+    };
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    runtime.spawn(async move {
+        if let Err(Ok(acquired)) = answer.send(acquiring.await) {
+            orphaned(acquired).await;
+        }
     });
     match tokio::time::timeout(timeout, answered).await {
         Ok(Ok(result)) => result,
-        Ok(Err(_)) => Err(StoreError::backend(
-            "the claim task ended without an answer",
-        )),
+        Ok(Err(_)) => Err(StoreError::backend(format!(
+            "the {what} task ended without an answer"
+        ))),
         Err(_) => Err(StoreError::backend(format!(
-            "the store did not answer the claim within {timeout:?}"
+            "the store did not answer the {what} within {timeout:?}"
         ))),
     }
 }
@@ -268,13 +312,29 @@ where
     B::Error: Into<BoxError>,
 {
     let config = &shared.config;
-    if !shared.key.reads_body(parts) {
-        let key = shared.key.extract(parts, None);
-        return Ok((check_len(key, config), RequestBody::new(body)));
+    let (bytes, body) = take_body(shared.key.reads_body(parts), parts, body, config).await?;
+    let key = shared.key.extract(parts, bytes.as_deref());
+    Ok((check_len(key, config), body))
+}
+
+/// Buffers the body through the limit and the time limit when `needed` (an extractor reads
+/// it), and answers the bytes with the body to pass on: the buffered bytes, or the original
+/// body untouched.
+pub(crate) async fn take_body<B>(
+    needed: bool,
+    parts: &Parts,
+    body: B,
+    config: &Config,
+) -> Result<(Option<Bytes>, RequestBody<B>), KeyError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    if !needed {
+        return Ok((None, RequestBody::new(body)));
     }
     let bytes = buffer(parts, body, config).await?;
-    let key = shared.key.extract(parts, Some(&bytes));
-    Ok((check_len(key, config), RequestBody::buffered(bytes)))
+    Ok((Some(bytes.clone()), RequestBody::buffered(bytes)))
 }
 
 async fn buffer<B>(parts: &Parts, body: B, config: &Config) -> Result<Bytes, KeyError>
@@ -302,7 +362,7 @@ where
     }
 }
 
-fn check_len(
+pub(crate) fn check_len(
     key: Result<IdempotencyKey, KeyError>,
     config: &Config,
 ) -> Result<IdempotencyKey, KeyError> {
@@ -322,9 +382,13 @@ pub(crate) fn reject<B>(error: &KeyError) -> Response<ResponseBody<B>> {
     response::rejected(error)
 }
 
+/// Tags the inner service's response with the delivery's outcome, unless a layer further in
+/// (an [`OrderLayer`](crate::order::OrderLayer)) already named a more specific one.
 pub(crate) fn with_outcome<B>(res: Response<B>, outcome: Outcome) -> Response<ResponseBody<B>> {
     let mut res = res.map(ResponseBody::new);
-    res.extensions_mut().insert(outcome);
+    if res.extensions().get::<Outcome>().is_none() {
+        res.extensions_mut().insert(outcome);
+    }
     res
 }
 
@@ -340,7 +404,7 @@ pub(crate) fn record(key: &IdempotencyKey, lease: Option<&Lease>, outcome: Outco
 }
 
 #[derive(Debug, Clone, Copy)]
-enum Settle {
+pub(crate) enum Settle {
     Commit,
     Release,
 }
@@ -355,18 +419,66 @@ enum GuardState {
     Settled,
 }
 
+/// What a [`LeaseGuard`] holds and settles: a key's claim (this layer), or an entity's pending
+/// version (the [order layer](crate::order)).
+pub(crate) trait Leases: Send + Sync + 'static {
+    /// The lease a successful claim returned.
+    type Lease: Clone + Send + Sync + 'static;
+    /// What the lease is on, for log lines: "claim", "pending version".
+    const WHAT: &'static str;
+
+    fn config(&self) -> &Config;
+
+    /// Commits or releases in the store, once.
+    fn settle(
+        &self,
+        lease: &Self::Lease,
+        action: Settle,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Logs how the settlement went, and answers the delivery's outcome.
+    fn report(lease: &Self::Lease, action: Settle, result: &Result<(), StoreError>) -> Outcome;
+
+    /// The key (or entity) and fencing token, for log lines.
+    fn describe(lease: &Self::Lease) -> (&IdempotencyKey, LeaseToken);
+}
+
+impl<St: Store, K: ExtractKey> Leases for Shared<St, K> {
+    type Lease = Lease;
+    const WHAT: &'static str = "claim";
+
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    async fn settle(&self, lease: &Lease, action: Settle) -> Result<(), StoreError> {
+        match action {
+            Settle::Commit => self.store.commit(lease).await,
+            Settle::Release => self.store.release(lease).await,
+        }
+    }
+
+    fn report(lease: &Lease, action: Settle, result: &Result<(), StoreError>) -> Outcome {
+        report(lease, action, result)
+    }
+
+    fn describe(lease: &Lease) -> (&IdempotencyKey, LeaseToken) {
+        (lease.key(), lease.token())
+    }
+}
+
 /// Holds a lease while the inner service runs, and makes sure it is settled even when the
 /// response future is dropped half way: hyper drops it when the client disconnects.
-struct LeaseGuard<St: Store, K: ExtractKey> {
-    shared: Arc<Shared<St, K>>,
-    lease: Lease,
+pub(crate) struct LeaseGuard<H: Leases> {
+    owner: Arc<H>,
+    lease: H::Lease,
     state: GuardState,
 }
 
-impl<St: Store, K: ExtractKey> LeaseGuard<St, K> {
-    fn new(shared: Arc<Shared<St, K>>, lease: Lease) -> Self {
+impl<H: Leases> LeaseGuard<H> {
+    pub(crate) fn new(owner: Arc<H>, lease: H::Lease) -> Self {
         Self {
-            shared,
+            owner,
             lease,
             state: GuardState::Running,
         }
@@ -374,78 +486,67 @@ impl<St: Store, K: ExtractKey> LeaseGuard<St, K> {
 
     /// Commits or releases, and answers the delivery's outcome. If the future is dropped
     /// during the store call, `Drop` finishes the same action in a task of its own.
-    async fn settle(&mut self, action: Settle) -> Outcome {
+    pub(crate) async fn settle(&mut self, action: Settle) -> Outcome {
         self.state = GuardState::Settling(action);
-        let config = &self.shared.config;
-        let result = run(
-            &self.shared.store,
-            &self.lease,
-            action,
-            config.store_timeout,
-        )
-        .await;
+        let timeout = self.owner.config().store_timeout;
+        let result = bounded(self.owner.settle(&self.lease, action), timeout).await;
         self.state = GuardState::Settled;
-        report(&self.lease, action, &result)
+        H::report(&self.lease, action, &result)
     }
 
     /// The inner service panicked: under reclaim, release so the retry runs; under hold,
-    /// leave the claim to the stale path, since the work may have been half done.
-    async fn abandon(&mut self) {
-        match self.shared.config.stale.policy() {
+    /// leave the lease to the stale path, since the work may have been half done.
+    pub(crate) async fn abandon(&mut self) {
+        match self.owner.config().stale.policy() {
             StalePolicy::Reclaim => {
                 self.settle(Settle::Release).await;
             }
             StalePolicy::Hold => {
                 self.state = GuardState::Settled;
-                left_for_hold(&self.lease, "the handler panicked");
+                left_for_hold::<H>(&self.lease, "the handler panicked");
             }
         }
     }
 }
 
-impl<St: Store, K: ExtractKey> Drop for LeaseGuard<St, K> {
+impl<H: Leases> Drop for LeaseGuard<H> {
     fn drop(&mut self) {
         let action = match self.state {
             GuardState::Settled => return,
             GuardState::Settling(action) => action,
-            GuardState::Running => match self.shared.config.stale.policy() {
+            GuardState::Running => match self.owner.config().stale.policy() {
                 StalePolicy::Reclaim => Settle::Release,
                 StalePolicy::Hold => {
-                    return left_for_hold(&self.lease, "the request was dropped mid-flight");
+                    return left_for_hold::<H>(&self.lease, "the request was dropped mid-flight");
                 }
             },
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let (key, token) = H::describe(&self.lease);
             tracing::warn!(
-                namespace = self.lease.key().namespace(),
-                key = self.lease.key().value(),
-                lease = %self.lease.token(),
-                "no runtime to settle a dropped claim; it is left to the stale path",
+                namespace = key.namespace(),
+                key = key.value(),
+                lease = %token,
+                "no runtime to settle a dropped {}; it is left to the stale path",
+                H::WHAT,
             );
             return;
         };
-        let shared = self.shared.clone();
+        let owner = self.owner.clone();
         let lease = self.lease.clone();
         runtime.spawn(async move {
-            let timeout = shared.config.store_timeout;
-            let result = run(&shared.store, &lease, action, timeout).await;
-            report(&lease, action, &result);
+            let timeout = owner.config().store_timeout;
+            let result = bounded(owner.settle(&lease, action), timeout).await;
+            H::report(&lease, action, &result);
         });
     }
 }
 
-async fn run<St: Store>(
-    store: &St,
-    lease: &Lease,
-    action: Settle,
+/// A commit or release, bounded by the store timeout.
+async fn bounded(
+    call: impl Future<Output = Result<(), StoreError>>,
     timeout: Duration,
 ) -> Result<(), StoreError> {
-    let call = async {
-        match action {
-            Settle::Commit => store.commit(lease).await,
-            Settle::Release => store.release(lease).await,
-        }
-    };
     tokio::time::timeout(timeout, call)
         .await
         .unwrap_or_else(|_| {
@@ -489,11 +590,13 @@ fn report(lease: &Lease, action: Settle, result: &Result<(), StoreError>) -> Out
     outcome
 }
 
-fn left_for_hold(lease: &Lease, why: &str) {
+fn left_for_hold<H: Leases>(lease: &H::Lease, why: &str) {
+    let (key, token) = H::describe(lease);
     tracing::warn!(
-        namespace = lease.key().namespace(),
-        key = lease.key().value(),
-        lease = %lease.token(),
-        "{why}; under the hold policy the claim stays for review once stale",
+        namespace = key.namespace(),
+        key = key.value(),
+        lease = %token,
+        "{why}; under the hold policy the {} stays for review once stale",
+        H::WHAT,
     );
 }

@@ -302,30 +302,49 @@ where
         }
         Err(error) => return Ok(claim_mode::reject(&error)),
     };
+    let request = Request::from_parts(parts, body);
+    let mut res = deliver_keyed(&shared, lock_timeout, inner, request, &key).await;
+    if let Ok(res) = &mut res {
+        res.extensions_mut().insert(key);
+    }
+    res
+}
 
+/// One delivery with a valid key, in its own transaction.
+async fn deliver_keyed<S, St, K, B, ResB>(
+    shared: &Shared<St, K>,
+    lock_timeout: Duration,
+    mut inner: S,
+    mut request: Request<B>,
+    key: &IdempotencyKey,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+    St: TransactionalStore,
+{
+    let config = &shared.config;
     // The lock wait is part of beginning, so the store's own bound comes on top of it.
-    let begin = shared.store.begin(&key, lock_timeout);
+    let begin = shared.store.begin(key, lock_timeout);
     let tx = match tokio::time::timeout(config.store_timeout + lock_timeout, begin).await {
         Ok(Ok(Begin::Claimed(tx))) => tx,
         Ok(Ok(Begin::Done(_))) => {
-            claim_mode::record(&key, None, Outcome::Duplicate);
+            claim_mode::record(key, None, Outcome::Duplicate);
             return Ok(response::duplicate());
         }
         Ok(Ok(Begin::InFlight(_))) => {
-            claim_mode::record(&key, None, Outcome::InFlight);
+            claim_mode::record(key, None, Outcome::InFlight);
             return Ok(response::in_flight(config.retry_after));
         }
-        Ok(Err(error)) => return Ok(store_failed(config, &key, &error, "could not begin")),
+        Ok(Err(error)) => return Ok(store_failed(config, key, &error, "could not begin")),
         Err(_) => {
             let error = StoreError::backend("the store did not begin a transaction in time");
-            return Ok(store_failed(config, &key, &error, "could not begin"));
+            return Ok(store_failed(config, key, &error, "could not begin"));
         }
     };
 
     let handle = TxHandle {
         slot: Arc::new(Mutex::new(Some(tx))),
     };
-    let mut request = Request::from_parts(parts, body);
     request.extensions_mut().insert(handle.clone());
     // A dropped future drops the handle's last clone with the transaction in it, and sqlx
     // rolls an unfinished transaction back when it is dropped.
@@ -339,40 +358,40 @@ where
     let res = match result {
         Ok(Ok(res)) => res,
         Ok(Err(error)) => {
-            handle.roll_back(&key).await;
+            handle.roll_back(key).await;
             return Err(error);
         }
         Err(panic) => {
-            handle.roll_back(&key).await;
+            handle.roll_back(key).await;
             std::panic::resume_unwind(panic)
         }
     };
     if !(config.commit_when)(res.status()) {
-        handle.roll_back(&key).await;
-        claim_mode::record(&key, None, Outcome::Released);
+        handle.roll_back(key).await;
+        claim_mode::record(key, None, Outcome::Released);
         return Ok(claim_mode::with_outcome(res, Outcome::Released));
     }
     let Some(tx) = handle.take() else {
         let error = StoreError::backend("the handler kept the transaction after it answered");
-        return Ok(store_failed(config, &key, &error, "could not commit"));
+        return Ok(store_failed(config, key, &error, "could not commit"));
     };
     let commit = tokio::time::timeout(config.store_timeout, tx.commit()).await;
     match commit {
         Ok(Ok(())) => {
-            claim_mode::record(&key, None, Outcome::Processed);
+            claim_mode::record(key, None, Outcome::Processed);
             Ok(claim_mode::with_outcome(res, Outcome::Processed))
         }
         // Nothing was written: the handler's success must not be reported, or the event is
         // lost. The sender's retry runs it again.
         Ok(Err(error)) => Ok(store_failed(
             config,
-            &key,
+            key,
             &StoreError::backend(error),
             "could not commit",
         )),
         Err(_) => {
             let error = StoreError::backend("the commit did not finish in time");
-            Ok(store_failed(config, &key, &error, "could not commit"))
+            Ok(store_failed(config, key, &error, "could not commit"))
         }
     }
 }

@@ -137,6 +137,10 @@ async fn first_delivery_runs_and_commits_then_duplicates_get_200() {
         res.headers().get("idempotency-outcome").is_none(),
         "the handler's response is untouched"
     );
+    assert_eq!(
+        res.extensions().get::<IdempotencyKey>(),
+        Some(&test_key("e1"))
+    );
     assert_eq!(body_text(res).await, "payload");
 
     for _ in 0..3 {
@@ -148,6 +152,10 @@ async fn first_delivery_runs_and_commits_then_duplicates_get_200() {
         );
         assert_eq!(dup.headers()["idempotency-outcome"], "duplicate");
         assert_eq!(dup.extensions().get::<Outcome>(), Some(&Outcome::Duplicate));
+        assert_eq!(
+            dup.extensions().get::<IdempotencyKey>(),
+            Some(&test_key("e1"))
+        );
         assert_eq!(body_text(dup).await, "");
     }
     assert_eq!(h.runs(), 1);
@@ -712,12 +720,14 @@ async fn same_event_from_64_tasks_runs_once() {
     assert_eq!(h.runs(), 1);
 }
 
-/// A store that fails on purpose, around a working one.
+/// A store that fails or dawdles on purpose, around a working one.
 #[derive(Clone, Default)]
 struct Faulty {
     inner: MemoryStore,
     fail_claim: Arc<AtomicBool>,
     fail_commit: Arc<AtomicBool>,
+    /// How long each claim takes, like a database round trip.
+    claim_delay: Duration,
 }
 
 fn outage() -> StoreError {
@@ -729,6 +739,7 @@ fn outage() -> StoreError {
 
 impl Store for Faulty {
     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        tokio::time::sleep(self.claim_delay).await;
         if self.fail_claim.load(Ordering::SeqCst) {
             return Err(outage());
         }
@@ -847,51 +858,12 @@ async fn auto_keys_by_provider() {
     assert_eq!(h.runs(), 3);
 }
 
-/// A store whose claims take a while, like a database round trip.
-#[derive(Clone, Default)]
-struct Slow {
-    inner: MemoryStore,
-    delay: Duration,
-}
-
-impl Store for Slow {
-    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.claim(key, stale).await
-    }
-    fn commit(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.commit(lease)
-    }
-    fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.release(lease)
-    }
-    fn stuck_claims(
-        &self,
-        older_than: Duration,
-    ) -> impl Future<Output = Result<Vec<StuckClaim>, StoreError>> + Send {
-        self.inner.stuck_claims(older_than)
-    }
-    fn resolve(
-        &self,
-        key: &IdempotencyKey,
-        r: Resolution,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.inner.resolve(key, r)
-    }
-    fn purge_completed(
-        &self,
-        older_than: Duration,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        self.inner.purge_completed(older_than)
-    }
-}
-
 #[tokio::test]
 async fn delivery_dropped_during_its_claim_leaves_no_claim_behind() {
     let h = Harness::new();
-    let store = Slow {
-        inner: MemoryStore::new(),
-        delay: Duration::from_millis(100),
+    let store = Faulty {
+        claim_delay: Duration::from_millis(100),
+        ..Faulty::default()
     };
     let svc = h.service(
         IdempotencyLayer::new(store.clone()).key(key::header("x-event-id").namespace("test")),
@@ -914,9 +886,9 @@ async fn delivery_dropped_during_its_claim_leaves_no_claim_behind() {
 #[tokio::test]
 async fn store_that_does_not_answer_in_time_is_503() {
     let h = Harness::new();
-    let store = Slow {
-        inner: MemoryStore::new(),
-        delay: Duration::from_millis(200),
+    let store = Faulty {
+        claim_delay: Duration::from_millis(200),
+        ..Faulty::default()
     };
     let svc = h.service(
         IdempotencyLayer::new(store.clone())

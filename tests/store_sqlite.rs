@@ -5,34 +5,12 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
-use std::time::Duration;
-
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 use tower_idempotency::store::{Claim, ConfigError, SqliteStore, Store, StoreError};
 
-/// One database file for this test run, in the system's temp directory.
-fn db_file() -> &'static PathBuf {
-    static FILE: OnceLock<PathBuf> = OnceLock::new();
-    FILE.get_or_init(|| {
-        let name = common::unique_namespace("tower-idempotency");
-        std::env::temp_dir().join(format!("{name}.sqlite3"))
-    })
-}
-
-/// A new pool on the file: one app instance.
+/// A new pool on this run's database file: one app instance.
 async fn file_pool() -> SqlitePool {
-    let options = SqliteConnectOptions::new()
-        .filename(db_file())
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .busy_timeout(Duration::from_secs(30));
-    SqlitePoolOptions::new()
-        .max_connections(4)
-        .connect_with(options)
-        .await
-        .expect("open the SQLite file")
+    common::db::sqlite_file_pool(common::db::sqlite_file("store")).await
 }
 
 async fn file_store() -> Option<SqliteStore> {

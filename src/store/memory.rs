@@ -12,6 +12,7 @@ use super::{
     StuckClaim,
 };
 use crate::key::IdempotencyKey;
+use crate::order::{VersionClaim, VersionLease, VersionStore};
 
 const SHARDS: usize = 16;
 
@@ -40,6 +41,8 @@ pub struct MemoryStore {
 struct Shards {
     hasher: RandomState,
     shards: [Mutex<HashMap<IdempotencyKey, Row>>; SHARDS],
+    /// The entities' versions of the [order layer](crate::order), apart from the keys.
+    versions: [Mutex<HashMap<IdempotencyKey, VersionRow>>; SHARDS],
 }
 
 impl Default for Shards {
@@ -47,8 +50,23 @@ impl Default for Shards {
         Self {
             hasher: RandomState::new(),
             shards: std::array::from_fn(|_| Mutex::default()),
+            versions: std::array::from_fn(|_| Mutex::default()),
         }
     }
+}
+
+/// One entity's versions.
+#[derive(Debug, Default)]
+struct VersionRow {
+    applied: Option<i64>,
+    pending: Option<PendingSlot>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PendingSlot {
+    version: i64,
+    token: LeaseToken,
+    since: Instant,
 }
 
 #[derive(Debug)]
@@ -92,6 +110,16 @@ impl Shards {
 
     fn shard_of(&self, key: &IdempotencyKey) -> MutexGuard<'_, HashMap<IdempotencyKey, Row>> {
         self.lock(self.hasher.hash_one(key) as usize % SHARDS)
+    }
+
+    fn versions_of(
+        &self,
+        entity: &IdempotencyKey,
+    ) -> MutexGuard<'_, HashMap<IdempotencyKey, VersionRow>> {
+        let shard = self.hasher.hash_one(entity) as usize % SHARDS;
+        self.versions[shard]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn each_shard(&self, mut f: impl FnMut(&mut HashMap<IdempotencyKey, Row>)) {
@@ -222,5 +250,91 @@ impl Store for MemoryStore {
             });
         });
         Ok(purged)
+    }
+}
+
+impl VersionStore for MemoryStore {
+    async fn begin_version(
+        &self,
+        entity: &IdempotencyKey,
+        version: i64,
+        stale: Stale,
+    ) -> Result<VersionClaim, StoreError> {
+        let now = Instant::now();
+        let mut map = self.inner.versions_of(entity);
+        let row = map.entry(entity.clone()).or_default();
+        let newer = row.applied.is_none_or(|applied| applied < version);
+        let free = row.pending.is_none_or(|p| {
+            stale.policy() == StalePolicy::Reclaim
+                && stale.is_stale(now.saturating_duration_since(p.since))
+        });
+        let ours = LeaseToken::generate();
+        if newer && free {
+            row.pending = Some(PendingSlot {
+                version,
+                token: ours,
+                since: now,
+            });
+        }
+        let pending = row
+            .pending
+            .map(|p| (p.version, p.token, now.saturating_duration_since(p.since)));
+        crate::order::decide(entity, version, ours, stale, row.applied, pending)
+            .ok_or_else(|| StoreError::backend("inconsistent version row"))
+    }
+
+    async fn commit_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        let mut map = self.inner.versions_of(lease.entity());
+        match map.get_mut(lease.entity()) {
+            Some(row) if row.pending.is_some_and(|p| p.token == lease.token()) => {
+                row.applied = Some(
+                    row.applied
+                        .map_or(lease.version(), |a| a.max(lease.version())),
+                );
+                row.pending = None;
+                Ok(())
+            }
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
+
+    async fn release_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        let mut map = self.inner.versions_of(lease.entity());
+        match map.get_mut(lease.entity()) {
+            Some(row) if row.pending.is_some_and(|p| p.token == lease.token()) => {
+                row.pending = None;
+                if row.applied.is_none() {
+                    map.remove(lease.entity());
+                }
+                Ok(())
+            }
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
+
+    async fn applied_version(&self, entity: &IdempotencyKey) -> Result<Option<i64>, StoreError> {
+        let map = self.inner.versions_of(entity);
+        Ok(map.get(entity).and_then(|row| row.applied))
+    }
+
+    async fn resolve_version(
+        &self,
+        entity: &IdempotencyKey,
+        resolution: Resolution,
+    ) -> Result<bool, StoreError> {
+        let mut map = self.inner.versions_of(entity);
+        let Some(row) = map.get_mut(entity) else {
+            return Ok(false);
+        };
+        let Some(pending) = row.pending.take() else {
+            return Ok(false);
+        };
+        if resolution == Resolution::Done {
+            row.applied = Some(
+                row.applied
+                    .map_or(pending.version, |a| a.max(pending.version)),
+            );
+        }
+        Ok(true)
     }
 }

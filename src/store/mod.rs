@@ -47,6 +47,10 @@
 //!
 //! The SQL stores take time from the database, never from the application's clock, so app
 //! instances with skewed clocks agree on which claims are stale.
+//!
+//! Every store also keeps entity versions for the [order layer](crate::order):
+//! [`VersionStore`](crate::order::VersionStore), in the table `<table>_versions` on the SQL
+//! stores.
 
 use std::error::Error as StdError;
 use std::fmt;

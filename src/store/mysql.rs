@@ -74,15 +74,51 @@
 //!   the same lease answers `Ok`.
 //! - `release`: `DELETE … WHERE … AND token = ? AND state = 'processing'`, one.
 //! - `stuck_claims`, `resolve`, `purge_completed`: one statement each, using the indexes.
+//!
+//! # Entity versions (the order layer)
+//!
+//! [`migrate`](MySqlStore::migrate) also runs a second `CREATE TABLE` for the
+//! [order layer](crate::order), `<table>_versions`:
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS `idempotency_keys_versions` (
+//!     namespace       VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+//!     entity          VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+//!     applied_version BIGINT       NULL,
+//!     applied_token   BIGINT       NULL,
+//!     pending_version BIGINT       NULL,
+//!     pending_token   BIGINT       NULL,
+//!     pending_since   DATETIME(6)  NULL,
+//!     deliveries      BIGINT       NOT NULL,
+//!     last_seen_at    DATETIME(6)  NOT NULL,
+//!     PRIMARY KEY (namespace, entity)
+//! ) ENGINE = InnoDB
+//! ```
+//!
+//! - `begin_version`: `INSERT … ON DUPLICATE KEY UPDATE deliveries = deliveries + 1,
+//!   pending_token = IF(<newer, and nothing pending or stale under reclaim>, ?, pending_token),
+//!   pending_version = IF(pending_token <=> ?, ?, pending_version), …` (left to right, as for
+//!   claims). MariaDB: with `RETURNING`, one round trip. MySQL: one for a new entity; otherwise
+//!   a `SELECT` of the row follows (two), and the claim starts over if the row changed in
+//!   between.
+//! - `commit_version`, `release_version`: one `UPDATE … WHERE … AND pending_token = ?` each.
+//! - [`order::advance`](crate::order::advance), in the caller's transaction: an upsert that
+//!   takes the row's exclusive lock at once and, only if the version is newer, moves it and
+//!   stamps `applied_token` with a fresh token (without the stamp an equal version already
+//!   applied could not be told from ours). MariaDB returns the row (one round trip); MySQL
+//!   reads it with `SELECT … FOR UPDATE` unless it was new (one or two).
 
 use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, MySqlPool, Row};
 use tokio::sync::OnceCell;
 
-use super::sql::{self, ClaimRow, Queries, ResultExt, TableName, sql_store};
+use super::sql::{
+    self, ClaimRow, Queries, ResultExt, TableName, VersionQueries, sql_store, version_store,
+};
 use super::{Claim, ConfigError, Lease, LeaseToken, Stale, StalePolicy, StoreError};
 use crate::key::IdempotencyKey;
+use crate::order::{Advance, AdvanceVersion, VersionClaim, VersionLease};
 
 /// Which server a [`MySqlStore`] talks to; it decides how a claim is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +155,15 @@ struct ClaimQueries {
 
     /// MySQL: the read after an upsert that updated.
     read: Arc<str>,
+
+    /// MariaDB: `begin_version`'s upsert with `RETURNING`.
+    version_returning: Arc<str>,
+    /// MySQL: the read of the versions row after `begin_version`'s upsert updated it.
+    version_read: Arc<str>,
+    /// MariaDB: `advance`'s upsert with `RETURNING`.
+    advance_returning: Arc<str>,
+    /// MySQL: the locking read of the versions row after `advance`'s upsert updated it.
+    advance_read: Arc<str>,
 }
 
 /// The age of the row's claim, in microseconds, by the server's clock.
@@ -191,8 +236,11 @@ WHERE namespace = ? AND `key` = ?"#
         r#"INSERT IGNORE INTO {t} (namespace, `key`, state, token, deliveries, claimed_at, completed_at)
 VALUES (?, ?, 'done', ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"#
     );
+    let (versions, version_returning, version_read, advance_returning, advance_read) =
+        version_queries(&table);
     let queries = Queries {
         table,
+        versions,
         tx_claim: tx_claim.into(),
         migrate: migrate.into(),
         claim: claim.into(),
@@ -206,8 +254,105 @@ VALUES (?, ?, 'done', ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"#
     let claims = ClaimQueries {
         returning: claim_returning.into(),
         read: claim_read.into(),
+        version_returning,
+        version_read,
+        advance_returning,
+        advance_read,
     };
     (queries, claims)
+}
+
+/// The age of the row's pending version, in microseconds, by the server's clock.
+const PENDING_AGE_US: &str = "TIMESTAMPDIFF(MICROSECOND, pending_since, UTC_TIMESTAMP(6))";
+
+/// The statements on the versions table of the [order layer](crate::order), and the ones
+/// only this backend needs.
+fn version_queries(table: &TableName) -> (VersionQueries, Arc<str>, Arc<str>, Arc<str>, Arc<str>) {
+    let v = table.versions().quoted('`');
+    let migrate = format!(
+        r#"CREATE TABLE IF NOT EXISTS {v} (
+    namespace       VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    entity          VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    applied_version BIGINT       NULL,
+    applied_token   BIGINT       NULL,
+    pending_version BIGINT       NULL,
+    pending_token   BIGINT       NULL,
+    pending_since   DATETIME(6)  NULL,
+    deliveries      BIGINT       NOT NULL,
+    last_seen_at    DATETIME(6)  NOT NULL,
+    PRIMARY KEY (namespace, entity)
+) ENGINE = InnoDB"#
+    );
+    // Parameters: namespace, entity, version, our token, version, whether the policy reclaims,
+    // the stale limit in microseconds, our token, our token, version, our token. The
+    // assignments run left to right: the token is decided on the row as it was, then the
+    // version and the time follow it only if it is ours. Counting the delivery makes every
+    // update change the row, so an insert is told from an update by the affected rows.
+    let begin = format!(
+        r#"INSERT INTO {v} (namespace, entity, pending_version, pending_token, pending_since, deliveries, last_seen_at)
+VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), 1, UTC_TIMESTAMP(6))
+ON DUPLICATE KEY UPDATE
+    deliveries = deliveries + 1,
+    last_seen_at = UTC_TIMESTAMP(6),
+    pending_token = IF((applied_version IS NULL OR applied_version < ?)
+        AND (pending_token IS NULL OR (? AND {PENDING_AGE_US} >= ?)), ?, pending_token),
+    pending_version = IF(pending_token <=> ?, ?, pending_version),
+    pending_since = IF(pending_token <=> ?, UTC_TIMESTAMP(6), pending_since)"#
+    );
+    let columns =
+        format!("applied_version, pending_version, pending_token, {PENDING_AGE_US} AS age_us");
+    let begin_returning = format!("{begin}\nRETURNING {columns}");
+    let begin_read = format!("SELECT {columns} FROM {v} WHERE namespace = ? AND entity = ?");
+    // Left to right: the applied version is read before the pending one is cleared.
+    let clear = "pending_version = NULL, pending_token = NULL, pending_since = NULL";
+    let newest = "GREATEST(COALESCE(applied_version, pending_version), pending_version)";
+    let commit = format!(
+        r#"UPDATE {v} SET applied_version = {newest}, {clear}
+WHERE namespace = ? AND entity = ? AND pending_token = ?"#
+    );
+    let release =
+        format!("UPDATE {v} SET {clear} WHERE namespace = ? AND entity = ? AND pending_token = ?");
+    let applied = format!("SELECT applied_version FROM {v} WHERE namespace = ? AND entity = ?");
+    let resolve_done = format!(
+        r#"UPDATE {v} SET applied_version = {newest}, {clear}
+WHERE namespace = ? AND entity = ? AND pending_token IS NOT NULL"#
+    );
+    let resolve_release = format!(
+        "UPDATE {v} SET {clear} WHERE namespace = ? AND entity = ? AND pending_token IS NOT NULL"
+    );
+    // Parameters: namespace, entity, version, our token, version, our token, our token,
+    // version. A fresh token marks the row when this transaction moved the version: without
+    // it an equal version already applied could not be told from ours.
+    let advance = format!(
+        r#"INSERT INTO {v} (namespace, entity, applied_version, applied_token, deliveries, last_seen_at)
+VALUES (?, ?, ?, ?, 1, UTC_TIMESTAMP(6))
+ON DUPLICATE KEY UPDATE
+    deliveries = deliveries + 1,
+    last_seen_at = UTC_TIMESTAMP(6),
+    applied_token = IF(applied_version IS NULL OR applied_version < ?, ?, applied_token),
+    applied_version = IF(applied_token <=> ?, ?, applied_version)"#
+    );
+    let advance_returning = format!("{advance}\nRETURNING applied_version, applied_token");
+    let advance_read = format!(
+        "SELECT applied_version, applied_token FROM {v} WHERE namespace = ? AND entity = ? FOR UPDATE"
+    );
+    let queries = VersionQueries {
+        migrate: migrate.into(),
+        begin: begin.into(),
+        commit: commit.into(),
+        release: release.into(),
+        applied: applied.into(),
+        resolve_done: resolve_done.into(),
+        resolve_release: resolve_release.into(),
+        advance: advance.into(),
+    };
+    (
+        queries,
+        begin_returning.into(),
+        begin_read.into(),
+        advance_returning.into(),
+        advance_read.into(),
+    )
 }
 
 impl MySqlStore {
@@ -272,6 +417,10 @@ impl MySqlStore {
     /// call at every start-up, from several instances at once.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         sqlx::raw_sql(AssertSqlSafe(self.sql.migrate.clone()))
+            .execute(&self.pool)
+            .await
+            .store()?;
+        sqlx::raw_sql(AssertSqlSafe(self.sql.versions.migrate.clone()))
             .execute(&self.pool)
             .await
             .store()?;
@@ -346,6 +495,162 @@ fn claim_row(row: &sqlx::mysql::MySqlRow) -> Result<ClaimRow, StoreError> {
 }
 
 sql_store!(MySqlStore);
+version_store!(MySqlStore);
+
+impl MySqlStore {
+    fn version_upsert<'q>(
+        &self,
+        sql: &Arc<str>,
+        entity: &'q IdempotencyKey,
+        version: i64,
+        token: LeaseToken,
+        stale: Stale,
+    ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+        let token = token.to_i64();
+        sqlx::query(AssertSqlSafe(sql.clone()))
+            .bind(entity.namespace())
+            .bind(entity.value())
+            .bind(version)
+            .bind(token)
+            .bind(version)
+            .bind(stale.policy() == StalePolicy::Reclaim)
+            .bind(sql::micros(stale.after()))
+            .bind(token)
+            .bind(token)
+            .bind(version)
+            .bind(token)
+    }
+
+    async fn begin_entity_version(
+        &self,
+        entity: &IdempotencyKey,
+        version: i64,
+        stale: Stale,
+    ) -> Result<VersionClaim, StoreError> {
+        let token = LeaseToken::generate();
+        if self.flavor().await? == MySqlFlavor::MariaDb {
+            let row = self
+                .version_upsert(
+                    &self.claims.version_returning,
+                    entity,
+                    version,
+                    token,
+                    stale,
+                )
+                .fetch_one(&self.pool)
+                .await
+                .store()?;
+            return sql::version_claim(entity, version, token, stale, sql::version_row(&row)?)
+                .ok_or_else(|| StoreError::backend("the versions row was left inconsistent"));
+        }
+        // The row may change between the two statements (a pending version committed or
+        // released): when what it says no longer explains why ours was not taken, start over.
+        for _ in 0..3 {
+            let token = LeaseToken::generate();
+            let upserted = self
+                .version_upsert(&self.sql.versions.begin, entity, version, token, stale)
+                .execute(&self.pool)
+                .await
+                .store()?;
+            if upserted.rows_affected() == 1 {
+                // Inserted: a new entity, and the version is ours.
+                return Ok(VersionClaim::Acquired(VersionLease::new(
+                    entity.clone(),
+                    version,
+                    token,
+                )));
+            }
+            let row = sqlx::query(AssertSqlSafe(self.claims.version_read.clone()))
+                .bind(entity.namespace())
+                .bind(entity.value())
+                .fetch_one(&self.pool)
+                .await
+                .store()?;
+            if let Some(claim) =
+                sql::version_claim(entity, version, token, stale, sql::version_row(&row)?)
+            {
+                return Ok(claim);
+            }
+        }
+        Err(StoreError::backend(
+            "the versions row changed between the upsert and the read, three times",
+        ))
+    }
+
+    /// The flavor, asked on `conn` if not known yet: inside a transaction, the pool may have
+    /// no other connection to spare.
+    async fn flavor_on(&self, conn: &mut sqlx::MySqlConnection) -> Result<MySqlFlavor, StoreError> {
+        self.flavor
+            .get_or_try_init(|| async {
+                let version: String = sqlx::query_scalar("SELECT VERSION()")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .store()?;
+                Ok(if version.contains("MariaDB") {
+                    MySqlFlavor::MariaDb
+                } else {
+                    MySqlFlavor::MySql
+                })
+            })
+            .await
+            .copied()
+    }
+}
+
+impl AdvanceVersion for MySqlStore {
+    /// `INSERT … ON DUPLICATE KEY UPDATE`, which takes the row's exclusive lock at once and
+    /// stamps the row with a fresh token when it moves the version. MariaDB returns the row
+    /// (one round trip); MySQL reads it with `SELECT … FOR UPDATE` unless the row was new.
+    async fn advance_version(
+        &self,
+        conn: &mut sqlx::MySqlConnection,
+        entity: &IdempotencyKey,
+        version: i64,
+    ) -> Result<Advance, StoreError> {
+        let token = LeaseToken::generate().to_i64();
+        let flavor = self.flavor_on(conn).await?;
+        let upsert = |sql: &Arc<str>| {
+            sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(entity.namespace())
+                .bind(entity.value())
+                .bind(version)
+                .bind(token)
+                .bind(version)
+                .bind(token)
+                .bind(token)
+                .bind(version)
+        };
+        let row = if flavor == MySqlFlavor::MariaDb {
+            upsert(&self.claims.advance_returning)
+                .fetch_one(&mut *conn)
+                .await
+                .store()?
+        } else {
+            let upserted = upsert(&self.sql.versions.advance)
+                .execute(&mut *conn)
+                .await
+                .store()?;
+            if upserted.rows_affected() == 1 {
+                return Ok(Advance::Applied);
+            }
+            sqlx::query(AssertSqlSafe(self.claims.advance_read.clone()))
+                .bind(entity.namespace())
+                .bind(entity.value())
+                .fetch_one(&mut *conn)
+                .await
+                .store()?
+        };
+        let applied: Option<i64> = row.try_get(0).store()?;
+        let stamp: Option<i64> = row.try_get(1).store()?;
+        match applied {
+            _ if stamp == Some(token) => Ok(Advance::Applied),
+            Some(applied) => Ok(Advance::Outdated { applied }),
+            None => Err(StoreError::backend(
+                "the versions row kept no applied version yet refused a newer one",
+            )),
+        }
+    }
+}
 
 impl crate::transactional::TransactionalStore for MySqlStore {
     type Database = sqlx::MySql;

@@ -61,14 +61,51 @@
 //! - `commit`: `UPDATE … SET state = 'done' … WHERE namespace = $1 AND "key" = $2 AND token =
 //!   $3`; `release`: `DELETE … WHERE … AND token = $3 AND state = 'processing'`.
 //! - `stuck_claims`, `resolve`, `purge_completed`: one statement each, using the indexes.
+//!
+//! # Entity versions (the order layer)
+//!
+//! [`migrate`](PostgresStore::migrate) also creates, in the same transaction, the table of the
+//! [order layer](crate::order), named after the claims table (`<table>_versions`, whose
+//! primary key's name `<table>_versions_pkey` still fits in 63 bytes):
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS "idempotency_keys_versions" (
+//!     namespace       TEXT        NOT NULL,
+//!     entity          TEXT        NOT NULL,
+//!     applied_version BIGINT,
+//!     pending_version BIGINT,
+//!     pending_token   BIGINT,
+//!     pending_since   TIMESTAMPTZ,
+//!     deliveries      BIGINT      NOT NULL,
+//!     last_seen_at    TIMESTAMPTZ NOT NULL,
+//!     PRIMARY KEY (namespace, entity)
+//! );
+//! ```
+//!
+//! - `begin_version`: one round trip, `INSERT … ON CONFLICT (namespace, entity) DO UPDATE SET
+//!   deliveries = deliveries + 1, pending_* = CASE WHEN <newer than applied_version, and nothing
+//!   pending or the pending one stale and the policy reclaims> THEN <ours> ELSE <as was> END
+//!   RETURNING applied_version, pending_version, pending_token, <age>`; acquired if the
+//!   returned token is ours.
+//! - `commit_version`: `UPDATE … SET applied_version = GREATEST(applied_version,
+//!   pending_version), pending_* = NULL WHERE … AND pending_token = $3`; `release_version`
+//!   the same without moving `applied_version`. One round trip each.
+//! - [`order::advance`](crate::order::advance), in the caller's transaction: `INSERT … ON
+//!   CONFLICT … DO UPDATE SET applied_version = excluded.applied_version WHERE
+//!   t.applied_version IS NULL OR t.applied_version < excluded.applied_version RETURNING
+//!   applied_version`; when it returns nothing (outdated), a `SELECT` of the applied version.
+//!   The conflicting row is locked either way until the transaction ends.
 
 use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, PgPool, Row};
 
-use super::sql::{self, ClaimRow, Queries, ResultExt, TableName, sql_store};
+use super::sql::{
+    self, ClaimRow, Queries, ResultExt, TableName, VersionQueries, sql_store, version_store,
+};
 use super::{Claim, ConfigError, LeaseToken, Stale, StalePolicy, StoreError};
 use crate::key::IdempotencyKey;
+use crate::order::{Advance, AdvanceVersion, VersionClaim};
 
 /// Serialises concurrent `migrate()` calls: an arbitrary constant ("tower_id" in ASCII).
 const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6964;
@@ -147,8 +184,10 @@ VALUES ($1, $2, 'done', $3, 1, now(), now())
 ON CONFLICT (namespace, "key") DO UPDATE SET deliveries = t.deliveries + 1
 RETURNING state, token, deliveries, {age} AS age_us"#
     );
+    let versions = version_queries(&table);
     Queries {
         table,
+        versions,
         tx_claim: tx_claim.into(),
         migrate: migrate.into(),
         claim: claim.into(),
@@ -158,6 +197,78 @@ RETURNING state, token, deliveries, {age} AS age_us"#
         resolve_done: resolve_done.into(),
         resolve_release: resolve_release.into(),
         purge: purge.into(),
+    }
+}
+
+/// The statements on the versions table of the [order layer](crate::order).
+fn version_queries(table: &TableName) -> VersionQueries {
+    let v = table.versions().quoted('"');
+    let age = "(extract(epoch FROM now() - pending_since) * 1000000)::bigint";
+    let migrate = format!(
+        r#"CREATE TABLE IF NOT EXISTS {v} (
+    namespace       TEXT        NOT NULL,
+    entity          TEXT        NOT NULL,
+    applied_version BIGINT,
+    pending_version BIGINT,
+    pending_token   BIGINT,
+    pending_since   TIMESTAMPTZ,
+    deliveries      BIGINT      NOT NULL,
+    last_seen_at    TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (namespace, entity)
+);"#
+    );
+    // $1 namespace, $2 entity, $3 version, $4 our token, $5 whether the policy reclaims, $6 the
+    // stale limit in microseconds. Every SET expression sees the row as it was.
+    let acquire = "(t.applied_version IS NULL OR t.applied_version < excluded.pending_version) \
+        AND (t.pending_token IS NULL OR ($5 AND t.pending_since <= now() - $6::bigint * interval '1 microsecond'))";
+    let begin = format!(
+        r#"INSERT INTO {v} AS t (namespace, entity, pending_version, pending_token, pending_since, deliveries, last_seen_at)
+VALUES ($1, $2, $3, $4, now(), 1, now())
+ON CONFLICT (namespace, entity) DO UPDATE SET
+    deliveries = t.deliveries + 1,
+    last_seen_at = now(),
+    pending_version = CASE WHEN {acquire} THEN excluded.pending_version ELSE t.pending_version END,
+    pending_token = CASE WHEN {acquire} THEN excluded.pending_token ELSE t.pending_token END,
+    pending_since = CASE WHEN {acquire} THEN excluded.pending_since ELSE t.pending_since END
+RETURNING applied_version, pending_version, pending_token, {age} AS age_us"#
+    );
+    let clear = "pending_version = NULL, pending_token = NULL, pending_since = NULL";
+    let commit = format!(
+        r#"UPDATE {v} SET applied_version = GREATEST(applied_version, pending_version), {clear}
+WHERE namespace = $1 AND entity = $2 AND pending_token = $3"#
+    );
+    let release = format!(
+        "UPDATE {v} SET {clear} WHERE namespace = $1 AND entity = $2 AND pending_token = $3"
+    );
+    let applied = format!("SELECT applied_version FROM {v} WHERE namespace = $1 AND entity = $2");
+    let resolve_done = format!(
+        r#"UPDATE {v} SET applied_version = GREATEST(applied_version, pending_version), {clear}
+WHERE namespace = $1 AND entity = $2 AND pending_token IS NOT NULL"#
+    );
+    let resolve_release = format!(
+        "UPDATE {v} SET {clear} WHERE namespace = $1 AND entity = $2 AND pending_token IS NOT NULL"
+    );
+    // $1 namespace, $2 entity, $3 version. A row whose version is not older is locked, not
+    // changed, and returns nothing.
+    let advance = format!(
+        r#"INSERT INTO {v} AS t (namespace, entity, applied_version, deliveries, last_seen_at)
+VALUES ($1, $2, $3, 1, now())
+ON CONFLICT (namespace, entity) DO UPDATE SET
+    applied_version = excluded.applied_version,
+    deliveries = t.deliveries + 1,
+    last_seen_at = now()
+WHERE t.applied_version IS NULL OR t.applied_version < excluded.applied_version
+RETURNING applied_version"#
+    );
+    VersionQueries {
+        migrate: migrate.into(),
+        begin: begin.into(),
+        commit: commit.into(),
+        release: release.into(),
+        applied: applied.into(),
+        resolve_done: resolve_done.into(),
+        resolve_release: resolve_release.into(),
+        advance: advance.into(),
     }
 }
 
@@ -196,11 +307,73 @@ impl PostgresStore {
             .execute(&mut *tx)
             .await
             .store()?;
+        sqlx::raw_sql(AssertSqlSafe(self.sql.versions.migrate.clone()))
+            .execute(&mut *tx)
+            .await
+            .store()?;
         tx.commit().await.store()
     }
 }
 
 sql_store!(PostgresStore);
+version_store!(PostgresStore);
+
+impl PostgresStore {
+    async fn begin_entity_version(
+        &self,
+        entity: &IdempotencyKey,
+        version: i64,
+        stale: Stale,
+    ) -> Result<VersionClaim, StoreError> {
+        let token = LeaseToken::generate();
+        let row = sqlx::query(AssertSqlSafe(self.sql.versions.begin.clone()))
+            .bind(entity.namespace())
+            .bind(entity.value())
+            .bind(version)
+            .bind(token.to_i64())
+            .bind(stale.policy() == StalePolicy::Reclaim)
+            .bind(sql::micros(stale.after()))
+            .fetch_one(&self.pool)
+            .await
+            .store()?;
+        sql::version_claim(entity, version, token, stale, sql::version_row(&row)?)
+            .ok_or_else(|| StoreError::backend("the versions row was left inconsistent"))
+    }
+}
+
+impl AdvanceVersion for PostgresStore {
+    /// One statement when the version is newer (an upsert whose `WHERE` keeps older rows as
+    /// they are, and locks them either way); a second reads the applied version when not.
+    async fn advance_version(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        entity: &IdempotencyKey,
+        version: i64,
+    ) -> Result<Advance, StoreError> {
+        let moved: Option<i64> =
+            sqlx::query_scalar(AssertSqlSafe(self.sql.versions.advance.clone()))
+                .bind(entity.namespace())
+                .bind(entity.value())
+                .bind(version)
+                .fetch_optional(&mut *conn)
+                .await
+                .store()?;
+        if moved.is_some() {
+            return Ok(Advance::Applied);
+        }
+        let applied: Option<i64> =
+            sqlx::query_scalar(AssertSqlSafe(self.sql.versions.applied.clone()))
+                .bind(entity.namespace())
+                .bind(entity.value())
+                .fetch_one(&mut *conn)
+                .await
+                .store()?;
+        let applied = applied.ok_or_else(|| {
+            StoreError::backend("the versions row kept no applied version yet refused a newer one")
+        })?;
+        Ok(Advance::Outdated { applied })
+    }
+}
 
 impl PostgresStore {
     async fn claim_key(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {

@@ -21,6 +21,12 @@ const _: () = assert!(
 
 const CLAIMED_INDEX_SUFFIX: &str = "_claimed_idx";
 const COMPLETED_INDEX_SUFFIX: &str = "_completed_idx";
+/// The suffix of the entity versions table of the [order layer](crate::order).
+const VERSIONS_SUFFIX: &str = "_versions";
+const _: () = assert!(
+    MAX_TABLE_NAME_LEN + VERSIONS_SUFFIX.len() + "_pkey".len() <= 63,
+    "the versions table and its primary key's name must fit Postgres' 63-byte identifiers"
+);
 
 /// Durations are bound as whole microseconds, capped at about a century: far past any stale
 /// limit or retention anyone means, and well inside every backend's date range.
@@ -91,6 +97,15 @@ impl TableName {
         match &self.schema {
             Some(schema) => format!("{quote}{schema}{quote}.{quote}{}{quote}", self.table),
             None => format!("{quote}{}{quote}", self.table),
+        }
+    }
+
+    /// The table of entity versions: `<table>_versions`, in the same schema. At most 58
+    /// bytes, so Postgres' name for its primary key (`<table>_versions_pkey`) fits in 63.
+    pub(crate) fn versions(&self) -> Self {
+        Self {
+            schema: self.schema.clone(),
+            table: format!("{}{VERSIONS_SUFFIX}", self.table),
         }
     }
 
@@ -205,7 +220,159 @@ pub(crate) struct Queries {
         allow(dead_code)
     )]
     pub(crate) tx_claim: Arc<str>,
+    /// The entity versions of the order layer.
+    pub(crate) versions: VersionQueries,
 }
+
+/// The statements on the versions table, shared by the SQL stores.
+///
+/// Parameters, by position: `begin` and `advance` as the backend documents; `commit` and
+/// `release` (namespace, entity, token); `applied`, `resolve_done` and `resolve_release`
+/// (namespace, entity).
+pub(crate) struct VersionQueries {
+    /// Creates the table (`IF NOT EXISTS`).
+    pub(crate) migrate: Arc<str>,
+    /// Makes the version pending if it is newer and nothing else is pending (or that is stale
+    /// and the policy reclaims), counts the delivery, and (but on MySQL) returns the row.
+    pub(crate) begin: Arc<str>,
+    pub(crate) commit: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) applied: Arc<str>,
+    pub(crate) resolve_done: Arc<str>,
+    pub(crate) resolve_release: Arc<str>,
+    /// Moves the applied version inside the caller's transaction, if it is newer.
+    pub(crate) advance: Arc<str>,
+}
+
+/// A versions row as `begin_version` left it: applied version, pending version, pending token,
+/// and the pending version's age in microseconds by the database's clock.
+pub(crate) type VersionRow = (Option<i64>, Option<i64>, Option<i64>, Option<i64>);
+
+/// What `begin_version` answers, from the row it left (or read). `Ok(None)`: the row says
+/// nothing is pending, the version is newer and yet it is not ours: start over.
+pub(crate) fn version_claim(
+    entity: &IdempotencyKey,
+    version: i64,
+    ours: LeaseToken,
+    stale: Stale,
+    (applied, pending_version, pending_token, age_us): VersionRow,
+) -> Option<crate::order::VersionClaim> {
+    let pending = pending_version.zip(pending_token).map(|(version, token)| {
+        let age = duration_from_micros(age_us.unwrap_or(0));
+        (version, LeaseToken::from_i64(token), age)
+    });
+    crate::order::decide(entity, version, ours, stale, applied, pending)
+}
+
+/// Reads a [`VersionRow`] from the first four columns.
+pub(crate) fn version_row<R>(row: &R) -> Result<VersionRow, StoreError>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    Option<i64>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok((
+        row.try_get(0).store()?,
+        row.try_get(1).store()?,
+        row.try_get(2).store()?,
+        row.try_get(3).store()?,
+    ))
+}
+
+/// The [`VersionStore`](crate::order::VersionStore) methods that differ only in the pool's
+/// type; `begin_version` calls the backend's inherent `begin_entity_version`. The store is a
+/// struct `{ pool, sql: Arc<Queries> }`.
+macro_rules! version_store {
+    ($store:ident) => {
+        impl $store {
+            async fn on_entity(
+                &self,
+                sql: &::std::sync::Arc<str>,
+                entity: &$crate::key::IdempotencyKey,
+                token: Option<$crate::store::LeaseToken>,
+            ) -> Result<u64, $crate::store::StoreError> {
+                let mut query = ::sqlx::query(::sqlx::AssertSqlSafe(sql.clone()))
+                    .bind(entity.namespace())
+                    .bind(entity.value());
+                if let Some(token) = token {
+                    query = query.bind(token.to_i64());
+                }
+                let done = query
+                    .execute(&self.pool)
+                    .await
+                    .map_err($crate::store::StoreError::backend)?;
+                Ok(done.rows_affected())
+            }
+        }
+
+        impl $crate::order::VersionStore for $store {
+            async fn begin_version(
+                &self,
+                entity: &$crate::key::IdempotencyKey,
+                version: i64,
+                stale: $crate::store::Stale,
+            ) -> Result<$crate::order::VersionClaim, $crate::store::StoreError> {
+                self.begin_entity_version(entity, version, stale).await
+            }
+
+            async fn commit_version(
+                &self,
+                lease: &$crate::order::VersionLease,
+            ) -> Result<(), $crate::store::StoreError> {
+                let sql = &self.sql.versions.commit;
+                match self
+                    .on_entity(sql, lease.entity(), Some(lease.token()))
+                    .await?
+                {
+                    0 => Err($crate::store::StoreError::LeaseLost),
+                    _ => Ok(()),
+                }
+            }
+
+            async fn release_version(
+                &self,
+                lease: &$crate::order::VersionLease,
+            ) -> Result<(), $crate::store::StoreError> {
+                let sql = &self.sql.versions.release;
+                match self
+                    .on_entity(sql, lease.entity(), Some(lease.token()))
+                    .await?
+                {
+                    0 => Err($crate::store::StoreError::LeaseLost),
+                    _ => Ok(()),
+                }
+            }
+
+            async fn applied_version(
+                &self,
+                entity: &$crate::key::IdempotencyKey,
+            ) -> Result<Option<i64>, $crate::store::StoreError> {
+                use $crate::store::sql::ResultExt as _;
+                let applied: Option<Option<i64>> =
+                    ::sqlx::query_scalar(::sqlx::AssertSqlSafe(self.sql.versions.applied.clone()))
+                        .bind(entity.namespace())
+                        .bind(entity.value())
+                        .fetch_optional(&self.pool)
+                        .await
+                        .store()?;
+                Ok(applied.flatten())
+            }
+
+            async fn resolve_version(
+                &self,
+                entity: &$crate::key::IdempotencyKey,
+                resolution: $crate::store::Resolution,
+            ) -> Result<bool, $crate::store::StoreError> {
+                let sql = match resolution {
+                    $crate::store::Resolution::Done => &self.sql.versions.resolve_done,
+                    $crate::store::Resolution::Release => &self.sql.versions.resolve_release,
+                };
+                Ok(self.on_entity(sql, entity, None).await? > 0)
+            }
+        }
+    };
+}
+pub(crate) use version_store;
 
 /// The parts of a SQL store that differ only in the pool's type: `Debug`, and every
 /// [`Store`](super::Store) method but `claim`, which calls the backend's inherent

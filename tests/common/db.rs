@@ -58,6 +58,8 @@ pub async fn mysql_store() -> Option<tower_idempotency::store::MySqlStore> {
 }
 
 /// A new pool on a SQLite file (WAL, generous busy timeout), as one process would open it.
+/// Opening retries: pools opened at once on a new WAL file can meet `database is locked` while
+/// connecting (the journal-mode switch does not wait on the busy timeout).
 #[cfg(feature = "sqlite")]
 pub async fn sqlite_file_pool(path: &std::path::Path) -> sqlx::SqlitePool {
     let options = sqlx::sqlite::SqliteConnectOptions::new()
@@ -65,11 +67,21 @@ pub async fn sqlite_file_pool(path: &std::path::Path) -> sqlx::SqlitePool {
         .create_if_missing(true)
         .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
         .busy_timeout(Duration::from_secs(30));
-    sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(8)
-        .connect_with(options)
-        .await
-        .expect("open the SQLite file")
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(options.clone())
+            .await;
+        match pool {
+            Ok(pool) => return pool,
+            Err(_) if attempt < 10 => {
+                tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+            }
+            Err(err) => panic!("open the SQLite file {}: {err}", path.display()),
+        }
+    }
 }
 
 /// The SQLite file of this test binary, named after `name`, in the system's temp directory.

@@ -17,6 +17,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod db;
+pub mod proxy;
 
 use std::convert::Infallible;
 use std::sync::Arc;

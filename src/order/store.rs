@@ -1,0 +1,307 @@
+//! Where versions live: the [`VersionStore`] trait, implemented by every store.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::key::IdempotencyKey;
+use crate::store::{LeaseToken, Resolution, Stale, StoreError};
+
+/// Keeps, per entity (`(namespace, entity id)`), the latest version applied and the one version
+/// being applied right now: the store side of the [`OrderLayer`](super::OrderLayer).
+///
+/// Implemented by `MemoryStore`, `SqliteStore`, `PostgresStore` and `MySqlStore`; the SQL
+/// stores keep a row per entity in the table `<table>_versions`, created by their `migrate()`.
+/// Time comes from the database, as for claims.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::{IdempotencyKey, Stale};
+/// use tower_idempotency::order::{VersionClaim, VersionStore};
+/// use tower_idempotency::store::MemoryStore;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let subscription = IdempotencyKey::new("stripe", "sub_1")?;
+/// let stale = Stale::reclaim_after(Duration::from_secs(60));
+///
+/// let VersionClaim::Acquired(lease) = store.begin_version(&subscription, 2, stale).await? else {
+///     panic!("nothing applied or pending yet");
+/// };
+/// // While version 2 is being applied, no other version of the entity may start.
+/// assert!(matches!(store.begin_version(&subscription, 3, stale).await?, VersionClaim::Busy(_)));
+/// store.commit_version(&lease).await?;
+/// // Version 1 arrives late: it is outdated, and so is a second delivery of version 2.
+/// assert_eq!(store.begin_version(&subscription, 1, stale).await?, VersionClaim::Outdated { applied: 2 });
+/// assert_eq!(store.begin_version(&subscription, 2, stale).await?, VersionClaim::Outdated { applied: 2 });
+/// assert_eq!(store.applied_version(&subscription).await?, Some(2));
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # The contract every backend keeps
+///
+/// - [`begin_version`](Self::begin_version) is atomic. A version not newer than the applied one
+///   answers [`VersionClaim::Outdated`]. Otherwise, with no version pending, it becomes the
+///   pending one under a fresh token: [`VersionClaim::Acquired`]. With another version pending,
+///   [`VersionClaim::Busy`], unless that one is older than the [`Stale`] limit: then the policy
+///   decides, acquired (reclaim) or [`VersionClaim::Held`] (hold).
+/// - [`commit_version`](Self::commit_version) sets the applied version to the greater of it
+///   and the lease's, and clears the pending slot; [`release_version`](Self::release_version)
+///   clears the slot only. Both act only while the lease's token is the pending token, and
+///   answer [`StoreError::LeaseLost`] otherwise (a second commit with the same lease too).
+pub trait VersionStore: Send + Sync + 'static {
+    /// Tries to make `version` the pending version of `entity`. One atomic step.
+    fn begin_version(
+        &self,
+        entity: &IdempotencyKey,
+        version: i64,
+        stale: Stale,
+    ) -> impl Future<Output = Result<VersionClaim, StoreError>> + Send;
+
+    /// The lease's version is applied: the entity's applied version becomes the greater of it
+    /// and the lease's, and the pending slot is cleared, if the lease still holds.
+    fn commit_version(
+        &self,
+        lease: &VersionLease,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The lease's version was not applied: the pending slot is cleared, if the lease still
+    /// holds, so a retry (or another version) may begin.
+    fn release_version(
+        &self,
+        lease: &VersionLease,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The latest version applied to `entity`, if any.
+    fn applied_version(
+        &self,
+        entity: &IdempotencyKey,
+    ) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
+
+    /// Settles a pending version by hand, whoever holds it: [`Resolution::Done`] applies it,
+    /// [`Resolution::Release`] discards it. Answers whether a version was pending. For held
+    /// versions (the hold policy), after a person checked what the handler did.
+    fn resolve_version(
+        &self,
+        entity: &IdempotencyKey,
+        resolution: Resolution,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+/// What [`VersionStore::begin_version`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum VersionClaim {
+    /// This delivery's version is the entity's pending version now: run the handler, then
+    /// commit or release.
+    Acquired(VersionLease),
+    /// The entity is at this version or a newer one already.
+    Outdated {
+        /// The entity's applied version.
+        applied: i64,
+    },
+    /// Another version of the entity is being applied, and its claim is not stale.
+    Busy(PendingVersion),
+    /// Another version's claim is stale, and the hold policy leaves it for a person
+    /// ([`VersionStore::resolve_version`]).
+    Held(PendingVersion),
+}
+
+/// The pending version that made a delivery wait.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PendingVersion {
+    /// The version being applied.
+    pub version: i64,
+    /// How long ago it began.
+    pub age: Duration,
+}
+
+impl PendingVersion {
+    /// Describes a pending version.
+    pub fn new(version: i64, age: Duration) -> Self {
+        Self { version, age }
+    }
+}
+
+/// A successful [`VersionStore::begin_version`]: the entity, the version and a fencing token
+/// unique to this claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionLease {
+    entity: IdempotencyKey,
+    version: i64,
+    token: LeaseToken,
+}
+
+impl VersionLease {
+    /// A lease on `entity`'s pending `version` with `token`. Stores call this when a claim
+    /// succeeds.
+    pub fn new(entity: IdempotencyKey, version: i64, token: LeaseToken) -> Self {
+        Self {
+            entity,
+            version,
+            token,
+        }
+    }
+
+    /// The entity.
+    pub fn entity(&self) -> &IdempotencyKey {
+        &self.entity
+    }
+
+    /// The version being applied.
+    pub fn version(&self) -> i64 {
+        self.version
+    }
+
+    /// This claim's fencing token.
+    pub fn token(&self) -> LeaseToken {
+        self.token
+    }
+}
+
+/// What [`advance`](super::advance) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advance {
+    /// The entity's applied version is this delivery's now, within the transaction: apply the
+    /// business change in the same transaction.
+    Applied,
+    /// The entity is at this version or a newer one already: change nothing, answer 2xx.
+    Outdated {
+        /// The entity's applied version.
+        applied: i64,
+    },
+}
+
+/// Advances entity versions inside the caller's transaction: the SQL stores.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
+pub trait AdvanceVersion: crate::transactional::TransactionalStore + VersionStore {
+    /// See [`advance`](super::advance).
+    fn advance_version(
+        &self,
+        conn: &mut <Self::Database as sqlx::Database>::Connection,
+        entity: &IdempotencyKey,
+        version: i64,
+    ) -> impl Future<Output = Result<Advance, StoreError>> + Send;
+}
+
+/// Moves `entity`'s applied version to `version` inside the transaction `conn` is in, if it is
+/// newer; answers [`Advance::Outdated`] otherwise. The row stays locked until the transaction
+/// ends, so concurrent deliveries of one entity apply one after the other, and the version
+/// commits or rolls back together with the business write.
+///
+/// It ignores the pending slot of the [`OrderLayer`](super::OrderLayer): use one or the other
+/// for an entity namespace.
+///
+/// See [the module documentation](super#ordering-in-transactional-mode) for an example, the SQL
+/// per backend, and the plain-SQL alternative.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
+pub async fn advance<St: AdvanceVersion>(
+    conn: &mut <St::Database as sqlx::Database>::Connection,
+    store: &St,
+    entity: &IdempotencyKey,
+    version: i64,
+) -> Result<Advance, StoreError> {
+    store.advance_version(conn, entity, version).await
+}
+
+/// The decision of a `begin_version` made from the entity's row as the claim left it.
+///
+/// `Ok(None)`: nothing pending, not outdated, and not ours: the row changed between two
+/// statements (MySQL), and the claim should start over.
+#[cfg_attr(
+    not(any(
+        feature = "memory",
+        feature = "postgres",
+        feature = "sqlite",
+        feature = "mysql"
+    )),
+    allow(dead_code)
+)]
+pub(crate) fn decide(
+    entity: &IdempotencyKey,
+    version: i64,
+    ours: LeaseToken,
+    stale: Stale,
+    applied: Option<i64>,
+    pending: Option<(i64, LeaseToken, Duration)>,
+) -> Option<VersionClaim> {
+    match pending {
+        Some((_, token, _)) if token == ours => Some(VersionClaim::Acquired(VersionLease::new(
+            entity.clone(),
+            version,
+            ours,
+        ))),
+        _ if applied.is_some_and(|applied| version <= applied) => {
+            applied.map(|applied| VersionClaim::Outdated { applied })
+        }
+        Some((pending, _, age)) => {
+            let pending = PendingVersion::new(pending, age);
+            Some(
+                if stale.policy() == crate::StalePolicy::Hold && stale.is_stale(age) {
+                    VersionClaim::Held(pending)
+                } else {
+                    VersionClaim::Busy(pending)
+                },
+            )
+        }
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions() {
+        let e = IdempotencyKey::new("ns", "e").unwrap();
+        let ours = LeaseToken::generate();
+        let other = LeaseToken::generate();
+        let hold = Stale::hold_after(Duration::from_secs(1));
+        let young = Duration::from_millis(10);
+        let old = Duration::from_secs(2);
+        assert!(matches!(
+            decide(&e, 5, ours, hold, Some(4), Some((5, ours, young))),
+            Some(VersionClaim::Acquired(l)) if l.version() == 5 && l.token() == ours
+        ));
+        assert_eq!(
+            decide(&e, 4, ours, hold, Some(4), Some((6, other, young))),
+            Some(VersionClaim::Outdated { applied: 4 })
+        );
+        assert_eq!(
+            decide(&e, 3, ours, hold, Some(4), None),
+            Some(VersionClaim::Outdated { applied: 4 })
+        );
+        assert_eq!(
+            decide(&e, 5, ours, hold, Some(4), Some((6, other, young))),
+            Some(VersionClaim::Busy(PendingVersion::new(6, young)))
+        );
+        assert_eq!(
+            decide(&e, 5, ours, hold, None, Some((6, other, old))),
+            Some(VersionClaim::Held(PendingVersion::new(6, old)))
+        );
+        assert_eq!(
+            decide(
+                &e,
+                5,
+                ours,
+                Stale::reclaim_after(young),
+                None,
+                Some((6, other, old))
+            ),
+            Some(VersionClaim::Busy(PendingVersion::new(6, old))),
+            "a stale claim that reclaim did not take over is busy"
+        );
+        assert_eq!(decide(&e, 5, ours, hold, Some(4), None), None);
+    }
+}
