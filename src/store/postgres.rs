@@ -98,14 +98,13 @@
 
 use std::sync::Arc;
 
-use sqlx::{AssertSqlSafe, PgPool, Row};
+use sqlx::{AssertSqlSafe, PgPool};
 
 use super::sql::{
-    self, ClaimRow, Queries, ResultExt, TableName, VersionQueries, sql_store, version_store,
+    Queries, ResultExt, TableName, VersionQueries, sql_store, upsert_store, version_store,
 };
-use super::{Claim, ConfigError, LeaseToken, Stale, StalePolicy, StoreError};
+use super::{ConfigError, StoreError};
 use crate::key::IdempotencyKey;
-use crate::order::{Advance, AdvanceVersion, VersionClaim};
 
 /// Serialises concurrent `migrate()` calls: an arbitrary constant ("tower_id" in ASCII).
 const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6964;
@@ -317,85 +316,7 @@ impl PostgresStore {
 
 sql_store!(PostgresStore);
 version_store!(PostgresStore);
-
-impl PostgresStore {
-    async fn begin_entity_version(
-        &self,
-        entity: &IdempotencyKey,
-        version: i64,
-        stale: Stale,
-    ) -> Result<VersionClaim, StoreError> {
-        let token = LeaseToken::generate();
-        let row = sqlx::query(AssertSqlSafe(self.sql.versions.begin.clone()))
-            .bind(entity.namespace())
-            .bind(entity.value())
-            .bind(version)
-            .bind(token.to_i64())
-            .bind(stale.policy() == StalePolicy::Reclaim)
-            .bind(sql::micros(stale.after()))
-            .fetch_one(&self.pool)
-            .await
-            .store()?;
-        sql::version_claim(entity, version, token, stale, sql::version_row(&row)?)
-            .ok_or_else(|| StoreError::backend("the versions row was left inconsistent"))
-    }
-}
-
-impl AdvanceVersion for PostgresStore {
-    /// One statement when the version is newer (an upsert whose `WHERE` keeps older rows as
-    /// they are, and locks them either way); a second reads the applied version when not.
-    async fn advance_version(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        entity: &IdempotencyKey,
-        version: i64,
-    ) -> Result<Advance, StoreError> {
-        let moved: Option<i64> =
-            sqlx::query_scalar(AssertSqlSafe(self.sql.versions.advance.clone()))
-                .bind(entity.namespace())
-                .bind(entity.value())
-                .bind(version)
-                .fetch_optional(&mut *conn)
-                .await
-                .store()?;
-        if moved.is_some() {
-            return Ok(Advance::Applied);
-        }
-        let applied: Option<i64> =
-            sqlx::query_scalar(AssertSqlSafe(self.sql.versions.applied.clone()))
-                .bind(entity.namespace())
-                .bind(entity.value())
-                .fetch_one(&mut *conn)
-                .await
-                .store()?;
-        let applied = applied.ok_or_else(|| {
-            StoreError::backend("the versions row kept no applied version yet refused a newer one")
-        })?;
-        Ok(Advance::Outdated { applied })
-    }
-}
-
-impl PostgresStore {
-    async fn claim_key(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
-        let token = LeaseToken::generate();
-        let row = sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
-            .bind(key.namespace())
-            .bind(key.value())
-            .bind(token.to_i64())
-            .bind(stale.policy() == StalePolicy::Reclaim)
-            .bind(sql::micros(stale.after()))
-            .fetch_one(&self.pool)
-            .await
-            .store()?;
-        let row = ClaimRow {
-            state: row.try_get(0).store()?,
-            token: row.try_get(1).store()?,
-            deliveries: row.try_get(2).store()?,
-            age_us: row.try_get(3).store()?,
-        };
-        row.into_claim(key, token, stale, None)
-    }
-}
+upsert_store!(PostgresStore, sqlx::Postgres, sqlx::PgConnection);
 
 impl crate::transactional::TransactionalStore for PostgresStore {
     type Database = sqlx::Postgres;
@@ -409,32 +330,12 @@ impl crate::transactional::TransactionalStore for PostgresStore {
     ) -> Result<crate::transactional::Begin<sqlx::Postgres>, StoreError> {
         let ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
         let begin = format!("BEGIN; SET LOCAL lock_timeout = {ms}");
-        let mut tx = self.pool.begin_with(AssertSqlSafe(begin)).await.store()?;
-        let token = LeaseToken::generate();
-        let row = sqlx::query(AssertSqlSafe(self.sql.tx_claim.clone()))
-            .bind(key.namespace())
-            .bind(key.value())
-            .bind(token.to_i64())
-            .fetch_one(&mut *tx)
-            .await;
-        let row = match row {
-            Ok(row) => row,
-            // 55P03 lock_not_available: the first delivery's transaction is still open.
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
-                return Ok(crate::transactional::Begin::lock_timed_out(lock_timeout));
-            }
-            Err(e) => return Err(StoreError::backend(e)),
-        };
-        let row = ClaimRow {
-            state: row.try_get(0).store()?,
-            token: row.try_get(1).store()?,
-            deliveries: row.try_get(2).store()?,
-            age_us: row.try_get(3).store()?,
-        };
-        crate::transactional::begun(
-            row.into_claim(key, token, sql::NEVER_STALE, Some(false))?,
-            tx,
-        )
-        .await
+        let tx = self.pool.begin_with(AssertSqlSafe(begin)).await.store()?;
+        self.insert_marker(tx, key, lock_timeout).await
     }
+}
+
+/// 55P03 lock_not_available: the first delivery's transaction is still open.
+fn is_lock_timeout(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(e) if e.code().as_deref() == Some("55P03"))
 }

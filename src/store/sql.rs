@@ -279,6 +279,139 @@ where
     ))
 }
 
+/// What PostgreSQL and SQLite share beyond [`sql_store!`]: both claim with `INSERT … ON
+/// CONFLICT … RETURNING`, so their claim, version and transactional-marker code is the same
+/// but for the connection type. The backend provides `is_lock_timeout(&sqlx::Error) -> bool`.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+macro_rules! upsert_store {
+    ($store:ident, $db:ty, $conn:ty) => {
+        impl $store {
+            async fn claim_key(
+                &self,
+                key: &$crate::key::IdempotencyKey,
+                stale: $crate::store::Stale,
+            ) -> Result<$crate::store::Claim, $crate::store::StoreError> {
+                use ::sqlx::Row as _;
+                use $crate::store::sql::ResultExt as _;
+                let token = $crate::store::LeaseToken::generate();
+                let row = ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.claim.clone()))
+                    .bind(key.namespace())
+                    .bind(key.value())
+                    .bind(token.to_i64())
+                    .bind(stale.policy() == $crate::store::StalePolicy::Reclaim)
+                    .bind($crate::store::sql::micros(stale.after()))
+                    .fetch_one(&self.pool)
+                    .await
+                    .store()?;
+                let row = $crate::store::sql::ClaimRow {
+                    state: row.try_get(0).store()?,
+                    token: row.try_get(1).store()?,
+                    deliveries: row.try_get(2).store()?,
+                    age_us: row.try_get(3).store()?,
+                };
+                row.into_claim(key, token, stale, None)
+            }
+
+            async fn begin_entity_version(
+                &self,
+                entity: &$crate::key::IdempotencyKey,
+                version: i64,
+                stale: $crate::store::Stale,
+            ) -> Result<$crate::order::VersionClaim, $crate::store::StoreError> {
+                use $crate::store::sql::ResultExt as _;
+                let token = $crate::store::LeaseToken::generate();
+                let row = ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.versions.begin.clone()))
+                    .bind(entity.namespace())
+                    .bind(entity.value())
+                    .bind(version)
+                    .bind(token.to_i64())
+                    .bind(stale.policy() == $crate::store::StalePolicy::Reclaim)
+                    .bind($crate::store::sql::micros(stale.after()))
+                    .fetch_one(&self.pool)
+                    .await
+                    .store()?;
+                let row = $crate::store::sql::version_row(&row)?;
+                $crate::store::sql::version_claim(entity, version, token, stale, row).ok_or_else(
+                    || $crate::store::StoreError::backend("the versions row was left inconsistent"),
+                )
+            }
+
+            /// Inserts the transactional marker of `key` in `tx`, which the backend began with
+            /// its lock timeout.
+            async fn insert_marker(
+                &self,
+                mut tx: ::sqlx::Transaction<'static, $db>,
+                key: &$crate::key::IdempotencyKey,
+                lock_timeout: ::std::time::Duration,
+            ) -> Result<$crate::transactional::Begin<$db>, $crate::store::StoreError> {
+                use ::sqlx::Row as _;
+                use $crate::store::sql::ResultExt as _;
+                let token = $crate::store::LeaseToken::generate();
+                let row = ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.tx_claim.clone()))
+                    .bind(key.namespace())
+                    .bind(key.value())
+                    .bind(token.to_i64())
+                    .fetch_one(&mut *tx)
+                    .await;
+                let row = match row {
+                    Ok(row) => row,
+                    Err(e) if is_lock_timeout(&e) => {
+                        return Ok($crate::transactional::Begin::lock_timed_out(lock_timeout));
+                    }
+                    Err(e) => return Err($crate::store::StoreError::backend(e)),
+                };
+                let row = $crate::store::sql::ClaimRow {
+                    state: row.try_get(0).store()?,
+                    token: row.try_get(1).store()?,
+                    deliveries: row.try_get(2).store()?,
+                    age_us: row.try_get(3).store()?,
+                };
+                let never = $crate::store::sql::NEVER_STALE;
+                let claim = row.into_claim(key, token, never, Some(false))?;
+                $crate::transactional::begun(claim, tx).await
+            }
+        }
+
+        impl $crate::order::AdvanceVersion for $store {
+            /// One statement when the version is newer (an upsert whose `WHERE` keeps older
+            /// rows as they are, and locks them either way); a second reads the applied
+            /// version when not.
+            async fn advance_version(
+                &self,
+                conn: &mut $conn,
+                entity: &$crate::key::IdempotencyKey,
+                version: i64,
+            ) -> Result<$crate::order::Advance, $crate::store::StoreError> {
+                use $crate::store::sql::ResultExt as _;
+                let moved: Option<i64> =
+                    ::sqlx::query_scalar(::sqlx::AssertSqlSafe(self.sql.versions.advance.clone()))
+                        .bind(entity.namespace())
+                        .bind(entity.value())
+                        .bind(version)
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .store()?;
+                if moved.is_some() {
+                    return Ok($crate::order::Advance::Applied);
+                }
+                let applied: Option<i64> =
+                    ::sqlx::query_scalar(::sqlx::AssertSqlSafe(self.sql.versions.applied.clone()))
+                        .bind(entity.namespace())
+                        .bind(entity.value())
+                        .fetch_one(&mut *conn)
+                        .await
+                        .store()?;
+                let applied = applied.ok_or_else(|| {
+                    $crate::store::StoreError::backend(
+                        "the versions row kept no applied version yet refused a newer one",
+                    )
+                })?;
+                Ok($crate::order::Advance::Outdated { applied })
+            }
+        }
+    };
+}
+
 /// The [`VersionStore`](crate::order::VersionStore) methods that differ only in the pool's
 /// type; `begin_version` calls the backend's inherent `begin_entity_version`. The store is a
 /// struct `{ pool, sql: Arc<Queries> }`.
@@ -372,6 +505,8 @@ macro_rules! version_store {
         }
     };
 }
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use upsert_store;
 pub(crate) use version_store;
 
 /// The parts of a SQL store that differ only in the pool's type: `Debug`, and every

@@ -103,14 +103,13 @@
 
 use std::sync::Arc;
 
-use sqlx::{AssertSqlSafe, Row, SqlitePool};
+use sqlx::{AssertSqlSafe, SqlitePool};
 
 use super::sql::{
-    self, ClaimRow, Queries, ResultExt, TableName, VersionQueries, sql_store, version_store,
+    Queries, ResultExt, TableName, VersionQueries, sql_store, upsert_store, version_store,
 };
-use super::{Claim, ConfigError, LeaseToken, Stale, StalePolicy, StoreError};
+use super::{ConfigError, StoreError};
 use crate::key::IdempotencyKey;
-use crate::order::{Advance, AdvanceVersion, VersionClaim};
 
 /// Now, in microseconds since the Unix epoch, from SQLite's clock.
 const NOW_US: &str = "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
@@ -320,85 +319,7 @@ impl SqliteStore {
 
 sql_store!(SqliteStore);
 version_store!(SqliteStore);
-
-impl SqliteStore {
-    async fn begin_entity_version(
-        &self,
-        entity: &IdempotencyKey,
-        version: i64,
-        stale: Stale,
-    ) -> Result<VersionClaim, StoreError> {
-        let token = LeaseToken::generate();
-        let row = sqlx::query(AssertSqlSafe(self.sql.versions.begin.clone()))
-            .bind(entity.namespace())
-            .bind(entity.value())
-            .bind(version)
-            .bind(token.to_i64())
-            .bind(stale.policy() == StalePolicy::Reclaim)
-            .bind(sql::micros(stale.after()))
-            .fetch_one(&self.pool)
-            .await
-            .store()?;
-        sql::version_claim(entity, version, token, stale, sql::version_row(&row)?)
-            .ok_or_else(|| StoreError::backend("the versions row was left inconsistent"))
-    }
-}
-
-impl AdvanceVersion for SqliteStore {
-    /// One statement when the version is newer; a second reads the applied version when not.
-    /// Transactions on SQLite run one at a time (transactional mode begins them `IMMEDIATE`).
-    async fn advance_version(
-        &self,
-        conn: &mut sqlx::SqliteConnection,
-        entity: &IdempotencyKey,
-        version: i64,
-    ) -> Result<Advance, StoreError> {
-        let moved: Option<i64> =
-            sqlx::query_scalar(AssertSqlSafe(self.sql.versions.advance.clone()))
-                .bind(entity.namespace())
-                .bind(entity.value())
-                .bind(version)
-                .fetch_optional(&mut *conn)
-                .await
-                .store()?;
-        if moved.is_some() {
-            return Ok(Advance::Applied);
-        }
-        let applied: Option<i64> =
-            sqlx::query_scalar(AssertSqlSafe(self.sql.versions.applied.clone()))
-                .bind(entity.namespace())
-                .bind(entity.value())
-                .fetch_one(&mut *conn)
-                .await
-                .store()?;
-        let applied = applied.ok_or_else(|| {
-            StoreError::backend("the versions row kept no applied version yet refused a newer one")
-        })?;
-        Ok(Advance::Outdated { applied })
-    }
-}
-
-impl SqliteStore {
-    async fn claim_key(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
-        let token = LeaseToken::generate();
-        let row = sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
-            .bind(key.namespace())
-            .bind(key.value())
-            .bind(token.to_i64())
-            .bind(stale.policy() == StalePolicy::Reclaim)
-            .bind(sql::micros(stale.after()))
-            .fetch_one(&self.pool)
-            .await
-            .store()?;
-        let row = ClaimRow {
-            state: row.try_get(0).store()?,
-            token: row.try_get(1).store()?,
-            deliveries: row.try_get(2).store()?,
-            age_us: row.try_get(3).store()?,
-        };
-        row.into_claim(key, token, stale, None)
-    }
-}
+upsert_store!(SqliteStore, sqlx::Sqlite, sqlx::SqliteConnection);
 
 impl crate::transactional::TransactionalStore for SqliteStore {
     type Database = sqlx::Sqlite;
@@ -415,37 +336,23 @@ impl crate::transactional::TransactionalStore for SqliteStore {
     ) -> Result<crate::transactional::Begin<sqlx::Sqlite>, StoreError> {
         let ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
         let begin = format!("PRAGMA busy_timeout = {ms}; BEGIN IMMEDIATE");
-        let mut tx = match self.pool.begin_with(AssertSqlSafe(begin)).await {
-            Ok(tx) => tx,
-            Err(sqlx::Error::Database(e)) if is_busy(e.code().as_deref()) => {
-                return Ok(crate::transactional::Begin::lock_timed_out(lock_timeout));
+        match self.pool.begin_with(AssertSqlSafe(begin)).await {
+            Ok(tx) => self.insert_marker(tx, key, lock_timeout).await,
+            Err(e) if is_lock_timeout(&e) => {
+                Ok(crate::transactional::Begin::lock_timed_out(lock_timeout))
             }
-            Err(e) => return Err(StoreError::backend(e)),
-        };
-        let token = LeaseToken::generate();
-        let row = sqlx::query(AssertSqlSafe(self.sql.tx_claim.clone()))
-            .bind(key.namespace())
-            .bind(key.value())
-            .bind(token.to_i64())
-            .fetch_one(&mut *tx)
-            .await
-            .store()?;
-        let row = ClaimRow {
-            state: row.try_get(0).store()?,
-            token: row.try_get(1).store()?,
-            deliveries: row.try_get(2).store()?,
-            age_us: row.try_get(3).store()?,
-        };
-        crate::transactional::begun(
-            row.into_claim(key, token, sql::NEVER_STALE, Some(false))?,
-            tx,
-        )
-        .await
+            Err(e) => Err(StoreError::backend(e)),
+        }
     }
 }
 
-/// SQLITE_BUSY and its extended codes (the low byte is 5).
-fn is_busy(code: Option<&str>) -> bool {
-    code.and_then(|c| c.parse::<i32>().ok())
+/// SQLITE_BUSY and its extended codes (the low byte is 5): the write lock was not free
+/// within the busy timeout.
+fn is_lock_timeout(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(e) = e else {
+        return false;
+    };
+    e.code()
+        .and_then(|c| c.parse::<i32>().ok())
         .is_some_and(|c| c & 0xff == 5)
 }
