@@ -12,6 +12,9 @@
 //!   (reclaim) or left to the stale path (hold), where `stuck_claims` lists it and `resolve`
 //!   settles it: never `processing` forever with nobody to see it.
 
+// Most of these tests need the SQL stores; without them, what only they use is unused.
+#![cfg_attr(not(all(feature = "postgres", feature = "sqlite")), allow(unused))]
+
 mod common;
 
 use std::collections::HashMap;

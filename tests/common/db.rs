@@ -3,7 +3,7 @@
 //! URLs come from `POSTGRES_URL` and `MYSQL_URL` at run time (defaults: the local servers).
 //! An unreachable database skips the test, or fails it when `CI` is set.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::time::Duration;
 
