@@ -117,6 +117,12 @@ fn check_text(what: &'static str, text: &str, max: usize) -> Result<(), KeyError
             text.len()
         )));
     }
+    if text.trim() != text {
+        // Some databases compare text ignoring trailing spaces: `evt_1 ` would meet `evt_1`.
+        return Err(KeyError::invalid(format!(
+            "the {what} has leading or trailing whitespace"
+        )));
+    }
     if text.chars().any(char::is_control) {
         return Err(KeyError::invalid(format!(
             "the {what} contains control characters"
@@ -1009,6 +1015,11 @@ mod tests {
         assert!(too_long.to_string().contains("at most 255"), "{too_long}");
         assert!(IdempotencyKey::new("ns", "").is_err());
         assert!(IdempotencyKey::new("ns", "   ").is_err());
+        assert!(
+            IdempotencyKey::new("ns", "evt_1 ").is_err(),
+            "would equal `evt_1` in MySQL"
+        );
+        assert!(IdempotencyKey::new("ns", " evt_1").is_err());
         assert!(IdempotencyKey::new("ns", "a\u{7}b").is_err());
         assert!(IdempotencyKey::new("", "evt").is_err());
         assert!(

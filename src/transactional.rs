@@ -59,7 +59,7 @@
 //! |---|---|---|
 //! | handler answers 2xx | its response | committed together |
 //! | handler answers non-2xx, `Err`, panics, or is dropped | its response / error | rolled back |
-//! | the commit fails | 503 with `Retry-After`: nothing was written | rolled back |
+//! | a statement of the handler failed and it answered 2xx anyway, or the commit fails | 503 with `Retry-After` | rolled back (a commit that timed out may have landed: the retry then finds the marker) |
 //! | duplicate of a committed event | 200, `idempotency-outcome: duplicate` | unchanged |
 //! | duplicate while the first is open, past the lock timeout | 409 with `Retry-After` | unchanged |
 //! | store unreachable | 503 with `Retry-After`, the handler does not run | unchanged |
@@ -90,7 +90,7 @@ use crate::key::{Auto, ExtractKey, IdempotencyKey, KeyError};
 use crate::layer::{Config, MissingKey};
 use crate::response::{self, Outcome};
 use crate::service::{self as claim_mode, BoxError, Shared};
-use crate::store::{Claim, Completed, Pending, Store, StoreError};
+use crate::store::{Claim, Completed, LeaseToken, Pending, Store, StoreError};
 
 /// A store that can run a delivery in one database transaction: the SQL stores.
 pub trait TransactionalStore: Store + Clone {
@@ -105,13 +105,24 @@ pub trait TransactionalStore: Store + Clone {
         key: &IdempotencyKey,
         lock_timeout: Duration,
     ) -> impl Future<Output = Result<Begin<Self::Database>, StoreError>> + Send;
+
+    /// Whether the transaction on `conn` still holds the marker [`begin`](Self::begin)
+    /// inserted with `token`. Asked just before `COMMIT`: a transaction that a failed statement
+    /// aborted (PostgreSQL then turns `COMMIT` into a silent rollback) or that the database
+    /// rolled back (a MySQL deadlock) answers no, or fails.
+    fn holds_marker(
+        &self,
+        conn: &mut <Self::Database as Database>::Connection,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// What [`TransactionalStore::begin`] found.
 #[non_exhaustive]
 pub enum Begin<DB: Database> {
-    /// The marker is inserted in this open transaction.
-    Claimed(Transaction<'static, DB>),
+    /// The marker, with this fencing token, is inserted in this open transaction.
+    Claimed(Transaction<'static, DB>, LeaseToken),
     /// The event was committed already.
     Done(Completed),
     /// A claim-then-commit delivery holds the key, or the first delivery's transaction did not
@@ -134,7 +145,7 @@ pub(crate) async fn begun<DB: Database>(
     tx: Transaction<'static, DB>,
 ) -> Result<Begin<DB>, StoreError> {
     let begin = match claim {
-        Claim::Acquired(_) => return Ok(Begin::Claimed(tx)),
+        Claim::Acquired(lease) => return Ok(Begin::Claimed(tx, lease.token())),
         Claim::Done(done) => Begin::Done(done),
         Claim::InFlight(pending) | Claim::Held(pending) => Begin::InFlight(pending),
     };
@@ -145,7 +156,7 @@ pub(crate) async fn begun<DB: Database>(
 impl<DB: Database> fmt::Debug for Begin<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Claimed(_) => f.write_str("Claimed(..)"),
+            Self::Claimed(..) => f.write_str("Claimed(..)"),
             Self::Done(done) => f.debug_tuple("Done").field(done).finish(),
             Self::InFlight(pending) => f.debug_tuple("InFlight").field(pending).finish(),
         }
@@ -325,8 +336,9 @@ where
     let config = &shared.config;
     // The lock wait is part of beginning, so the store's own bound comes on top of it.
     let begin = shared.store.begin(key, lock_timeout);
-    let tx = match tokio::time::timeout(config.store_timeout + lock_timeout, begin).await {
-        Ok(Ok(Begin::Claimed(tx))) => tx,
+    let bound = config.store_timeout.saturating_add(lock_timeout);
+    let (tx, token) = match tokio::time::timeout(bound, begin).await {
+        Ok(Ok(Begin::Claimed(tx, token))) => (tx, token),
         Ok(Ok(Begin::Done(_))) => {
             claim_mode::record(key, None, Outcome::Duplicate);
             return Ok(response::duplicate());
@@ -371,18 +383,39 @@ where
         claim_mode::record(key, None, Outcome::Released);
         return Ok(claim_mode::with_outcome(res, Outcome::Released));
     }
-    let Some(tx) = handle.take() else {
+    let Some(mut tx) = handle.take() else {
         let error = StoreError::backend("the handler kept the transaction after it answered");
         return Ok(store_failed(config, key, &error, "could not commit"));
     };
+    // A handler that swallowed a failed statement leaves an aborted transaction, which
+    // PostgreSQL would silently roll back at COMMIT: the 2xx would then lose the event.
+    let check = shared.store.holds_marker(&mut tx, key, token);
+    match tokio::time::timeout(config.store_timeout, check).await {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => {
+            let error = StoreError::backend(
+                "the delivery's transaction lost its marker: a statement in it failed and the \
+                 database rolled it back",
+            );
+            return Ok(store_failed(config, key, &error, "could not commit"));
+        }
+        Ok(Err(error)) => {
+            return Ok(store_failed(config, key, &error, "could not commit"));
+        }
+        Err(_) => {
+            let error = StoreError::backend("the marker check did not finish in time");
+            return Ok(store_failed(config, key, &error, "could not commit"));
+        }
+    }
     let commit = tokio::time::timeout(config.store_timeout, tx.commit()).await;
     match commit {
         Ok(Ok(())) => {
             claim_mode::record(key, None, Outcome::Processed);
             Ok(claim_mode::with_outcome(res, Outcome::Processed))
         }
-        // Nothing was written: the handler's success must not be reported, or the event is
-        // lost. The sender's retry runs it again.
+        // The handler's success must not be reported: if nothing was written, the event would
+        // be lost. The sender's retry runs it again, or finds the marker if the commit did
+        // land after all.
         Ok(Err(error)) => Ok(store_failed(
             config,
             key,
@@ -407,7 +440,7 @@ fn store_failed<B>(
         namespace = key.namespace(),
         key = key.value(),
         error = error as &dyn std::error::Error,
-        "{what} the delivery's transaction; nothing was written",
+        "{what} the delivery's transaction; the sender's retry will run it again",
     );
     response::store_unavailable(config.retry_after)
 }
@@ -421,7 +454,7 @@ fn store_failed<B>(
 /// # use tower_idempotency::transactional::TxHandle;
 /// # async fn handler<B>(req: http::Request<B>) -> Result<(), sqlx::Error> {
 /// let handle = req.extensions().get::<TxHandle<Postgres>>().expect("transactional layer").clone();
-/// let mut tx = handle.lock().await.expect("the transaction is open while the handler runs");
+/// let mut tx = handle.lock().expect("the transaction is open while the handler runs");
 /// sqlx::query("INSERT INTO audit (note) VALUES ('paid')").execute(&mut *tx).await?;
 /// # Ok(())
 /// # }
@@ -431,10 +464,11 @@ pub struct TxHandle<DB: Database> {
 }
 
 impl<DB: Database> TxHandle<DB> {
-    /// Locks the transaction for this handler. `None` once the layer has finished it (after
+    /// Locks the transaction for this handler. `None` when it is locked already (a second
+    /// `Tx` in the same handler: waiting would never end) or the layer has finished it (after
     /// the handler answered).
-    pub async fn lock(&self) -> Option<Tx<DB>> {
-        let guard: OwnedMutexGuard<_> = self.slot.clone().lock_owned().await;
+    pub fn lock(&self) -> Option<Tx<DB>> {
+        let guard: OwnedMutexGuard<_> = self.slot.clone().try_lock_owned().ok()?;
         OwnedMutexGuard::try_map(guard, Option::as_mut)
             .ok()
             .map(|guard| Tx { guard })
@@ -513,7 +547,8 @@ mod extract {
 
     use super::{Database, Tx, TxHandle};
 
-    /// Why a [`Tx`] could not be extracted: the route has no transactional layer.
+    /// Why a [`Tx`] could not be extracted: the route has no transactional layer, or the
+    /// handler asked for the transaction twice.
     #[derive(Debug)]
     pub struct MissingTransaction;
 
@@ -521,8 +556,8 @@ mod extract {
         fn into_response(self) -> Response {
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "this route asks for the delivery's transaction but has no transactional \
-                 idempotency layer",
+                "the delivery's transaction is not available: the route has no transactional \
+                 idempotency layer, or the handler holds it already",
             )
                 .into_response()
         }
@@ -540,7 +575,7 @@ mod extract {
                 .get::<TxHandle<DB>>()
                 .ok_or(MissingTransaction)?
                 .clone();
-            handle.lock().await.ok_or(MissingTransaction)
+            handle.lock().ok_or(MissingTransaction)
         }
     }
 }

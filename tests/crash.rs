@@ -113,7 +113,7 @@ macro_rules! tx_child {
                 let business = business.clone();
                 async move {
                     let handle = req.extensions().get::<TxHandle<$db>>().unwrap().clone();
-                    let mut tx = handle.lock().await.unwrap();
+                    let mut tx = handle.lock().unwrap();
                     sqlx::query($insert)
                         .bind(&business)
                         .execute(&mut *tx)
@@ -413,7 +413,7 @@ macro_rules! tx_after_kill {
                 async move {
                     runs.fetch_add(1, Ordering::SeqCst);
                     let handle = req.extensions().get::<TxHandle<$db>>().unwrap().clone();
-                    let mut tx = handle.lock().await.unwrap();
+                    let mut tx = handle.lock().unwrap();
                     sqlx::query($insert).bind(&row).execute(&mut *tx).await?;
                     Ok::<_, sqlx::Error>(Response::new(Full::new(Bytes::new())))
                 }

@@ -1159,7 +1159,7 @@ macro_rules! advance_suite {
                                 IdempotencyKey::new(ns.clone(), object["id"].as_str().unwrap())
                                     .unwrap();
 
-                            let mut tx = handle.lock().await.unwrap();
+                            let mut tx = handle.lock().unwrap();
                             match order::advance(&mut *tx, &store, &entity, version).await {
                                 Ok(Advance::Applied) => {}
                                 Ok(Advance::Outdated { .. }) => {

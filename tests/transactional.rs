@@ -82,7 +82,7 @@ macro_rules! transactional_suite {
                             let behave = req.headers()["x-behave"].to_str().unwrap().to_owned();
                             let handle = req.extensions().get::<TxHandle<$db>>().unwrap().clone();
                             {
-                                let mut tx = handle.lock().await.unwrap();
+                                let mut tx = handle.lock().unwrap();
                                 sqlx::query($insert).bind(&event).execute(&mut *tx).await?;
                             }
                             let mut res = Response::new(Full::new(Bytes::new()));
@@ -330,4 +330,60 @@ async fn axum_handler_writes_through_the_tx_extractor() {
     // A route that asks for the transaction without the layer is a server error, not a panic.
     let res = app.oneshot(send("/unguarded")).await.unwrap();
     assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+/// A handler that swallows a failed statement and answers 200 leaves an aborted transaction,
+/// which PostgreSQL turns into a silent rollback at COMMIT: the layer must not report success.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_transaction_is_not_reported_as_processed() {
+    use tower_idempotency::transactional::TxHandle;
+
+    let Some(store) = common::db::postgres_store().await else {
+        return;
+    };
+    let ns = common::unique_namespace("tx-aborted");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let seen = runs.clone();
+    let svc = IdempotencyLayer::new(store.clone())
+        .key(key::header("x-event-id").namespace(ns.clone()))
+        .transactional()
+        .layer(service_fn(move |req: Request<RequestBody<Full<Bytes>>>| {
+            let seen = seen.clone();
+            async move {
+                let first = seen.fetch_add(1, Ordering::SeqCst) == 0;
+                let handle = req
+                    .extensions()
+                    .get::<TxHandle<sqlx::Postgres>>()
+                    .unwrap()
+                    .clone();
+                let mut tx = handle.lock().unwrap();
+                if first {
+                    // A best-effort statement fails and the handler carries on regardless.
+                    let failed = sqlx::query("SELECT 1 / 0").execute(&mut *tx).await;
+                    assert!(failed.is_err());
+                }
+                Ok::<_, sqlx::Error>(Response::new(Full::new(Bytes::new())))
+            }
+        }));
+
+    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not a 2xx: nothing was committed"
+    );
+    assert_eq!(outcome(&res), Outcome::StoreUnavailable);
+    let markers: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_keys WHERE namespace = $1")
+            .bind(&ns)
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(markers, 0);
+
+    // The sender's retry runs the handler again, and this time it commits.
+    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(outcome(&res), Outcome::Processed);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }

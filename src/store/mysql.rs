@@ -232,6 +232,7 @@ WHERE namespace = ? AND `key` = ?"#
     // INSERT IGNORE rather than ON DUPLICATE KEY UPDATE: duplicates waiting on an open
     // transaction then share a lock and never need an exclusive one on the same row, which
     // InnoDB would resolve by failing all but one of them as deadlocked.
+    let tx_check = format!("SELECT 1 FROM {t} WHERE namespace = ? AND `key` = ? AND token = ?");
     let tx_claim = format!(
         r#"INSERT IGNORE INTO {t} (namespace, `key`, state, token, deliveries, claimed_at, completed_at)
 VALUES (?, ?, 'done', ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"#
@@ -242,6 +243,7 @@ VALUES (?, ?, 'done', ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"#
         table,
         versions,
         tx_claim: tx_claim.into(),
+        tx_check: tx_check.into(),
         migrate: migrate.into(),
         claim: claim.into(),
         commit: commit.into(),
@@ -661,6 +663,22 @@ impl crate::transactional::TransactionalStore for MySqlStore {
     /// connection keeps that lock wait timeout afterwards. When a first delivery rolls back,
     /// InnoDB may fail one of the waiting duplicates as deadlocked: it begins again, up to
     /// three times.
+    async fn holds_marker(
+        &self,
+        conn: &mut sqlx::MySqlConnection,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+    ) -> Result<bool, StoreError> {
+        let found: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.sql.tx_check.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(token.to_i64())
+            .fetch_optional(conn)
+            .await
+            .store()?;
+        Ok(found.is_some())
+    }
+
     async fn begin(
         &self,
         key: &IdempotencyKey,
@@ -684,7 +702,7 @@ impl crate::transactional::TransactionalStore for MySqlStore {
                 .await;
             let claim = match inserted {
                 Ok(done) if done.rows_affected() == 1 => {
-                    return Ok(crate::transactional::Begin::Claimed(tx));
+                    return Ok(crate::transactional::Begin::Claimed(tx, token));
                 }
                 Ok(_) => {
                     let row = sqlx::query(AssertSqlSafe(self.claims.read.clone()))

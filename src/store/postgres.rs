@@ -177,6 +177,8 @@ WHERE namespace = $2 AND "key" = $3 AND state = 'processing'"#
         r#"DELETE FROM {t}
 WHERE state = 'done' AND completed_at <= now() - $1::bigint * interval '1 microsecond'"#
     );
+    let tx_check =
+        format!(r#"SELECT 1 FROM {t} WHERE namespace = $1 AND "key" = $2 AND token = $3"#);
     let tx_claim = format!(
         r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, claimed_at, completed_at)
 VALUES ($1, $2, 'done', $3, 1, now(), now())
@@ -188,6 +190,7 @@ RETURNING state, token, deliveries, {age} AS age_us"#
         table,
         versions,
         tx_claim: tx_claim.into(),
+        tx_check: tx_check.into(),
         migrate: migrate.into(),
         claim: claim.into(),
         commit: commit.into(),
@@ -323,6 +326,15 @@ impl crate::transactional::TransactionalStore for PostgresStore {
 
     /// `BEGIN; SET LOCAL lock_timeout = <ms>` (one round trip), then the marker's insert. The
     /// lock timeout stays in force for the handler's own statements in the transaction.
+    async fn holds_marker(
+        &self,
+        conn: &mut <Self::Database as sqlx::Database>::Connection,
+        key: &IdempotencyKey,
+        token: super::LeaseToken,
+    ) -> Result<bool, StoreError> {
+        self.marker_held(conn, key, token).await
+    }
+
     async fn begin(
         &self,
         key: &IdempotencyKey,

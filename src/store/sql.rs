@@ -220,6 +220,14 @@ pub(crate) struct Queries {
         allow(dead_code)
     )]
     pub(crate) tx_claim: Arc<str>,
+    /// Transactional mode, just before `COMMIT`: whether the delivery's transaction still
+    /// holds its marker (namespace, key, token). A transaction a failed statement aborted, or
+    /// one the database rolled back, does not.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+        allow(dead_code)
+    )]
+    pub(crate) tx_check: Arc<str>,
     /// The entity versions of the order layer.
     pub(crate) versions: VersionQueries,
 }
@@ -369,6 +377,25 @@ macro_rules! upsert_store {
                 let never = $crate::store::sql::NEVER_STALE;
                 let claim = row.into_claim(key, token, never, Some(false))?;
                 $crate::transactional::begun(claim, tx).await
+            }
+        }
+
+        impl $store {
+            async fn marker_held(
+                &self,
+                conn: &mut $conn,
+                key: &$crate::key::IdempotencyKey,
+                token: $crate::store::LeaseToken,
+            ) -> Result<bool, $crate::store::StoreError> {
+                let found: Option<i32> =
+                    ::sqlx::query_scalar(::sqlx::AssertSqlSafe(self.sql.tx_check.clone()))
+                        .bind(key.namespace())
+                        .bind(key.value())
+                        .bind(token.to_i64())
+                        .fetch_optional(conn)
+                        .await
+                        .map_err($crate::store::StoreError::backend)?;
+                Ok(found.is_some())
             }
         }
 

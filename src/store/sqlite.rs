@@ -177,6 +177,8 @@ WHERE namespace = ?2 AND "key" = ?3 AND state = 'processing'"#
         format!(r#"DELETE FROM {t} WHERE namespace = ?1 AND "key" = ?2 AND state = 'processing'"#);
     let purge =
         format!(r#"DELETE FROM {t} WHERE state = 'done' AND completed_at <= {NOW_US} - ?1"#);
+    let tx_check =
+        format!(r#"SELECT 1 FROM {t} WHERE namespace = ?1 AND "key" = ?2 AND token = ?3"#);
     let tx_claim = format!(
         r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, claimed_at, completed_at)
 VALUES (?1, ?2, 'done', ?3, 1, {NOW_US}, {NOW_US})
@@ -188,6 +190,7 @@ RETURNING state, token, deliveries, {NOW_US} - claimed_at AS age_us"#
         table,
         versions,
         tx_claim: tx_claim.into(),
+        tx_check: tx_check.into(),
         migrate: migrate.into(),
         claim: claim.into(),
         commit: commit.into(),
@@ -329,6 +332,15 @@ impl crate::transactional::TransactionalStore for SqliteStore {
     /// so deliveries in transactional mode run one after another, and a duplicate waits at
     /// `BEGIN` for the first to finish, up to the lock timeout. The connection keeps that busy
     /// timeout afterwards.
+    async fn holds_marker(
+        &self,
+        conn: &mut <Self::Database as sqlx::Database>::Connection,
+        key: &IdempotencyKey,
+        token: super::LeaseToken,
+    ) -> Result<bool, StoreError> {
+        self.marker_held(conn, key, token).await
+    }
+
     async fn begin(
         &self,
         key: &IdempotencyKey,
