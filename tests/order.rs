@@ -604,6 +604,24 @@ async fn stale_pending_version_reclaim_hold_and_resolve<St: VersionStore>(store:
     store.commit_version(&new).await.unwrap();
     assert_eq!(store.applied_version(&entity).await.unwrap(), Some(2));
 
+    // A stale pending version is never taken over by an older one: its owner may have written
+    // its state before it died.
+    let newer = key_in(&ns, "sub_3");
+    acquire_version(&store, &newer, 5, LONG).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    match store
+        .begin_version(&newer, 4, Stale::reclaim_after(SHORT))
+        .await
+        .unwrap()
+    {
+        VersionClaim::Busy(p) => assert_eq!(p.version, 5),
+        other => panic!("an older version must not take over, got {other:?}"),
+    }
+    // The same version (its sender's retry) or a newer one may.
+    let retry = acquire_version(&store, &newer, 5, Stale::reclaim_after(SHORT)).await;
+    store.commit_version(&retry).await.unwrap();
+    assert_eq!(store.applied_version(&newer).await.unwrap(), Some(5));
+
     // A person settles held versions.
     let held = key_in(&ns, "sub_2");
     let lease = acquire_version(&store, &held, 7, LONG).await;

@@ -293,7 +293,7 @@ impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Leases for OrderShared<
                 version = lease.version(),
                 lease = %lease.token(),
                 action = ?action,
-                "lost the pending version: another delivery took it over; nothing was changed",
+                "lost the pending version: another delivery took it over; this version was not recorded as applied",
             ),
             (Err(error), Settle::Commit) => tracing::error!(
                 namespace = entity.namespace(),

@@ -264,9 +264,12 @@ impl VersionStore for MemoryStore {
         let mut map = self.inner.versions_of(entity);
         let row = map.entry(entity.clone()).or_default();
         let newer = row.applied.is_none_or(|applied| applied < version);
+        // A stale pending version is taken over only by itself or a newer one: its owner may
+        // have written its state before it died, and an older state must not follow it.
         let free = row.pending.is_none_or(|p| {
             stale.policy() == StalePolicy::Reclaim
                 && stale.is_stale(now.saturating_duration_since(p.since))
+                && p.version <= version
         });
         let ours = LeaseToken::generate();
         if newer && free {

@@ -286,7 +286,7 @@ fn version_queries(table: &TableName) -> (VersionQueries, Arc<str>, Arc<str>, Ar
 ) ENGINE = InnoDB"#
     );
     // Parameters: namespace, entity, version, our token, version, whether the policy reclaims,
-    // the stale limit in microseconds, our token, our token, version, our token. The
+    // the stale limit in microseconds, version, our token, our token, version, our token. The
     // assignments run left to right: the token is decided on the row as it was, then the
     // version and the time follow it only if it is ours. Counting the delivery makes every
     // update change the row, so an insert is told from an update by the affected rows.
@@ -297,7 +297,8 @@ ON DUPLICATE KEY UPDATE
     deliveries = deliveries + 1,
     last_seen_at = UTC_TIMESTAMP(6),
     pending_token = IF((applied_version IS NULL OR applied_version < ?)
-        AND (pending_token IS NULL OR (? AND {PENDING_AGE_US} >= ?)), ?, pending_token),
+        AND (pending_token IS NULL OR (? AND {PENDING_AGE_US} >= ? AND pending_version <= ?)),
+        ?, pending_token),
     pending_version = IF(pending_token <=> ?, ?, pending_version),
     pending_since = IF(pending_token <=> ?, UTC_TIMESTAMP(6), pending_since)"#
     );
@@ -517,6 +518,7 @@ impl MySqlStore {
             .bind(version)
             .bind(stale.policy() == StalePolicy::Reclaim)
             .bind(sql::micros(stale.after()))
+            .bind(version)
             .bind(token)
             .bind(token)
             .bind(version)

@@ -222,7 +222,8 @@ fn version_queries(table: &TableName) -> VersionQueries {
     // $1 namespace, $2 entity, $3 version, $4 our token, $5 whether the policy reclaims, $6 the
     // stale limit in microseconds. Every SET expression sees the row as it was.
     let acquire = "(t.applied_version IS NULL OR t.applied_version < excluded.pending_version) \
-        AND (t.pending_token IS NULL OR ($5 AND t.pending_since <= now() - $6::bigint * interval '1 microsecond'))";
+        AND (t.pending_token IS NULL OR ($5 AND t.pending_since <= now() - $6::bigint * interval '1 microsecond' \
+            AND t.pending_version <= excluded.pending_version))";
     let begin = format!(
         r#"INSERT INTO {v} AS t (namespace, entity, pending_version, pending_token, pending_since, deliveries, last_seen_at)
 VALUES ($1, $2, $3, $4, now(), 1, now())

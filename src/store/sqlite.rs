@@ -222,7 +222,8 @@ fn version_queries(table: &TableName) -> VersionQueries {
     // stale limit in microseconds. Every SET expression sees the row as it was.
     let acquire = format!(
         "(t.applied_version IS NULL OR t.applied_version < excluded.pending_version) \
-         AND (t.pending_token IS NULL OR (?5 AND t.pending_since <= {NOW_US} - ?6))"
+         AND (t.pending_token IS NULL OR (?5 AND t.pending_since <= {NOW_US} - ?6 \
+             AND t.pending_version <= excluded.pending_version))"
     );
     let begin = format!(
         r#"INSERT INTO {v} AS t (namespace, entity, pending_version, pending_token, pending_since, deliveries, last_seen_at)
