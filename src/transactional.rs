@@ -53,6 +53,19 @@
 //! [`TransactionalLayer::lock_timeout`] (5 seconds by default): past it the duplicate answers
 //! 409 with `Retry-After`. Each backend's store documents how it bounds the wait.
 //!
+//! On SQLite, which has one writer at a time, every delivery in this mode takes the write lock
+//! when it begins, so deliveries run one after another whatever their key, and any of them
+//! may answer 409 past the lock timeout when handlers are slow.
+//!
+//! A handler must not swallow its database errors: a failed statement aborts the transaction
+//! on PostgreSQL (the layer notices before `COMMIT` and answers 503, so the retry runs), and a
+//! MySQL deadlock rolls it back, marker included, so statements run after it would no longer
+//! be part of the delivery's transaction.
+//!
+//! To keep entities in order in this mode, move the version inside the transaction with
+//! [`order::advance`](crate::order::advance), not with an `OrderLayer` around the route: that
+//! layer records versions on a connection of its own, outside the transaction.
+//!
 //! # What every delivery gets
 //!
 //! | situation | answer | marker and the handler's writes |
@@ -138,8 +151,8 @@ impl<DB: Database> Begin<DB> {
 }
 
 /// Turns the claim read from the marker's insert into the answer of
-/// [`TransactionalStore::begin`]. When the key exists already, the transaction holds only the
-/// delivery count: it is committed.
+/// [`TransactionalStore::begin`]. When the key exists already, the transaction holds at most
+/// the delivery count (MySQL does not count in this mode): it is committed.
 pub(crate) async fn begun<DB: Database>(
     claim: Claim,
     tx: Transaction<'static, DB>,

@@ -107,6 +107,9 @@
 //! # let _ = stack;
 //! ```
 //!
+//! In transactional mode, use [`advance`] inside the handler's transaction instead of this
+//! layer, which records versions outside that transaction.
+//!
 //! Two things to know about the stack:
 //!
 //! - With body extractors in both layers, the body is buffered twice (once by each layer, each

@@ -65,6 +65,13 @@
 //! ) ENGINE = InnoDB
 //! ```
 //!
+//! # Assignment order
+//!
+//! The claim and version statements rely on MySQL and MariaDB running the assignments of an
+//! `ON DUPLICATE KEY UPDATE` left to right, each seeing the ones before it. MariaDB's
+//! `SIMULTANEOUS_ASSIGNMENT` SQL mode (off by default) changes that; the store does not
+//! support it.
+//!
 //! # Round trips
 //!
 //! - `claim`: one on MariaDB; on MySQL one for a new key, two otherwise (a duplicate of a
