@@ -45,6 +45,7 @@ fn config() -> ProptestConfig {
 fn assert_key_rules(key: &IdempotencyKey) {
     let value = key.value();
     assert!(!value.trim().is_empty(), "blank key {key:?}");
+    assert_eq!(value.trim(), value, "key with outer whitespace {key:?}");
     assert!(value.len() <= MAX_KEY_LEN, "{} bytes", value.len());
     assert!(!value.chars().any(char::is_control), "control in {key:?}");
     assert!(!key.namespace().is_empty());
@@ -188,7 +189,7 @@ proptest! {
     #![proptest_config(config())]
 
     /// Header extractors: accepted exactly when the value is visible, non-blank ASCII of at
-    /// most 255 bytes, and then the key is the value as sent.
+    /// most 255 bytes without leading or trailing spaces, and then the key is the value as sent.
     #[test]
     fn header_extractors_accept_exactly_valid_text(bytes in header_bytes()) {
         let Ok(value) = HeaderValue::from_bytes(&bytes) else {
@@ -197,7 +198,10 @@ proptest! {
         };
         let visible = bytes.iter().all(|b| (0x20..0x7f).contains(b));
         let text = String::from_utf8_lossy(&bytes).into_owned();
-        let valid = visible && !text.trim().is_empty() && bytes.len() <= MAX_KEY_LEN;
+        let valid = visible
+            && !text.trim().is_empty()
+            && text.trim() == text
+            && bytes.len() <= MAX_KEY_LEN;
         for name in HEADER_NAMES {
             let parts = parts_with(&[(name, &value)]);
             let standard = name == "webhook-id" || name == "svix-id";
