@@ -62,6 +62,14 @@
 //!   $3`; `release`: `DELETE … WHERE … AND token = $3 AND state = 'processing'`.
 //! - `stuck_claims`, `resolve`, `purge_completed`: one statement each, using the indexes.
 //!
+//! # Transactional mode
+//!
+//! `BEGIN; SET LOCAL lock_timeout = <ms>` (one round trip), the marker's insert as `done`,
+//! the handler's statements, a check that the marker is still in the transaction, `COMMIT`.
+//! A duplicate's insert waits for the open transaction on the primary key; past the lock
+//! timeout (SQLSTATE 55P03) it answers 409. The lock timeout stays in force for the handler's
+//! own statements in the transaction.
+//!
 //! # Entity versions (the order layer)
 //!
 //! [`migrate`](PostgresStore::migrate) also creates, in the same transaction, the table of the
@@ -104,7 +112,6 @@ use super::sql::{
     Queries, ResultExt, TableName, VersionQueries, sql_store, upsert_store, version_store,
 };
 use super::{ConfigError, StoreError};
-use crate::key::IdempotencyKey;
 
 /// Serialises concurrent `migrate()` calls: an arbitrary constant ("tower_id" in ASCII).
 const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6964;
@@ -322,29 +329,20 @@ sql_store!(PostgresStore);
 version_store!(PostgresStore);
 upsert_store!(PostgresStore, sqlx::Postgres, sqlx::PgConnection);
 
-impl crate::transactional::TransactionalStore for PostgresStore {
-    type Database = sqlx::Postgres;
-
-    /// `BEGIN; SET LOCAL lock_timeout = <ms>` (one round trip), then the marker's insert. The
-    /// lock timeout stays in force for the handler's own statements in the transaction.
-    async fn holds_marker(
+impl PostgresStore {
+    /// `BEGIN; SET LOCAL lock_timeout = <ms>`, one round trip. The lock timeout stays in force
+    /// for the handler's own statements in the transaction.
+    async fn begin_transaction(
         &self,
-        conn: &mut <Self::Database as sqlx::Database>::Connection,
-        key: &IdempotencyKey,
-        token: super::LeaseToken,
-    ) -> Result<bool, StoreError> {
-        self.marker_held(conn, key, token).await
-    }
-
-    async fn begin(
-        &self,
-        key: &IdempotencyKey,
         lock_timeout: std::time::Duration,
-    ) -> Result<crate::transactional::Begin<sqlx::Postgres>, StoreError> {
+    ) -> Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>, StoreError> {
         let ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
         let begin = format!("BEGIN; SET LOCAL lock_timeout = {ms}");
-        let tx = self.pool.begin_with(AssertSqlSafe(begin)).await.store()?;
-        self.insert_marker(tx, key, lock_timeout).await
+        self.pool
+            .begin_with(AssertSqlSafe(begin))
+            .await
+            .store()
+            .map(Some)
     }
 }
 

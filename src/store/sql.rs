@@ -289,7 +289,8 @@ where
 
 /// What PostgreSQL and SQLite share beyond [`sql_store!`]: both claim with `INSERT … ON
 /// CONFLICT … RETURNING`, so their claim, version and transactional-marker code is the same
-/// but for the connection type. The backend provides `is_lock_timeout(&sqlx::Error) -> bool`.
+/// but for the connection type. The backend provides `is_lock_timeout(&sqlx::Error) -> bool`
+/// and an inherent `begin_transaction(lock_timeout)`, answering `None` when the lock timed out.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 macro_rules! upsert_store {
     ($store:ident, $db:ty, $conn:ty) => {
@@ -380,8 +381,23 @@ macro_rules! upsert_store {
             }
         }
 
-        impl $store {
-            async fn marker_held(
+        impl $crate::transactional::TransactionalStore for $store {
+            type Database = $db;
+
+            /// The backend's own `BEGIN` with the lock timeout (one round trip), then the
+            /// marker's insert.
+            async fn begin(
+                &self,
+                key: &$crate::key::IdempotencyKey,
+                lock_timeout: ::std::time::Duration,
+            ) -> Result<$crate::transactional::Begin<$db>, $crate::store::StoreError> {
+                match self.begin_transaction(lock_timeout).await? {
+                    Some(tx) => self.insert_marker(tx, key, lock_timeout).await,
+                    None => Ok($crate::transactional::Begin::lock_timed_out(lock_timeout)),
+                }
+            }
+
+            async fn holds_marker(
                 &self,
                 conn: &mut $conn,
                 key: &$crate::key::IdempotencyKey,

@@ -84,6 +84,14 @@
 //!   `DELETE … WHERE … AND token = ?3 AND state = 'processing'`.
 //! - `stuck_claims`, `resolve`, `purge_completed`: one statement each, using the indexes.
 //!
+//! # Transactional mode
+//!
+//! `PRAGMA busy_timeout = <ms>; BEGIN IMMEDIATE` (one round trip), the marker's insert as
+//! `done`, the handler's statements, a check that the marker is still in the transaction,
+//! `COMMIT`. SQLite has one writer at a time: `BEGIN IMMEDIATE` takes the write lock at once,
+//! so deliveries in this mode run one after another, and a duplicate waits at `BEGIN` for the
+//! first to finish, up to the lock timeout (then 409). The connection keeps that busy timeout.
+//!
 //! # Entity versions (the order layer)
 //!
 //! [`migrate`](SqliteStore::migrate) also creates, in the same transaction, the table of the
@@ -116,7 +124,6 @@ use super::sql::{
     Queries, ResultExt, TableName, VersionQueries, sql_store, upsert_store, version_store,
 };
 use super::{ConfigError, StoreError};
-use crate::key::IdempotencyKey;
 
 /// Now, in microseconds since the Unix epoch, from SQLite's clock.
 const NOW_US: &str = "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
@@ -332,35 +339,18 @@ sql_store!(SqliteStore);
 version_store!(SqliteStore);
 upsert_store!(SqliteStore, sqlx::Sqlite, sqlx::SqliteConnection);
 
-impl crate::transactional::TransactionalStore for SqliteStore {
-    type Database = sqlx::Sqlite;
-
-    /// `PRAGMA busy_timeout = <ms>; BEGIN IMMEDIATE` (one round trip), then the marker's
-    /// insert. SQLite has one writer at a time: `BEGIN IMMEDIATE` takes the write lock at once,
-    /// so deliveries in transactional mode run one after another, and a duplicate waits at
-    /// `BEGIN` for the first to finish, up to the lock timeout. The connection keeps that busy
-    /// timeout afterwards.
-    async fn holds_marker(
+impl SqliteStore {
+    /// `PRAGMA busy_timeout = <ms>; BEGIN IMMEDIATE`, one round trip; `None` when the write
+    /// lock was not free within the lock timeout. The connection keeps that busy timeout.
+    async fn begin_transaction(
         &self,
-        conn: &mut <Self::Database as sqlx::Database>::Connection,
-        key: &IdempotencyKey,
-        token: super::LeaseToken,
-    ) -> Result<bool, StoreError> {
-        self.marker_held(conn, key, token).await
-    }
-
-    async fn begin(
-        &self,
-        key: &IdempotencyKey,
         lock_timeout: std::time::Duration,
-    ) -> Result<crate::transactional::Begin<sqlx::Sqlite>, StoreError> {
+    ) -> Result<Option<sqlx::Transaction<'static, sqlx::Sqlite>>, StoreError> {
         let ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
         let begin = format!("PRAGMA busy_timeout = {ms}; BEGIN IMMEDIATE");
         match self.pool.begin_with(AssertSqlSafe(begin)).await {
-            Ok(tx) => self.insert_marker(tx, key, lock_timeout).await,
-            Err(e) if is_lock_timeout(&e) => {
-                Ok(crate::transactional::Begin::lock_timed_out(lock_timeout))
-            }
+            Ok(tx) => Ok(Some(tx)),
+            Err(e) if is_lock_timeout(&e) => Ok(None),
             Err(e) => Err(StoreError::backend(e)),
         }
     }
