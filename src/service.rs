@@ -100,7 +100,7 @@ where
 /// One delivery, from key to commit or release.
 async fn deliver<S, St, K, ReqB, ResB>(
     shared: Arc<Shared<St, K>>,
-    mut inner: S,
+    inner: S,
     req: Request<ReqB>,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
 where
@@ -110,26 +110,12 @@ where
     ReqB: Body<Data = Bytes>,
     ReqB::Error: Into<BoxError>,
 {
-    let config = &shared.config;
-    let (parts, body) = req.into_parts();
-    let (key, body) = match find_key(&shared, &parts, body).await {
-        Ok(found) => found,
-        Err(error) => return Ok(reject(&error)),
+    let (key, request) = match keyed(&shared, req).await {
+        Keyed::Key(key, request) => (key, request),
+        Keyed::PassThrough(request) => return pass_through(inner, request).await,
+        Keyed::Rejected(error) => return Ok(reject(&error)),
     };
-    let key = match key {
-        Ok(key) => key,
-        Err(KeyError::Missing { .. }) if config.missing_key == MissingKey::PassThrough => {
-            tracing::debug!(
-                outcome = Outcome::PassedThrough.as_str(),
-                "delivery without key"
-            );
-            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-            let res = inner.call(Request::from_parts(parts, body)).await?;
-            return Ok(with_outcome(res, Outcome::PassedThrough));
-        }
-        Err(error) => return Ok(reject(&error)),
-    };
-    let mut res = deliver_keyed(&shared, inner, Request::from_parts(parts, body), &key).await;
+    let mut res = deliver_keyed(&shared, inner, request, &key).await;
     if let Ok(res) = &mut res {
         res.extensions_mut().insert(key);
     }
@@ -299,9 +285,58 @@ where
     }
 }
 
+/// What the key of a delivery decided.
+pub(crate) enum Keyed<B> {
+    /// A valid key, and the request to pass on.
+    Key(IdempotencyKey, Request<RequestBody<B>>),
+    /// No key, and the layer lets such requests through unguarded.
+    PassThrough(Request<RequestBody<B>>),
+    /// An answer of 4xx.
+    Rejected(KeyError),
+}
+
+/// Finds the delivery's key (buffering the body only if the extractor reads it) and decides
+/// what happens to a delivery without one.
+pub(crate) async fn keyed<St, K, B>(shared: &Shared<St, K>, req: Request<B>) -> Keyed<B>
+where
+    K: ExtractKey,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    let (key, body) = match find_key(shared, &parts, body).await {
+        Ok(found) => found,
+        Err(error) => return Keyed::Rejected(error),
+    };
+    match key {
+        Ok(key) => Keyed::Key(key, Request::from_parts(parts, body)),
+        Err(KeyError::Missing { .. }) if shared.config.missing_key == MissingKey::PassThrough => {
+            Keyed::PassThrough(Request::from_parts(parts, body))
+        }
+        Err(error) => Keyed::Rejected(error),
+    }
+}
+
+/// Runs the inner service for a delivery let through without a claim.
+pub(crate) async fn pass_through<S, B, ResB>(
+    mut inner: S,
+    request: Request<B>,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+{
+    tracing::debug!(
+        outcome = Outcome::PassedThrough.as_str(),
+        "delivery let through unguarded"
+    );
+    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+    let res = inner.call(request).await?;
+    Ok(with_outcome(res, Outcome::PassedThrough))
+}
+
 /// Finds the key, buffering the body first if the extractor reads it. The outer error is a
 /// body that could not be buffered; the inner one an extractor's verdict.
-pub(crate) async fn find_key<St, K, B>(
+async fn find_key<St, K, B>(
     shared: &Shared<St, K>,
     parts: &Parts,
     body: B,

@@ -99,10 +99,10 @@ use tower_service::Service;
 use crate::IdempotencyLayer;
 use crate::body::{RequestBody, ResponseBody};
 use crate::future::ResponseFuture;
-use crate::key::{Auto, ExtractKey, IdempotencyKey, KeyError};
-use crate::layer::{Config, MissingKey};
+use crate::key::{Auto, ExtractKey, IdempotencyKey};
+use crate::layer::Config;
 use crate::response::{self, Outcome};
-use crate::service::{self as claim_mode, BoxError, Shared};
+use crate::service::{self as claim_mode, BoxError, Keyed, Shared};
 use crate::store::{Claim, Completed, LeaseToken, Pending, Store, StoreError};
 
 /// A store that can run a delivery in one database transaction: the SQL stores.
@@ -301,7 +301,7 @@ where
 async fn deliver<S, St, K, ReqB, ResB>(
     shared: Arc<Shared<St, K>>,
     lock_timeout: Duration,
-    mut inner: S,
+    inner: S,
     req: Request<ReqB>,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
 where
@@ -311,22 +311,11 @@ where
     ReqB: Body<Data = Bytes>,
     ReqB::Error: Into<BoxError>,
 {
-    let config = &shared.config;
-    let (parts, body) = req.into_parts();
-    let (key, body) = match claim_mode::find_key(&shared, &parts, body).await {
-        Ok(found) => found,
-        Err(error) => return Ok(claim_mode::reject(&error)),
+    let (key, request) = match claim_mode::keyed(&shared, req).await {
+        Keyed::Key(key, request) => (key, request),
+        Keyed::PassThrough(request) => return claim_mode::pass_through(inner, request).await,
+        Keyed::Rejected(error) => return Ok(claim_mode::reject(&error)),
     };
-    let key = match key {
-        Ok(key) => key,
-        Err(KeyError::Missing { .. }) if config.missing_key == MissingKey::PassThrough => {
-            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-            let res = inner.call(Request::from_parts(parts, body)).await?;
-            return Ok(claim_mode::with_outcome(res, Outcome::PassedThrough));
-        }
-        Err(error) => return Ok(claim_mode::reject(&error)),
-    };
-    let request = Request::from_parts(parts, body);
     let mut res = deliver_keyed(&shared, lock_timeout, inner, request, &key).await;
     if let Ok(res) = &mut res {
         res.extensions_mut().insert(key);

@@ -18,7 +18,7 @@ use crate::key::{ExtractKey, IdempotencyKey};
 use crate::layer::{Config, MissingKey};
 use crate::response::{self, Outcome};
 use crate::service::{
-    BoxError, LeaseGuard, Leases, Settle, acquire, check_len, take_body, with_outcome,
+    BoxError, LeaseGuard, Leases, Settle, acquire, check_len, pass_through, take_body, with_outcome,
 };
 use crate::store::{LeaseToken, Pending, StoreError};
 
@@ -140,14 +140,8 @@ where
             };
             let all_missing = error.is_missing();
             if all_missing && config.missing_key == MissingKey::PassThrough {
-                tracing::debug!(
-                    outcome = Outcome::PassedThrough.as_str(),
-                    %error,
-                    "delivery without entity or version",
-                );
-                std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-                let res = inner.call(Request::from_parts(parts, body)).await?;
-                return Ok(with_outcome(res, Outcome::PassedThrough));
+                tracing::debug!(%error, "delivery without entity or version");
+                return pass_through(inner, Request::from_parts(parts, body)).await;
             }
             return Ok(reject(&error));
         }
