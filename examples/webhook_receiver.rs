@@ -24,7 +24,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use http::StatusCode;
 use tower_idempotency::store::{MySqlStore, PostgresStore, SqliteStore, StoreError};
-use tower_idempotency::transactional::{TransactionalStore, Tx};
+use tower_idempotency::transactional::{TransactionalLayer, TransactionalStore, Tx};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Outcome, Stale, key};
 
 #[tokio::main]
@@ -65,11 +65,7 @@ fn app<B: Backend>(store: B) -> Router {
         // marker's transaction: all or nothing, and a crash leaves no stale claim to decide.
         .route(
             "/webhooks/stripe",
-            post(stripe::<B>).layer(
-                IdempotencyLayer::new(store.clone())
-                    .key(key::stripe())
-                    .transactional(),
-            ),
+            post(stripe::<B>).layer(TransactionalLayer::new(store.clone()).key(key::stripe())),
         )
         // GitHub: a notification goes out, which no transaction can take back. A claim left
         // by a crash is reclaimed: a possible duplicate message beats a missing one.

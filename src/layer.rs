@@ -2,15 +2,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::StatusCode;
 use tower_layer::Layer;
 
-use crate::key::{self, Auto, ExtractKey, IdempotencyKey, MAX_KEY_LEN};
+use crate::engine::settings::{Settings, shared_settings};
+use crate::key::{self, Auto, ExtractKey, IdempotencyKey};
 use crate::service::{Idempotency, Shared};
 use crate::store::{Pending, Stale, Store};
-
-/// The default limit on a body buffered to read a key: 1 MiB.
-pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
 /// Makes an inner service process each event once: claim the key, run the inner service,
 /// commit on success, release on failure.
@@ -22,79 +19,49 @@ pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 /// use std::time::Duration;
 /// use tower_idempotency::{IdempotencyLayer, Stale, key, store::MemoryStore};
 ///
-/// // Charges move money: a stale claim waits for a person instead of running twice.
+/// // Charges move money: a claim whose owner died waits for a person instead of running twice.
 /// let layer = IdempotencyLayer::new(MemoryStore::new())
 ///     .key(key::stripe())
-///     .stale(Stale::hold_after(Duration::from_secs(15 * 60)))
+///     .stale(Stale::hold_after(Duration::from_secs(30)))
 ///     .body_limit(256 * 1024);
 /// # let _ = layer;
 /// ```
+#[must_use]
 pub struct IdempotencyLayer<St, K = Auto> {
     store: St,
     key: K,
-    config: Config,
+    settings: Settings,
+    claims: ClaimSettings,
 }
 
-/// What happens to a request in which the extractor finds no key at all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MissingKey {
-    /// Answer 400 with a problem+json body naming the expected key (the default).
-    #[default]
-    Reject,
-    /// Run the inner service without a claim: no deduplication for such requests. Keys that
-    /// are present but invalid are still rejected.
-    PassThrough,
-}
+pub(crate) type HeldHook = Arc<dyn Fn(&IdempotencyKey, &Pending) + Send + Sync>;
 
-type HeldHook = Arc<dyn Fn(&IdempotencyKey, &Pending) + Send + Sync>;
-
-#[derive(Clone)]
-pub(crate) struct Config {
+/// The settings only claim-then-commit has.
+#[derive(Clone, Default)]
+pub(crate) struct ClaimSettings {
     pub(crate) stale: Stale,
-    pub(crate) body_limit: usize,
-    pub(crate) body_timeout: Duration,
-    pub(crate) retry_after: Duration,
-    pub(crate) store_timeout: Duration,
-    pub(crate) commit_when: fn(StatusCode) -> bool,
-    pub(crate) missing_key: MissingKey,
-    pub(crate) max_key_len: usize,
     pub(crate) on_held: Option<HeldHook>,
+    pub(crate) wait_in_flight: Option<Duration>,
 }
 
 impl<St> IdempotencyLayer<St> {
     /// A layer that keeps claims in `store` and finds keys with [`key::auto`], which
     /// recognises the common webhook senders by their headers.
     ///
-    /// Defaults: commit on 2xx; stale claims reclaimed after 15 minutes; bodies buffered (only
-    /// for body keys) up to 1 MiB within 30 seconds; store calls bounded by 5 seconds;
-    /// `Retry-After: 5` on the in-flight 409 and on 503; a request without a key rejected
-    /// with 400.
+    /// Defaults: commit on 2xx; a claim not renewed for 30 seconds is stale and reclaimed (the
+    /// layer renews running claims every 7.5 seconds); bodies buffered (only for body keys) up
+    /// to 1 MiB within 30 seconds; store calls bounded by 5 seconds; `Retry-After: 5` on the
+    /// in-flight 409 and on 503; a request without a key rejected with 400; a duplicate in
+    /// flight answered at once.
     ///
-    /// The layer uses tokio's timers: run it on a runtime with time enabled (the default of
-    /// `#[tokio::main]`).
+    /// The layer uses tokio's timers and spawns tasks (for handlers whose delivery went away):
+    /// run it on a tokio runtime with time enabled (the default of `#[tokio::main]`).
     pub fn new(store: St) -> Self {
         Self {
             store,
             key: key::auto(),
-            config: Config::defaults(),
-        }
-    }
-}
-
-impl Config {
-    /// The defaults documented on [`IdempotencyLayer::new`], shared by the
-    /// [order layer](crate::order::OrderLayer).
-    pub(crate) fn defaults() -> Self {
-        Self {
-            stale: Stale::default(),
-            body_limit: DEFAULT_BODY_LIMIT,
-            body_timeout: Duration::from_secs(30),
-            retry_after: Duration::from_secs(5),
-            store_timeout: Duration::from_secs(5),
-            commit_when: |status| status.is_success(),
-            missing_key: MissingKey::Reject,
-            max_key_len: MAX_KEY_LEN,
-            on_held: None,
+            settings: Settings::default(),
+            claims: ClaimSettings::default(),
         }
     }
 }
@@ -106,71 +73,15 @@ impl<St, K> IdempotencyLayer<St, K> {
         IdempotencyLayer {
             store: self.store,
             key,
-            config: self.config,
+            settings: self.settings,
+            claims: self.claims,
         }
     }
 
-    /// Decides what happens to stale claims: [`Stale::reclaim_after`] (the default, after 15
-    /// minutes) or [`Stale::hold_after`].
+    /// Decides what happens to stale claims, whose owner stopped renewing them:
+    /// [`Stale::reclaim_after`] (the default, after 30 seconds) or [`Stale::hold_after`].
     pub fn stale(mut self, stale: Stale) -> Self {
-        self.config.stale = stale;
-        self
-    }
-
-    /// The largest body buffered to read a key, in bytes; larger bodies get 413. Only body
-    /// extractors buffer. Default: 1 MiB.
-    pub fn body_limit(mut self, bytes: usize) -> Self {
-        self.config.body_limit = bytes;
-        self
-    }
-
-    /// How long a body may take to arrive when a body extractor reads it; slower ones get 408.
-    /// Default: 30 seconds.
-    pub fn body_timeout(mut self, timeout: Duration) -> Self {
-        self.config.body_timeout = timeout;
-        self
-    }
-
-    /// The `Retry-After` sent with the in-flight 409 and with 503 (store failure). Default: 5
-    /// seconds. A held claim's 409 has none: only a person can settle it.
-    pub fn retry_after(mut self, after: Duration) -> Self {
-        self.config.retry_after = after;
-        self
-    }
-
-    /// How long a claim, commit or release may take. A claim past it is answered 503 (and
-    /// released when it lands later); a commit past it leaves the claim to turn stale.
-    /// Default: 5 seconds.
-    pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.config.store_timeout = timeout;
-        self
-    }
-
-    /// Which inner responses count as success and commit the key; the others release it.
-    /// Default: 2xx.
-    ///
-    /// ```
-    /// use tower_idempotency::{IdempotencyLayer, store::MemoryStore};
-    ///
-    /// // This sender treats 2xx and 3xx as delivered.
-    /// let layer = IdempotencyLayer::new(MemoryStore::new())
-    ///     .commit_when(|status| status.is_success() || status.is_redirection());
-    /// # let _ = layer;
-    /// ```
-    pub fn commit_when(mut self, predicate: fn(StatusCode) -> bool) -> Self {
-        self.config.commit_when = predicate;
-        self
-    }
-
-    /// What to do with requests that carry no key. Default: [`MissingKey::Reject`].
-    pub fn missing_key(mut self, policy: MissingKey) -> Self {
-        self.config.missing_key = policy;
-        self
-    }
-
-    /// Rejects key values longer than `bytes` (at most [`MAX_KEY_LEN`], the default).
-    pub fn max_key_len(mut self, bytes: usize) -> Self {
-        self.config.max_key_len = bytes.min(MAX_KEY_LEN);
+        self.claims.stale = stale;
         self
     }
 
@@ -180,21 +91,55 @@ impl<St, K> IdempotencyLayer<St, K> {
     where
         F: Fn(&IdempotencyKey, &Pending) + Send + Sync + 'static,
     {
-        self.config.on_held = Some(Arc::new(hook));
+        self.claims.on_held = Some(Arc::new(hook));
         self
     }
+
+    /// Lets a duplicate that arrives while the first delivery runs wait up to `wait` for it
+    /// to settle, then answer as a duplicate (200) if it committed, or run the handler if it
+    /// released. Past `wait`, the duplicate gets the 409 it gets at once by default.
+    ///
+    /// A first delivery in the same process wakes its waiters when it settles; one in another
+    /// process is polled with [`Store::describe`](crate::store::Store::describe), which
+    /// writes nothing. Keep `wait` below the sender's request timeout, or the sender hangs up
+    /// on the wait. A waiter that ends up claiming is counted as a delivery twice.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
+    /// use tower_idempotency::{IdempotencyLayer, key, store::MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let svc = ServiceBuilder::new()
+    ///     .layer(IdempotencyLayer::new(MemoryStore::new())
+    ///         .key(key::github())
+    ///         .wait_in_flight(Duration::from_secs(2)))
+    ///     .service(service_fn(|_req| async {
+    ///         tokio::time::sleep(Duration::from_millis(100)).await;
+    ///         Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    ///     }));
+    /// let delivery = || Request::post("/").header("x-github-delivery", "d-1").body(String::new()).unwrap();
+    /// let first = tokio::spawn(svc.clone().oneshot(delivery()));
+    /// tokio::task::yield_now().await;
+    /// // Arrives while the first runs; answered once the first committed, not with 409.
+    /// let second = svc.oneshot(delivery()).await.unwrap();
+    /// assert_eq!(second.status(), StatusCode::OK);
+    /// assert_eq!(second.headers()["idempotency-outcome"], "duplicate");
+    /// assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+    /// # }
+    /// ```
+    pub fn wait_in_flight(mut self, wait: Duration) -> Self {
+        self.claims.wait_in_flight = Some(wait);
+        self
+    }
+
+    shared_settings!();
 
     /// The store this layer uses.
     pub fn store(&self) -> &St {
         &self.store
-    }
-
-    #[cfg_attr(
-        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-        allow(dead_code)
-    )]
-    pub(crate) fn into_parts(self) -> (St, K, Config) {
-        (self.store, self.key, self.config)
     }
 }
 
@@ -211,7 +156,8 @@ where
             Arc::new(Shared {
                 store: self.store.clone(),
                 key: self.key.clone(),
-                config: self.config.clone(),
+                settings: self.settings.clone(),
+                claims: self.claims.clone(),
             }),
         )
     }
@@ -222,7 +168,8 @@ impl<St: Clone, K: Clone> Clone for IdempotencyLayer<St, K> {
         Self {
             store: self.store.clone(),
             key: self.key.clone(),
-            config: self.config.clone(),
+            settings: self.settings.clone(),
+            claims: self.claims.clone(),
         }
     }
 }
@@ -232,22 +179,18 @@ impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for IdempotencyLayer<St, K> {
         f.debug_struct("IdempotencyLayer")
             .field("store", &self.store)
             .field("key", &self.key)
-            .field("config", &self.config)
+            .field("settings", &self.settings)
+            .field("claims", &self.claims)
             .finish()
     }
 }
 
-impl fmt::Debug for Config {
+impl fmt::Debug for ClaimSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
+        f.debug_struct("ClaimSettings")
             .field("stale", &self.stale)
-            .field("body_limit", &self.body_limit)
-            .field("body_timeout", &self.body_timeout)
-            .field("retry_after", &self.retry_after)
-            .field("store_timeout", &self.store_timeout)
-            .field("missing_key", &self.missing_key)
-            .field("max_key_len", &self.max_key_len)
             .field("on_held", &self.on_held.is_some())
-            .finish_non_exhaustive()
+            .field("wait_in_flight", &self.wait_in_flight)
+            .finish()
     }
 }

@@ -8,6 +8,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod body;
+mod engine;
 mod future;
 pub mod key;
 mod layer;
@@ -22,9 +23,12 @@ pub mod store;
 )]
 pub mod transactional;
 
+pub use engine::{
+    DEFAULT_BODY_LIMIT, Drain, DrainReport, LeaseHandle, LeftBehind, MissingKey, Stage,
+};
 pub use future::ResponseFuture;
 pub use key::IdempotencyKey;
-pub use layer::{DEFAULT_BODY_LIMIT, IdempotencyLayer, MissingKey};
+pub use layer::IdempotencyLayer;
 pub use response::Outcome;
 pub use service::Idempotency;
 pub use store::{Stale, StalePolicy};

@@ -64,6 +64,9 @@ pub enum Outcome {
     /// The [order layer](crate::order) found that the entity is at this delivery's version or
     /// a newer one already: answered 200 without running the handler.
     Outdated,
+    /// The layer is draining for shutdown ([`Drain`](crate::Drain)): answered 503 with
+    /// `Retry-After`, the handler did not run.
+    Draining,
 }
 
 impl Outcome {
@@ -79,6 +82,7 @@ impl Outcome {
             Self::StoreUnavailable => "store-unavailable",
             Self::PassedThrough => "passed-through",
             Self::Outdated => "outdated",
+            Self::Draining => "draining",
         }
     }
 }
@@ -181,6 +185,17 @@ pub(crate) fn store_unavailable<B>(retry_after: Duration) -> Response<ResponseBo
         StatusCode::SERVICE_UNAVAILABLE,
         Outcome::StoreUnavailable,
         "the idempotency store is unavailable; the event was not processed",
+        None,
+    );
+    set_retry_after(&mut res, retry_after);
+    res
+}
+
+pub(crate) fn draining<B>(retry_after: Duration) -> Response<ResponseBody<B>> {
+    let mut res = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Outcome::Draining,
+        "the service is shutting down; the event was not processed",
         None,
     );
     set_retry_after(&mut res, retry_after);

@@ -3,14 +3,15 @@
 //! When the work a webhook triggers is itself a write to the same database (mark an order
 //! paid, insert a row), claim and commit can be one database transaction: the layer begins
 //! it, inserts the key's marker in it, hands it to the handler, and commits it only after a
-//! successful response. A handler that fails, panics or is dropped rolls everything back,
-//! marker included, so the sender's retry runs it again. There is no `processing` row and so
-//! no stale claim to decide about: a crash rolls back.
+//! successful response. A handler that fails or panics rolls everything back, marker included,
+//! so the sender's retry runs it again. A handler whose sender hung up runs on to its end, and
+//! its answer decides as usual. There is no `processing` row and so no stale claim to decide
+//! about: a crash rolls back.
 //!
 //! ```no_run
 //! use axum::{Router, http::StatusCode, routing::post};
 //! use sqlx::Postgres;
-//! use tower_idempotency::{IdempotencyLayer, key, store::PostgresStore, transactional::Tx};
+//! use tower_idempotency::{key, store::PostgresStore, transactional::{TransactionalLayer, Tx}};
 //!
 //! async fn order_paid(mut tx: Tx<Postgres>, body: String) -> Result<&'static str, StatusCode> {
 //!     let event: serde_json::Value = serde_json::from_str(&body).map_err(|_| StatusCode::BAD_REQUEST)?;
@@ -29,7 +30,7 @@
 //! store.migrate().await?;
 //! let app: Router = Router::new().route(
 //!     "/webhooks/stripe",
-//!     post(order_paid).layer(IdempotencyLayer::new(store).key(key::stripe()).transactional()),
+//!     post(order_paid).layer(TransactionalLayer::new(store).key(key::stripe())),
 //! );
 //! # Ok(())
 //! # }
@@ -40,10 +41,11 @@
 //! Choose it when the handler's work is writes to the database the store lives in: it is the
 //! correct default then. Do not choose it for work no transaction can roll back (an e-mail, a
 //! third-party API call): a rollback after such a call would let the retry repeat it. Use the
-//! claim-then-commit mode of [`IdempotencyLayer`] for those.
+//! claim-then-commit mode of [`IdempotencyLayer`](crate::IdempotencyLayer) for those.
 //!
 //! The transaction holds a pooled connection for as long as the handler runs; size the pool
-//! for the deliveries you handle at once.
+//! for the deliveries you handle at once. The body is read whole before the transaction
+//! begins (within the body limit and time limit), so a slow upload holds no connection.
 //!
 //! # Concurrent duplicates
 //!
@@ -71,24 +73,25 @@
 //! | situation | answer | marker and the handler's writes |
 //! |---|---|---|
 //! | handler answers 2xx | its response | committed together |
-//! | handler answers non-2xx, `Err`, panics, or is dropped | its response / error | rolled back |
+//! | handler answers non-2xx, `Err`, or panics | its response / error | rolled back |
+//! | the sender hangs up while the handler runs | nobody hears it; the handler runs to its end | committed or rolled back as it answers |
+//! | the process dies mid-handler | — | rolled back by the database |
 //! | a statement of the handler failed and it answered 2xx anyway, or the commit fails | 503 with `Retry-After` | rolled back (a commit that timed out may have landed: the retry then finds the marker) |
 //! | duplicate of a committed event | 200, `idempotency-outcome: duplicate` | unchanged |
 //! | duplicate while the first is open, past the lock timeout | 409 with `Retry-After` | unchanged |
 //! | store unreachable | 503 with `Retry-After`, the handler does not run | unchanged |
+//! | the layer is draining ([`Drain`](crate::Drain)) | 503 with `Retry-After` | unchanged |
 //!
 //! Key errors are answered as in claim-then-commit mode.
 
 use std::fmt;
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::FutureExt;
 use http::{Request, Response};
 use http_body::Body;
 use sqlx::{Database, Transaction};
@@ -96,13 +99,15 @@ use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::IdempotencyLayer;
 use crate::body::{RequestBody, ResponseBody};
+use crate::engine::drain::{Entry, Stage};
+use crate::engine::guard::{LeaseState, Leased};
+use crate::engine::prepare::{BoxError, Keyed, keyed, pass_through, record, reject, with_outcome};
+use crate::engine::run::{Detach, Ran, call};
+use crate::engine::settings::{Settings, shared_settings};
 use crate::future::ResponseFuture;
 use crate::key::{Auto, ExtractKey, IdempotencyKey};
-use crate::layer::Config;
 use crate::response::{self, Outcome};
-use crate::service::{self as claim_mode, BoxError, Keyed, Shared};
 use crate::store::{Claim, Completed, LeaseToken, Pending, Store, StoreError};
 
 /// A store that can run a delivery in one database transaction: the SQL stores.
@@ -146,7 +151,7 @@ pub enum Begin<DB: Database> {
 impl<DB: Database> Begin<DB> {
     /// The answer when a duplicate's wait for the first delivery's transaction timed out.
     pub(crate) fn lock_timed_out(waited: Duration) -> Self {
-        Self::InFlight(Pending::new(waited, 0))
+        Self::InFlight(Pending::new(waited, Duration::ZERO, 0))
     }
 }
 
@@ -176,38 +181,76 @@ impl<DB: Database> fmt::Debug for Begin<DB> {
     }
 }
 
-impl<St, K> IdempotencyLayer<St, K> {
-    /// Runs each delivery in one database transaction with its marker; see
-    /// [the module documentation](crate::transactional).
-    pub fn transactional(self) -> TransactionalLayer<St, K>
-    where
-        St: TransactionalStore,
-    {
-        let (store, key, config) = self.into_parts();
-        TransactionalLayer {
+/// The layer of transactional mode.
+///
+/// Built with [`TransactionalLayer::new`] on a [`TransactionalStore`]; the key and the settings
+/// every mode shares are set as on [`IdempotencyLayer`](crate::IdempotencyLayer). There is no
+/// stale policy to choose: a delivery that dies rolls back, and leaves nothing to decide.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # {
+/// use std::time::Duration;
+/// use tower_idempotency::{key, store::SqliteStore, transactional::TransactionalLayer};
+///
+/// # fn layer(store: SqliteStore) {
+/// let layer = TransactionalLayer::new(store)
+///     .key(key::stripe())
+///     .lock_timeout(Duration::from_secs(2));
+/// # let _ = layer;
+/// # }
+/// # }
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct TransactionalLayer<St, K = Auto> {
+    store: St,
+    key: K,
+    settings: Settings,
+    lock_timeout: Duration,
+}
+
+impl<St: TransactionalStore> TransactionalLayer<St> {
+    /// A layer that runs each delivery in one transaction on `store`'s database, finding keys
+    /// with [`key::auto`](crate::key::auto).
+    ///
+    /// Defaults: commit on 2xx; bodies read whole before the transaction begins, up to 1 MiB
+    /// within 30 seconds, so that a slow upload never holds a pooled connection; a duplicate
+    /// waits up to 5 seconds for the first delivery's transaction; store calls bounded by 5
+    /// seconds on top of that; `Retry-After: 5` on 409 and 503.
+    pub fn new(store: St) -> Self {
+        Self {
             store,
-            key,
-            config,
+            key: crate::key::auto(),
+            settings: Settings::default(),
             lock_timeout: Duration::from_secs(5),
         }
     }
 }
 
-/// The layer of transactional mode. Built by [`IdempotencyLayer::transactional`].
-#[derive(Clone)]
-pub struct TransactionalLayer<St, K = Auto> {
-    store: St,
-    key: K,
-    config: Config,
-    lock_timeout: Duration,
-}
-
 impl<St, K> TransactionalLayer<St, K> {
+    /// Finds keys with `key` instead, e.g. [`key::stripe()`](crate::key::stripe).
+    pub fn key<K2: ExtractKey>(self, key: K2) -> TransactionalLayer<St, K2> {
+        TransactionalLayer {
+            store: self.store,
+            key,
+            settings: self.settings,
+            lock_timeout: self.lock_timeout,
+        }
+    }
+
     /// How long a duplicate waits for the first delivery's open transaction before it answers
     /// 409 with `Retry-After`. Default: 5 seconds.
     pub fn lock_timeout(mut self, timeout: Duration) -> Self {
         self.lock_timeout = timeout;
         self
+    }
+
+    shared_settings!();
+
+    /// The store this layer uses.
+    pub fn store(&self) -> &St {
+        &self.store
     }
 }
 
@@ -216,7 +259,7 @@ impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for TransactionalLayer<St, K> {
         f.debug_struct("TransactionalLayer")
             .field("store", &self.store)
             .field("key", &self.key)
-            .field("config", &self.config)
+            .field("settings", &self.settings)
             .field("lock_timeout", &self.lock_timeout)
             .finish()
     }
@@ -232,21 +275,30 @@ where
     fn layer(&self, inner: S) -> Self::Service {
         TransactionalService {
             inner,
-            shared: Arc::new(Shared {
+            shared: Arc::new(TxShared {
                 store: self.store.clone(),
                 key: self.key.clone(),
-                config: self.config.clone(),
+                settings: self.settings.clone(),
+                lock_timeout: self.lock_timeout,
             }),
-            lock_timeout: self.lock_timeout,
         }
     }
 }
 
+struct TxShared<St, K> {
+    store: St,
+    key: K,
+    settings: Settings,
+    lock_timeout: Duration,
+}
+
 /// The service of transactional mode. Made by [`TransactionalLayer`].
+///
+/// As in claim-then-commit mode, a handler whose delivery went away runs to its end in a task
+/// of its own, and its answer commits or rolls back the transaction.
 pub struct TransactionalService<S, St, K = Auto> {
     inner: S,
-    shared: Arc<Shared<St, K>>,
-    lock_timeout: Duration,
+    shared: Arc<TxShared<St, K>>,
 }
 
 impl<S: Clone, St, K> Clone for TransactionalService<S, St, K> {
@@ -254,7 +306,6 @@ impl<S: Clone, St, K> Clone for TransactionalService<S, St, K> {
         Self {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
-            lock_timeout: self.lock_timeout,
         }
     }
 }
@@ -265,7 +316,7 @@ impl<S: fmt::Debug, St: fmt::Debug, K: fmt::Debug> fmt::Debug for TransactionalS
             .field("inner", &self.inner)
             .field("store", &self.shared.store)
             .field("key", &self.shared.key)
-            .field("lock_timeout", &self.lock_timeout)
+            .field("lock_timeout", &self.shared.lock_timeout)
             .finish()
     }
 }
@@ -293,158 +344,222 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let inner = self.inner.clone();
-        let fut = deliver(self.shared.clone(), self.lock_timeout, inner, req);
-        ResponseFuture::new(Box::pin(fut))
+        ResponseFuture::new(Box::pin(deliver(self.shared.clone(), inner, req)))
     }
 }
 
 async fn deliver<S, St, K, ReqB, ResB>(
-    shared: Arc<Shared<St, K>>,
-    lock_timeout: Duration,
+    shared: Arc<TxShared<St, K>>,
     inner: S,
     req: Request<ReqB>,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
 where
-    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     St: TransactionalStore,
     K: ExtractKey,
-    ReqB: Body<Data = Bytes>,
+    ReqB: Body<Data = Bytes> + Send + 'static,
     ReqB::Error: Into<BoxError>,
+    ResB: Send + 'static,
 {
-    let (key, request) = match claim_mode::keyed(&shared, req).await {
+    // The whole body is read before the transaction begins: a slow upload must not hold a
+    // pooled connection while it trickles in.
+    let (key, request) = match keyed(&shared.key, &shared.settings, true, req).await {
         Keyed::Key(key, request) => (key, request),
-        Keyed::PassThrough(request) => return claim_mode::pass_through(inner, request).await,
-        Keyed::Rejected(error) => return Ok(claim_mode::reject(&error)),
+        Keyed::PassThrough(request) => return pass_through(inner, request).await,
+        Keyed::Rejected(error) => return Ok(reject(&error)),
     };
-    let mut res = deliver_keyed(&shared, lock_timeout, inner, request, &key).await;
+    let mut res = deliver_keyed(&shared, inner, request, &key).await;
     if let Ok(res) = &mut res {
         res.extensions_mut().insert(key);
     }
     res
 }
 
+/// The marker a delivery's open transaction holds, as the drain reports it.
+#[derive(Clone)]
+struct Marker {
+    key: IdempotencyKey,
+    token: LeaseToken,
+}
+
+impl Leased for Marker {
+    fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    fn token(&self) -> LeaseToken {
+        self.token
+    }
+}
+
+/// An open transaction counted by the drain until the delivery is settled.
+struct Open {
+    state: Arc<LeaseState<Marker>>,
+    _entry: Entry,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.state.finish();
+    }
+}
+
 /// One delivery with a valid key, in its own transaction.
 async fn deliver_keyed<S, St, K, B, ResB>(
-    shared: &Shared<St, K>,
-    lock_timeout: Duration,
-    mut inner: S,
-    mut request: Request<B>,
+    shared: &Arc<TxShared<St, K>>,
+    inner: S,
+    request: Request<B>,
     key: &IdempotencyKey,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: TransactionalStore,
+    K: ExtractKey,
+    B: Send + 'static,
+    ResB: Send + 'static,
+{
+    let settings = &shared.settings;
+    let Some(mut entry) = settings.drain.enter() else {
+        record(key, Outcome::Draining);
+        return Ok(response::draining(settings.retry_after));
+    };
+    // The lock wait is part of beginning, so the store's own bound comes on top of it. A
+    // delivery dropped meanwhile drops the transaction, which rolls back: nothing to give back.
+    let begin = shared.store.begin(key, shared.lock_timeout);
+    let bound = settings.store_timeout.saturating_add(shared.lock_timeout);
+    let (tx, token) = match tokio::time::timeout(bound, begin).await {
+        Ok(Ok(Begin::Claimed(tx, token))) => (tx, token),
+        Ok(Ok(Begin::Done(_))) => {
+            record(key, Outcome::Duplicate);
+            return Ok(response::duplicate());
+        }
+        Ok(Ok(Begin::InFlight(_))) => {
+            record(key, Outcome::InFlight);
+            return Ok(response::in_flight(settings.retry_after));
+        }
+        Ok(Err(error)) => return Ok(store_failed(settings, key, &error, "could not begin")),
+        Err(_) => {
+            let error = StoreError::backend("the store did not begin a transaction in time");
+            return Ok(store_failed(settings, key, &error, "could not begin"));
+        }
+    };
+    let marker = Marker {
+        key: key.clone(),
+        token,
+    };
+    let state = Arc::new(LeaseState::new(marker, "transaction"));
+    entry.hold(state.clone());
+    let open = Open {
+        state,
+        _entry: entry,
+    };
+    let run = run(shared.clone(), open, tx, inner, request);
+    match Detach::new(run).await {
+        Ok(answer) => answer,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// The handler in the delivery's transaction, then `COMMIT` or `ROLLBACK` as it answered.
+async fn run<S, St, K, B, ResB>(
+    shared: Arc<TxShared<St, K>>,
+    open: Open,
+    tx: Transaction<'static, St::Database>,
+    inner: S,
+    mut request: Request<B>,
+) -> Ran<Response<ResponseBody<ResB>>, S::Error>
 where
     S: Service<Request<B>, Response = Response<ResB>>,
     St: TransactionalStore,
 {
-    let config = &shared.config;
-    // The lock wait is part of beginning, so the store's own bound comes on top of it.
-    let begin = shared.store.begin(key, lock_timeout);
-    let bound = config.store_timeout.saturating_add(lock_timeout);
-    let (tx, token) = match tokio::time::timeout(bound, begin).await {
-        Ok(Ok(Begin::Claimed(tx, token))) => (tx, token),
-        Ok(Ok(Begin::Done(_))) => {
-            claim_mode::record(key, None, Outcome::Duplicate);
-            return Ok(response::duplicate());
-        }
-        Ok(Ok(Begin::InFlight(_))) => {
-            claim_mode::record(key, None, Outcome::InFlight);
-            return Ok(response::in_flight(config.retry_after));
-        }
-        Ok(Err(error)) => return Ok(store_failed(config, key, &error, "could not begin")),
-        Err(_) => {
-            let error = StoreError::backend("the store did not begin a transaction in time");
-            return Ok(store_failed(config, key, &error, "could not begin"));
-        }
-    };
-
+    let settings = &shared.settings;
+    let key = open.state.lease().key.clone();
+    let token = open.state.lease().token;
     let handle = TxHandle {
         slot: Arc::new(Mutex::new(Some(tx))),
     };
     request.extensions_mut().insert(handle.clone());
-    // A dropped future drops the handle's last clone with the transaction in it, and sqlx
-    // rolls an unfinished transaction back when it is dropped.
-    let result = AssertUnwindSafe(async move {
-        std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-        inner.call(request).await
-    })
-    .catch_unwind()
-    .await;
-
-    let res = match result {
+    // Should this run be dropped after all (the runtime shuts down), the handle's last clone
+    // drops the transaction, and sqlx rolls an unfinished transaction back.
+    let res = match call(inner, request).await {
         Ok(Ok(res)) => res,
         Ok(Err(error)) => {
-            handle.roll_back(key).await;
-            return Err(error);
+            handle.roll_back(&key).await;
+            return Ok(Err(error));
         }
         Err(panic) => {
-            handle.roll_back(key).await;
-            std::panic::resume_unwind(panic)
+            handle.roll_back(&key).await;
+            return Err(panic);
         }
     };
-    if !(config.commit_when)(res.status()) {
-        handle.roll_back(key).await;
-        claim_mode::record(key, None, Outcome::Released);
-        return Ok(claim_mode::with_outcome(res, Outcome::Released));
+    open.state.set_stage(Stage::Settling);
+    if !(settings.commit_when)(res.status()) {
+        handle.roll_back(&key).await;
+        record(&key, Outcome::Released);
+        return Ok(Ok(with_outcome(res, Outcome::Released)));
     }
     let Some(mut tx) = handle.take() else {
         let error = StoreError::backend("the handler kept the transaction after it answered");
-        return Ok(store_failed(config, key, &error, "could not commit"));
+        return Ok(Ok(store_failed(settings, &key, &error, "could not commit")));
     };
     // A handler that swallowed a failed statement leaves an aborted transaction, which
     // PostgreSQL would silently roll back at COMMIT: the 2xx would then lose the event.
-    let check = shared.store.holds_marker(&mut tx, key, token);
-    match tokio::time::timeout(config.store_timeout, check).await {
-        Ok(Ok(true)) => {}
-        Ok(Ok(false)) => {
-            let error = StoreError::backend(
-                "the delivery's transaction lost its marker: a statement in it failed and the \
-                 database rolled it back",
-            );
-            return Ok(store_failed(config, key, &error, "could not commit"));
-        }
-        Ok(Err(error)) => {
-            return Ok(store_failed(config, key, &error, "could not commit"));
-        }
-        Err(_) => {
-            let error = StoreError::backend("the marker check did not finish in time");
-            return Ok(store_failed(config, key, &error, "could not commit"));
-        }
+    let check = shared.store.holds_marker(&mut tx, &key, token);
+    let failed = match tokio::time::timeout(settings.store_timeout, check).await {
+        Ok(Ok(true)) => None,
+        Ok(Ok(false)) => Some(StoreError::backend(
+            "the delivery's transaction lost its marker: a statement in it failed and the \
+             database rolled it back",
+        )),
+        Ok(Err(error)) => Some(error),
+        Err(_) => Some(StoreError::backend(
+            "the marker check did not finish in time",
+        )),
+    };
+    if let Some(error) = failed {
+        return Ok(Ok(store_failed(settings, &key, &error, "could not commit")));
     }
-    let commit = tokio::time::timeout(config.store_timeout, tx.commit()).await;
-    match commit {
+    let answer = match tokio::time::timeout(settings.store_timeout, tx.commit()).await {
         Ok(Ok(())) => {
-            claim_mode::record(key, None, Outcome::Processed);
-            Ok(claim_mode::with_outcome(res, Outcome::Processed))
+            record(&key, Outcome::Processed);
+            with_outcome(res, Outcome::Processed)
         }
         // The handler's success must not be reported: if nothing was written, the event would
         // be lost. The sender's retry runs it again, or finds the marker if the commit did
         // land after all.
-        Ok(Err(error)) => Ok(store_failed(
-            config,
-            key,
+        Ok(Err(error)) => store_failed(
+            settings,
+            &key,
             &StoreError::backend(error),
             "could not commit",
-        )),
+        ),
         Err(_) => {
             let error = StoreError::backend("the commit did not finish in time");
-            Ok(store_failed(config, key, &error, "could not commit"))
+            store_failed(settings, &key, &error, "could not commit")
         }
-    }
+    };
+    drop(open);
+    Ok(Ok(answer))
 }
 
 fn store_failed<B>(
-    config: &Config,
+    settings: &Settings,
     key: &IdempotencyKey,
     error: &StoreError,
     what: &str,
 ) -> Response<ResponseBody<B>> {
-    claim_mode::record(key, None, Outcome::StoreUnavailable);
+    record(key, Outcome::StoreUnavailable);
     tracing::error!(
         namespace = key.namespace(),
         key = key.value(),
         error = error as &dyn std::error::Error,
         "{what} the delivery's transaction; the sender's retry will run it again",
     );
-    response::store_unavailable(config.retry_after)
+    response::store_unavailable(settings.retry_after)
 }
 
 /// The delivery's open transaction, in the request extensions of the inner service.

@@ -104,11 +104,10 @@ async fn claimed_and_hang() -> ! {
 /// transaction, then hangs before the layer can commit it.
 macro_rules! tx_child {
     ($store:expr, $ns:expr, $event:expr, $db:ty, $insert:literal) => {{
-        use tower_idempotency::transactional::TxHandle;
+        use tower_idempotency::transactional::{TransactionalLayer, TxHandle};
         let business = format!("{}/{}", $ns, $event);
-        let svc = IdempotencyLayer::new($store)
+        let svc = TransactionalLayer::new($store)
             .key(key::header("x-event-id").namespace($ns))
-            .transactional()
             .layer(service_fn(move |req: Request<RequestBody<Full<Bytes>>>| {
                 let business = business.clone();
                 async move {
@@ -393,7 +392,7 @@ async fn stuck_in<St: Store>(
 macro_rules! tx_after_kill {
     ($store:expr, $db_arg:expr, $db:ty,
      $create:literal, $insert:literal, $count:literal, $markers:literal) => {{
-        use tower_idempotency::transactional::TxHandle;
+        use tower_idempotency::transactional::{TransactionalLayer, TxHandle};
         let store = $store;
         sqlx::query($create).execute(store.pool()).await.unwrap();
         let ns = common::unique_namespace("crash-tx");
@@ -404,9 +403,8 @@ macro_rules! tx_after_kill {
         let runs = Arc::new(AtomicUsize::new(0));
         let r = runs.clone();
         let row = business.clone();
-        let svc = IdempotencyLayer::new(store.clone())
+        let svc = TransactionalLayer::new(store.clone())
             .key(key::header("x-event-id").namespace(ns.clone()))
-            .transactional()
             .lock_timeout(Duration::from_secs(10))
             .layer(service_fn(move |req: Request<RequestBody<Full<Bytes>>>| {
                 let (runs, row) = (r.clone(), row.clone());

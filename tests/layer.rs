@@ -17,7 +17,8 @@ use tokio::sync::{Semaphore, mpsc};
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_idempotency::body::{RequestBody, ResponseBody};
 use tower_idempotency::store::{
-    Claim, Lease, MemoryStore, Resolution, Stale, Store, StoreError, StuckClaim,
+    Claim, KeyRecord, KeyState, Lease, MemoryStore, Resolution, Stale, Store, StoreError,
+    StuckClaim,
 };
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MissingKey, Outcome, key};
 
@@ -25,16 +26,19 @@ type Req = Request<RequestBody<Full<Bytes>>>;
 type Res = Response<ResponseBody<Full<Bytes>>>;
 
 /// A webhook handler whose behaviour each request picks with `x-behave`: `ok`, `500`, `err`,
-/// `panic`, or `block` (wait for a permit of `gate`, after announcing itself on `started`).
+/// `panic`, `block` (wait for a permit of `gate`, after announcing itself on `started`), or
+/// `block-500` (the same, then answer 500). It counts its runs, and its finishes in `done`.
 #[derive(Clone)]
 struct Handler {
     runs: Arc<AtomicUsize>,
+    done: Arc<AtomicUsize>,
     gate: Arc<Semaphore>,
     started: mpsc::UnboundedSender<()>,
 }
 
 struct Harness {
     runs: Arc<AtomicUsize>,
+    done: Arc<AtomicUsize>,
     gate: Arc<Semaphore>,
     started: mpsc::UnboundedReceiver<()>,
     handler: Handler,
@@ -44,13 +48,16 @@ impl Harness {
     fn new() -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let runs = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicUsize::new(0));
         let gate = Arc::new(Semaphore::new(0));
         Self {
             runs: runs.clone(),
+            done: done.clone(),
             gate: gate.clone(),
             started: rx,
             handler: Handler {
                 runs,
+                done,
                 gate,
                 started: tx,
             },
@@ -59,6 +66,10 @@ impl Harness {
 
     fn runs(&self) -> usize {
         self.runs.load(Ordering::SeqCst)
+    }
+
+    fn finished(&self) -> usize {
+        self.done.load(Ordering::SeqCst)
     }
 
     fn service<St: Store + Clone, K: key::ExtractKey + Clone>(
@@ -79,21 +90,28 @@ impl Harness {
                     .map(|v| v.to_str().unwrap().to_owned())
                     .unwrap_or_else(|| "ok".into());
                 let body = req.into_body().collect().await.unwrap().to_bytes();
-                match behave.as_str() {
-                    "500" => {
-                        let mut res = Response::new(Full::new(Bytes::from_static(b"boom")));
-                        *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-                        Ok(res)
-                    }
+                let failed = || {
+                    let mut res = Response::new(Full::new(Bytes::from_static(b"boom")));
+                    *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                    res
+                };
+                let answer = match behave.as_str() {
+                    "500" => Ok(failed()),
                     "err" => Err("handler error"),
                     "panic" => panic!("handler panicked"),
-                    "block" => {
+                    "block" | "block-500" => {
                         let _ = h.started.send(());
                         h.gate.acquire().await.unwrap().forget();
-                        Ok(Response::new(Full::new(body)))
+                        if behave == "block" {
+                            Ok(Response::new(Full::new(body)))
+                        } else {
+                            Ok(failed())
+                        }
                     }
                     _ => Ok(Response::new(Full::new(body))),
-                }
+                };
+                h.done.fetch_add(1, Ordering::SeqCst);
+                answer
             }
         }))
     }
@@ -117,6 +135,14 @@ fn test_key(id: &str) -> IdempotencyKey {
 
 async fn body_text(res: Res) -> String {
     String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+}
+
+async fn record(store: &impl Store, id: &str) -> KeyRecord {
+    store
+        .describe(&test_key(id))
+        .await
+        .unwrap()
+        .expect("the key is known")
 }
 
 async fn problem(res: Res) -> serde_json::Value {
@@ -167,6 +193,9 @@ async fn first_delivery_runs_and_commits_then_duplicates_get_200() {
         Claim::Done(done) => assert_eq!(done.deliveries, 5),
         other => panic!("expected done, got {other:?}"),
     }
+    let journal = record(&store, "e1").await;
+    assert_eq!(journal.state, KeyState::Done);
+    assert_eq!((journal.deliveries, journal.runs), (5, 1));
 }
 
 #[tokio::test]
@@ -178,7 +207,7 @@ async fn non_success_releases_and_the_retry_runs() {
     let res = svc.clone().oneshot(delivery("e1", "500")).await.unwrap();
     assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Released));
-    assert!(store.is_empty(), "the claim was released");
+    assert_eq!(record(&store, "e1").await.state, KeyState::Released);
 
     let retry = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(retry.status(), StatusCode::OK);
@@ -194,6 +223,12 @@ async fn non_success_releases_and_the_retry_runs() {
     let dup = svc.oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(dup.headers()["idempotency-outcome"], "duplicate");
     assert_eq!(h.runs(), 2);
+    let journal = record(&store, "e1").await;
+    assert_eq!(
+        (journal.deliveries, journal.runs),
+        (3, 2),
+        "the failed run is counted"
+    );
 }
 
 #[tokio::test]
@@ -211,7 +246,7 @@ async fn inner_error_is_returned_and_releases() {
         err, "handler error",
         "the inner error type and value are kept"
     );
-    assert!(store.is_empty());
+    assert_eq!(record(&store, "e1").await.state, KeyState::Released);
     svc.oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(h.runs(), 2);
 }
@@ -243,7 +278,7 @@ async fn panic_releases_under_reclaim() {
     let h = Harness::new();
     let store = MemoryStore::new();
     panicking_delivery(&h, store.clone(), Stale::default()).await;
-    assert!(store.is_empty(), "released");
+    assert_eq!(record(&store, "e1").await.state, KeyState::Released);
     let svc = h.service(layer(store));
     let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
@@ -299,7 +334,7 @@ async fn dropped_delivery(h: &mut Harness, store: MemoryStore, stale: Stale) {
 }
 
 async fn eventually(mut check: impl FnMut() -> bool) {
-    for _ in 0..200 {
+    for _ in 0..400 {
         if check() {
             return;
         }
@@ -308,42 +343,92 @@ async fn eventually(mut check: impl FnMut() -> bool) {
     panic!("condition not reached");
 }
 
+/// A delivery whose sender went away keeps its claim while the handler runs on, and commits
+/// when it finishes: the retry is 409 meanwhile and a duplicate after. Under either policy.
 #[tokio::test]
-async fn dropped_future_releases_under_reclaim() {
-    let mut h = Harness::new();
-    let store = MemoryStore::new();
-    dropped_delivery(&mut h, store.clone(), Stale::default()).await;
-    eventually(|| store.is_empty()).await;
-    let svc = h.service(layer(store));
-    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
-    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
-    assert_eq!(h.runs(), 2);
+async fn dropped_future_runs_on_to_completion() {
+    for stale in [Stale::default(), Stale::hold_after(Duration::from_secs(60))] {
+        let mut h = Harness::new();
+        let store = MemoryStore::new();
+        dropped_delivery(&mut h, store.clone(), stale).await;
+        let svc = h.service(layer(store.clone()).stale(stale));
+        let retry = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+        assert_eq!(
+            retry.headers()["idempotency-outcome"],
+            "in-flight",
+            "{stale:?}"
+        );
+        assert_eq!(h.finished(), 0, "the handler still runs");
+
+        h.gate.add_permits(1);
+        eventually(|| h.finished() == 1).await;
+        let journal = store.clone();
+        for _ in 0..200 {
+            if record(&journal, "e1").await.state == KeyState::Done {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let retry = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+        assert_eq!(
+            retry.headers()["idempotency-outcome"],
+            "duplicate",
+            "{stale:?}"
+        );
+        assert_eq!(
+            (h.runs(), h.finished()),
+            (1, 1),
+            "started once, finished once"
+        );
+        assert!(store.stuck_claims(Duration::ZERO).await.unwrap().is_empty());
+    }
 }
 
+/// A handler that runs three times the stale limit keeps its claim: the heartbeat renews it.
 #[tokio::test(start_paused = true)]
-async fn dropped_future_is_held_under_hold() {
+async fn long_handler_is_never_reclaimed() {
     let mut h = Harness::new();
     let store = MemoryStore::new();
-    let hold = Stale::hold_after(Duration::from_secs(60));
-    dropped_delivery(&mut h, store.clone(), hold).await;
-    tokio::time::sleep(Duration::from_secs(61)).await;
-    let svc = h.service(layer(store.clone()).stale(hold));
-    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
-    assert_eq!(res.headers()["idempotency-outcome"], "held");
-    assert_eq!(h.runs(), 1);
-    assert!(
-        store
-            .resolve(&test_key("e1"), Resolution::Done)
-            .await
-            .unwrap()
+    let stale = Stale::reclaim_after(Duration::from_secs(10));
+    let svc = h.service(layer(store.clone()).stale(stale));
+    let first = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
+    h.started.recv().await.unwrap();
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let retry = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+        assert_eq!(retry.headers()["idempotency-outcome"], "in-flight");
+    }
+    let journal = record(&store, "e1").await;
+    assert!(journal.claimed_ago >= Duration::from_secs(30));
+    assert!(journal.renewed_ago.unwrap() <= stale.renew_interval());
+    h.gate.add_permits(1);
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(h.runs(), 1, "30 retries over 3 stale limits, no second run");
+}
+
+/// A handler shorter than the renew interval never renews.
+#[tokio::test(start_paused = true)]
+async fn short_handler_pays_no_renewal() {
+    let mut h = Harness::new();
+    let store = Faulty::default();
+    let svc = h.service(
+        IdempotencyLayer::new(store.clone())
+            .key(key::header("x-event-id").namespace("test"))
+            .stale(Stale::reclaim_after(Duration::from_secs(40))),
     );
-    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
-    assert_eq!(
-        res.headers()["idempotency-outcome"],
-        "duplicate",
-        "resolved as done"
-    );
-    assert_eq!(h.runs(), 1);
+    let first = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
+    h.started.recv().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    h.gate.add_permits(1);
+    first.await.unwrap().unwrap();
+    assert_eq!(store.renewals.load(Ordering::SeqCst), 0);
+
+    let second = tokio::spawn(svc.oneshot(delivery("e2", "block")));
+    h.started.recv().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    h.gate.add_permits(1);
+    second.await.unwrap().unwrap();
+    assert_eq!(store.renewals.load(Ordering::SeqCst), 2, "every 10 s");
 }
 
 #[tokio::test]
@@ -371,17 +456,25 @@ async fn in_flight_duplicate_gets_409_with_retry_after() {
     assert_eq!(h.runs(), 1);
 }
 
+/// A layer over `store` whose renewals fail: an owner cut off from the store.
+fn unrenewed(store: &Faulty, stale: Stale) -> IdempotencyLayer<Faulty, key::Header> {
+    store.fail_renew.store(true, Ordering::SeqCst);
+    IdempotencyLayer::new(store.clone())
+        .key(key::header("x-event-id").namespace("test"))
+        .stale(stale)
+}
+
 #[tokio::test(start_paused = true)]
 async fn reclaimed_owner_is_fenced_off() {
     let mut h = Harness::new();
-    let store = MemoryStore::new();
+    let store = Faulty::default();
     let stale = Stale::reclaim_after(Duration::from_secs(60));
-    let svc = h.service(layer(store.clone()).stale(stale));
+    let svc = h.service(unrenewed(&store, stale));
 
-    // The first owner blocks past the stale limit...
+    // The first owner blocks and cannot renew past the stale limit...
     let old = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
     h.started.recv().await.unwrap();
-    tokio::time::advance(Duration::from_secs(61)).await;
+    tokio::time::sleep(Duration::from_secs(61)).await;
     // ...so a retry reclaims the key and starts running too.
     let new = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
     h.started.recv().await.unwrap();
@@ -408,20 +501,20 @@ async fn reclaimed_owner_is_fenced_off() {
 #[tokio::test(start_paused = true)]
 async fn held_claim_answers_409_and_calls_the_hook() {
     let mut h = Harness::new();
-    let store = MemoryStore::new();
+    let store = Faulty::default();
     let alerts = Arc::new(AtomicUsize::new(0));
     let seen = alerts.clone();
-    let hold = layer(store.clone())
-        .stale(Stale::hold_after(Duration::from_secs(60)))
-        .on_held(move |key, pending| {
+    let hold = unrenewed(&store, Stale::hold_after(Duration::from_secs(60))).on_held(
+        move |key, pending| {
             assert_eq!(key.value(), "e1");
-            assert!(pending.age >= Duration::from_secs(60));
+            assert!(pending.since_renewal >= Duration::from_secs(60));
             seen.fetch_add(1, Ordering::SeqCst);
-        });
+        },
+    );
     let svc = h.service(hold);
     let _owner = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
     h.started.recv().await.unwrap();
-    tokio::time::advance(Duration::from_secs(61)).await;
+    tokio::time::sleep(Duration::from_secs(61)).await;
 
     let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(res.status(), StatusCode::CONFLICT);
@@ -726,8 +819,12 @@ struct Faulty {
     inner: MemoryStore,
     fail_claim: Arc<AtomicBool>,
     fail_commit: Arc<AtomicBool>,
+    fail_renew: Arc<AtomicBool>,
+    renewals: Arc<AtomicUsize>,
     /// How long each claim takes, like a database round trip.
     claim_delay: Duration,
+    /// When set, each claim waits for a permit before it asks the inner store.
+    claim_gate: Option<Arc<Semaphore>>,
 }
 
 fn outage() -> StoreError {
@@ -739,17 +836,35 @@ fn outage() -> StoreError {
 
 impl Store for Faulty {
     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
-        tokio::time::sleep(self.claim_delay).await;
+        if !self.claim_delay.is_zero() {
+            tokio::time::sleep(self.claim_delay).await;
+        }
+        if let Some(gate) = &self.claim_gate {
+            gate.acquire().await.unwrap().forget();
+        }
         if self.fail_claim.load(Ordering::SeqCst) {
             return Err(outage());
         }
         self.inner.claim(key, stale).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        if self.fail_renew.load(Ordering::SeqCst) {
+            return Err(outage());
+        }
+        self.inner.renew(lease).await
     }
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
         if self.fail_commit.load(Ordering::SeqCst) {
             return Err(outage());
         }
         self.inner.commit(lease).await
+    }
+    fn describe(
+        &self,
+        key: &IdempotencyKey,
+    ) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send {
+        self.inner.describe(key)
     }
     fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.release(lease)
@@ -801,8 +916,8 @@ async fn store_failure_is_503_and_the_handler_does_not_run() {
     assert_eq!(h.runs(), 1);
 }
 
-#[tokio::test]
-async fn failed_commit_keeps_the_response_and_leaves_the_claim() {
+#[tokio::test(start_paused = true)]
+async fn failed_commit_keeps_the_response_and_is_retried() {
     let h = Harness::new();
     let store = Faulty::default();
     store.fail_commit.store(true, Ordering::SeqCst);
@@ -816,14 +931,20 @@ async fn failed_commit_keeps_the_response_and_leaves_the_claim() {
         "the work is done; its response stands"
     );
     assert_eq!(body_text(res).await, "payload");
-    store.fail_commit.store(false, Ordering::SeqCst);
-    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(
         res.headers()["idempotency-outcome"],
         "in-flight",
-        "the claim is left to turn stale"
+        "the commit is retried meanwhile"
     );
+    // The store comes back within a few seconds: the background retry lands.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    store.fail_commit.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.headers()["idempotency-outcome"], "duplicate");
     assert_eq!(h.runs(), 1);
+    assert_eq!(record(&store, "e1").await.state, KeyState::Done);
 }
 
 #[tokio::test]
@@ -875,9 +996,10 @@ async fn delivery_dropped_during_its_claim_leaves_no_claim_behind() {
     )
     .await;
     assert!(dropped.is_err());
-    // The claim lands, finds nobody waiting for it, and is released.
+    // The claim lands, finds nobody waiting for it, and is given back.
     tokio::time::sleep(Duration::from_millis(150)).await;
-    eventually(|| store.inner.is_empty()).await;
+    given_back(&store, "e1").await;
+    assert_eq!(h.runs(), 0);
     let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
     assert_eq!(h.runs(), 1);
@@ -899,30 +1021,85 @@ async fn store_that_does_not_answer_in_time_is_503() {
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(res.headers().contains_key("retry-after"));
     assert_eq!(h.runs(), 0);
-    // The late claim is released, so the sender's retry is not stuck behind it.
+    // The late claim is given back, so the sender's retry is not stuck behind it.
     tokio::time::sleep(Duration::from_millis(250)).await;
-    eventually(|| store.inner.is_empty()).await;
+    given_back(&store, "e1").await;
+}
+
+/// The store grants the claim, and its answer is ready, just as the delivery goes away,
+/// before the delivery reads it: the claim is given back, not left `processing` with no
+/// handler. Deterministic: one thread, the answer is made ready and the delivery dropped
+/// without being polled again.
+#[tokio::test(flavor = "current_thread")]
+async fn claim_answered_as_the_delivery_goes_away_is_given_back() {
+    let h = Harness::new();
+    let gate = Arc::new(Semaphore::new(0));
+    let store = Faulty {
+        claim_gate: Some(gate.clone()),
+        ..Faulty::default()
+    };
+    let svc = h.service(
+        IdempotencyLayer::new(store.clone()).key(key::header("x-event-id").namespace("test")),
+    );
+    let mut delivery = Box::pin(svc.clone().oneshot(delivery("e1", "ok")));
+    // First poll: the claim waits on the gate, so it moves into a task of its own.
+    std::future::poll_fn(|cx| {
+        assert!(delivery.as_mut().poll(cx).is_pending());
+        Poll::Ready(())
+    })
+    .await;
+    gate.add_permits(1);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        store
+            .describe(&test_key("e1"))
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        KeyState::Processing,
+        "the store granted the claim; its answer waits for the delivery"
+    );
+    drop(delivery);
+    given_back(&store, "e1").await;
+    assert_eq!(h.runs(), 0);
+    gate.add_permits(1);
+    let res = svc.oneshot(self::delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+}
+
+/// Waits until the claim on `id` has been released.
+async fn given_back(store: &Faulty, id: &str) {
+    for _ in 0..400 {
+        let journal = store.describe(&test_key(id)).await.unwrap();
+        if journal.is_some_and(|j| j.state == KeyState::Released) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the claim on {id} was never given back");
 }
 
 #[tokio::test(start_paused = true)]
 async fn reclaimed_owner_that_fails_leaves_the_new_claim_alone() {
     let mut h = Harness::new();
-    let store = MemoryStore::new();
-    let svc = h.service(layer(store.clone()).stale(Stale::reclaim_after(Duration::from_secs(60))));
-    let mut old_req = delivery("e1", "block");
-    old_req
-        .headers_mut()
-        .insert("x-behave", http::HeaderValue::from_static("block"));
-    let old = tokio::spawn(svc.clone().oneshot(old_req));
+    let store = Faulty::default();
+    let svc = h.service(unrenewed(
+        &store,
+        Stale::reclaim_after(Duration::from_secs(60)),
+    ));
+    let old = tokio::spawn(svc.clone().oneshot(delivery("e1", "block-500")));
     h.started.recv().await.unwrap();
-    tokio::time::advance(Duration::from_secs(61)).await;
+    tokio::time::sleep(Duration::from_secs(61)).await;
     let new = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
     h.started.recv().await.unwrap();
 
-    // The old owner's work fails; its release must not delete the new owner's claim.
-    old.abort();
-    let _ = old.await;
-    tokio::task::yield_now().await;
+    // The old owner's work fails; its release must not touch the new owner's claim.
+    h.gate.add_permits(1);
+    let old = old.await.unwrap().unwrap();
+    assert_eq!(old.status(), StatusCode::INTERNAL_SERVER_ERROR);
     let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(res.headers()["idempotency-outcome"], "in-flight");
     h.gate.add_permits(1);

@@ -417,9 +417,9 @@ async fn busy_entity_answers_409<St: VersionStore + Clone>(store: St) {
     assert_eq!(h.business.state("sub_1"), Some((2, "cancelled".into())));
 }
 
-/// A delivery whose future is dropped mid-handler (the client went away) gives its pending
-/// version back: the sender's retry runs.
-async fn dropped_future_releases_the_pending_version<St: VersionStore + Clone>(store: St) {
+/// A delivery whose future is dropped mid-handler (the client went away) runs on to the end
+/// and applies its version: the retry is answered busy while it runs, outdated after.
+async fn dropped_future_runs_on_and_applies<St: VersionStore + Clone>(store: St) {
     let ns = unique_namespace("dropped");
     let mut h = Harness::new();
     let svc = ordered(store.clone(), &ns, &h);
@@ -433,14 +433,28 @@ async fn dropped_future_releases_the_pending_version<St: VersionStore + Clone>(s
         v = h.started.recv() => assert_eq!(v, Some(1)),
     }
     drop(fut);
-    // The release runs in a task of its own; the retry may meet it still pending (409).
-    deliver_until_acknowledged(svc, || delivery("evt_1", "sub_1", "active", 1, "ok")).await;
+    let retry = svc
+        .clone()
+        .oneshot(delivery("evt_1", "sub_1", "active", 1, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), StatusCode::CONFLICT, "still being applied");
+    h.gate.add_permits(1);
+    let entity = key_in(&ns, "sub_1");
+    for _ in 0..400 {
+        if store.applied_version(&entity).await.unwrap() == Some(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(store.applied_version(&entity).await.unwrap(), Some(1));
     assert_eq!(h.business.state("sub_1"), Some((1, "active".into())));
-    assert_eq!(
-        store.applied_version(&key_in(&ns, "sub_1")).await.unwrap(),
-        Some(1)
-    );
-    assert_eq!(h.business.runs(), 2);
+    let retry = svc
+        .oneshot(delivery("evt_1", "sub_1", "active", 1, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(outcome_header(&retry), Some("outdated"));
+    assert_eq!(h.business.runs(), 1);
 }
 
 /// 16 versions of one entity delivered at once, in random order, over several instances
@@ -690,9 +704,9 @@ macro_rules! order_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn dropped_future_releases_the_pending_version() {
+            async fn dropped_future_runs_on_and_applies() {
                 let Some(store) = $make.await else { return };
-                super::dropped_future_releases_the_pending_version(store).await;
+                super::dropped_future_runs_on_and_applies(store).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -839,7 +853,7 @@ async fn missing_or_invalid_entity_and_version_are_400() {
 async fn missing_entity_can_pass_through_but_invalid_cannot() {
     let h = Harness::new();
     let svc = order_layer(MemoryStore::new(), "subscription")
-        .missing(MissingKey::PassThrough)
+        .missing_key(MissingKey::PassThrough)
         .layer(handler(h.handler.clone()));
     for invalid in [
         r#"{"data":{"object":{"id":"sub_1","version":"soon"}}}"#,
@@ -856,7 +870,7 @@ async fn missing_entity_can_pass_through_but_invalid_cannot() {
         Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
     });
     let svc = order_layer(MemoryStore::new(), "subscription")
-        .missing(MissingKey::PassThrough)
+        .missing_key(MissingKey::PassThrough)
         .layer(passes);
     let res = svc.oneshot(raw(r#"{"type":"ping"}"#)).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
@@ -1129,7 +1143,7 @@ macro_rules! advance_suite {
         mod $module {
             use super::*;
             use tower_idempotency::order::Advance;
-            use tower_idempotency::transactional::TxHandle;
+            use tower_idempotency::transactional::{TransactionalLayer, TxHandle};
 
             const CREATE: &str = "CREATE TABLE IF NOT EXISTS order_subscriptions (\
                 id VARCHAR(255) NOT NULL PRIMARY KEY, status VARCHAR(64) NOT NULL, \
@@ -1152,9 +1166,8 @@ macro_rules! advance_suite {
                 let ns = ns.to_owned();
                 let handler_store = store.clone();
                 let handler_ns = ns.clone();
-                IdempotencyLayer::new(store)
+                TransactionalLayer::new(store)
                     .key(key::header("x-event-id").namespace(ns))
-                    .transactional()
                     .lock_timeout(Duration::from_secs(10))
                     .layer(service_fn(move |req: Request<RequestBody<Full<Bytes>>>| {
                         let (store, ns) = (handler_store.clone(), handler_ns.clone());

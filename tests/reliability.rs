@@ -5,12 +5,12 @@
 //!   succeeded"): a loopback TCP proxy in front of PostgreSQL is cut and restored, so the shared
 //!   server keeps running. While it is cut, deliveries get 503 with `Retry-After` and the
 //!   handler never runs; once restored, the sender's retries succeed, and each event ran its
-//!   handler exactly once. A cut between handler and commit keeps the handler's response and
-//!   leaves the claim to the stale policy.
-//! - Client disconnect (DESIGN.md, "Cancellation"): a real hyper server; the client closes its
-//!   connection while the handler runs; hyper drops the delivery and the claim is released
-//!   (reclaim) or left to the stale path (hold), where `stuck_claims` lists it and `resolve`
-//!   settles it: never `processing` forever with nobody to see it.
+//!   handler exactly once. A cut between handler and commit keeps the handler's response, and
+//!   the commit is retried in the background until the store is back.
+//! - Client disconnect (DESIGN.md, "The delivery lifecycle"): a real hyper server on every
+//!   store; the sender hangs up while a handler slower than its timeout runs, then retries:
+//!   the handler runs to its end once, its claim renewed past three stale limits, the retries
+//!   get 409 while it runs and 200 once it committed.
 
 // Most of these tests need the SQL stores; without them, what only they use is unused.
 #![cfg_attr(not(all(feature = "postgres", feature = "sqlite")), allow(unused))]
@@ -19,7 +19,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,7 @@ use http_body_util::Full;
 use tokio::sync::{Notify, Semaphore};
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_idempotency::body::{RequestBody, ResponseBody};
-use tower_idempotency::store::{Resolution, Store};
+use tower_idempotency::store::Store;
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Outcome, Stale, key};
 
 type Res = Response<ResponseBody<Full<Bytes>>>;
@@ -279,21 +279,14 @@ mod outage {
         ));
     }
 
-    /// Cuts the proxy while the handler of `evt_1` runs, then lets the handler answer 200:
-    /// the commit fails, the handler's response stands, and the row stays `processing`.
-    async fn cut_between_handler_and_commit(
-        stale: Stale,
-    ) -> Option<(
-        PostgresStore,
-        Proxy,
-        String,
-        Runs,
-        impl Service<Request<Full<Bytes>>, Response = Res, Error = Infallible, Future = impl Send>
-        + Clone
-        + Send
-        + 'static,
-    )> {
-        let (store, proxy) = store_behind_proxy(Duration::from_secs(1)).await?;
+    /// Cuts the proxy while the handler of `evt_1` runs, lets the handler answer 200, and
+    /// restores the proxy `outage` later: the handler's response stands at once, the commit
+    /// is retried in the background until it lands, and the event is done, run once.
+    async fn commit_cut_is_retried(stale: Stale, name: &str) {
+        const OUTAGE: Duration = Duration::from_secs(2);
+        let Some((store, proxy)) = store_behind_proxy(Duration::from_secs(1)).await else {
+            return;
+        };
         let ns = common::unique_namespace("commit-cut");
         let runs = Runs::default();
         let started = Arc::new(Notify::new());
@@ -308,10 +301,10 @@ mod outage {
         let first = tokio::spawn(gated.oneshot(delivery("evt_1")));
         started.notified().await;
         proxy.cut();
+        let cut = Instant::now();
         open.add_permits(1);
-        let took = Instant::now();
         let res = first.await.unwrap().unwrap();
-        let took = took.elapsed();
+        let answered = cut.elapsed();
         assert_eq!(
             res.status(),
             StatusCode::OK,
@@ -328,97 +321,79 @@ mod outage {
             .to_bytes();
         assert_eq!(body, "handled");
         assert!(
-            took <= STORE_TIMEOUT + Duration::from_millis(500),
-            "{took:?}"
+            answered <= STORE_TIMEOUT + Duration::from_millis(500),
+            "{answered:?}"
         );
-        report(format!(
-            "commit cut: the handler's 200 came back after {took:?}"
-        ));
 
+        tokio::time::sleep(OUTAGE.saturating_sub(cut.elapsed())).await;
         proxy.restore();
         let plain = service(store.clone(), ns.clone(), stale, runs.clone(), None);
-        // The claim is still there, so a retry before the limit is told to come back later.
-        let res = plain.clone().oneshot(delivery("evt_1")).await.unwrap();
-        assert_eq!(res.status(), StatusCode::CONFLICT);
-        assert_eq!(outcome(&res), Outcome::InFlight);
-        assert_eq!(runs.lock().unwrap()["evt_1"], 1);
-        Some((store, proxy, ns, runs, plain))
-    }
-
-    const LIMIT: Duration = Duration::from_millis(1000);
-
-    /// Promise: a commit that fails after the handler succeeded keeps the handler's response;
-    /// under reclaim, the sender's retry after the limit runs the handler again (a possible
-    /// duplicate, never a lost event).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn commit_cut_keeps_the_response_then_reclaim_reruns() {
-        let Some((store, _proxy, ns, runs, svc)) =
-            cut_between_handler_and_commit(Stale::reclaim_after(LIMIT)).await
-        else {
-            return;
-        };
-        tokio::time::sleep(LIMIT + Duration::from_millis(200)).await;
-        let res = svc.clone().oneshot(delivery("evt_1")).await.unwrap();
-        assert_eq!(outcome(&res), Outcome::Processed);
-        let res = svc.clone().oneshot(delivery("evt_1")).await.unwrap();
-        assert_eq!(outcome(&res), Outcome::Duplicate);
-        assert_eq!(
-            runs.lock().unwrap()["evt_1"],
-            2,
-            "reclaimed once, then done"
-        );
-        assert!(stuck_in(&store, &ns, Duration::ZERO).await.is_empty());
-    }
-
-    /// Promise: a commit that fails after the handler succeeded keeps the handler's response;
-    /// under hold, the claim is listed by stuck_claims and settled by resolve.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn commit_cut_keeps_the_response_then_hold_lists_it() {
-        let Some((store, _proxy, ns, runs, svc)) =
-            cut_between_handler_and_commit(Stale::hold_after(LIMIT)).await
-        else {
-            return;
-        };
-        tokio::time::sleep(LIMIT + Duration::from_millis(200)).await;
-        let res = svc.clone().oneshot(delivery("evt_1")).await.unwrap();
-        assert_eq!(outcome(&res), Outcome::Held);
         let key = IdempotencyKey::new(ns.clone(), "evt_1").unwrap();
-        assert_eq!(stuck_in(&store, &ns, LIMIT).await, vec![key.clone()]);
-        // The handler's response said it succeeded: a person marks it done.
-        assert!(store.resolve(&key, Resolution::Done).await.unwrap());
-        let res = svc.clone().oneshot(delivery("evt_1")).await.unwrap();
-        assert_eq!(outcome(&res), Outcome::Duplicate);
-        assert_eq!(runs.lock().unwrap()["evt_1"], 1, "ran once");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let res = plain.clone().oneshot(delivery("evt_1")).await.unwrap();
+            match outcome(&res) {
+                Outcome::Duplicate => break,
+                // Retried in the background meanwhile: come back later.
+                Outcome::InFlight => assert_eq!(res.status(), StatusCode::CONFLICT),
+                // The pool is still reconnecting.
+                Outcome::StoreUnavailable => {}
+                other => panic!("unexpected {other:?}"),
+            }
+            assert!(Instant::now() < deadline, "the commit never landed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let settled = cut.elapsed();
+        assert_eq!(runs.lock().unwrap()["evt_1"], 1, "run once, committed late");
+        let record = store.describe(&key).await.unwrap().unwrap();
+        assert_eq!(record.runs, 1);
+        assert!(stuck_in(&store, &ns, Duration::ZERO).await.is_empty());
+        report(format!(
+            "commit cut ({name}): the handler's 200 came back {answered:?} after the cut; \
+             store back after {OUTAGE:?}; the retried commit landed, done {settled:?} after the cut"
+        ));
+    }
+
+    const LIMIT: Duration = Duration::from_secs(10);
+
+    /// Promise: a commit that fails after the handler succeeded keeps the handler's response,
+    /// and is retried until the store is back: finished work does not stay `processing`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commit_cut_is_retried_under_reclaim() {
+        commit_cut_is_retried(Stale::reclaim_after(LIMIT), "reclaim").await;
+    }
+
+    /// Promise: the same under hold: nothing is left for a person to resolve.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commit_cut_is_retried_under_hold() {
+        commit_cut_is_retried(Stale::hold_after(LIMIT), "hold").await;
     }
 }
 
 // ---------------------------------------------------------------------------------------
-// Client disconnect: a real hyper server, a client that hangs up mid-handler
+// Client disconnect: a real hyper server, a sender that hangs up mid-handler and retries
 // ---------------------------------------------------------------------------------------
 
 mod disconnect {
     use hyper::body::Incoming;
     use hyper_util::rt::TokioIo;
     use hyper_util::service::TowerToHyperService;
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 
     use super::*;
 
-    /// Sets its flag when the handler's future is dropped: proof that hyper cancelled it.
-    struct DropFlag(Arc<AtomicBool>);
-
-    impl Drop for DropFlag {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
+    /// How long the handler works: longer than the sender waits, and three stale limits.
+    const WORK: Duration = Duration::from_millis(1200);
+    /// The stale limit: the heartbeat (every 100 ms) must keep the claim through the work.
+    const LIMIT: Duration = Duration::from_millis(400);
+    /// How long the sender waits for an answer before it hangs up.
+    const SENDER_TIMEOUT: Duration = Duration::from_millis(150);
 
     struct Server {
         addr: std::net::SocketAddr,
-        started: Arc<Notify>,
-        dropped: Arc<AtomicBool>,
-        runs: Arc<AtomicUsize>,
+        started: Arc<AtomicUsize>,
+        finished: Arc<AtomicUsize>,
         task: tokio::task::JoinHandle<()>,
     }
 
@@ -428,26 +403,25 @@ mod disconnect {
         }
     }
 
-    /// A hyper server whose handler blocks forever on the event `hang`, and answers at once
-    /// otherwise.
+    /// A hyper server whose handler counts a start, works for [`WORK`], counts a finish and
+    /// answers 202.
     async fn serve<St: Store + Clone>(store: St, ns: &str, stale: Stale) -> Server {
-        let started = Arc::new(Notify::new());
-        let dropped = Arc::new(AtomicBool::new(false));
-        let runs = Arc::new(AtomicUsize::new(0));
-        let (s, d, r) = (started.clone(), dropped.clone(), runs.clone());
+        let started = Arc::new(AtomicUsize::new(0));
+        let finished = Arc::new(AtomicUsize::new(0));
+        let (s, f) = (started.clone(), finished.clone());
         let svc = IdempotencyLayer::new(store)
             .key(key::header("x-event-id").namespace(ns.to_owned()))
             .stale(stale)
-            .layer(service_fn(move |req: Request<RequestBody<Incoming>>| {
-                let (started, dropped, runs) = (s.clone(), d.clone(), r.clone());
+            .retry_after(Duration::from_secs(1))
+            .layer(service_fn(move |_req: Request<RequestBody<Incoming>>| {
+                let (started, finished) = (s.clone(), f.clone());
                 async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    if req.headers()["x-event-id"] == "hang" {
-                        let _flag = DropFlag(dropped);
-                        started.notify_one();
-                        std::future::pending::<()>().await;
-                    }
-                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                    started.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(WORK).await;
+                    finished.fetch_add(1, Ordering::SeqCst);
+                    let mut res = Response::new(Full::new(Bytes::from_static(b"accepted")));
+                    *res.status_mut() = StatusCode::ACCEPTED;
+                    Ok::<_, Infallible>(res)
                 }
             }));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -466,152 +440,123 @@ mod disconnect {
         Server {
             addr,
             started,
-            dropped,
-            runs,
+            finished,
             task,
         }
     }
 
-    /// Sends one delivery of `hang` over a raw socket, waits until the handler runs, and
-    /// closes the connection. Answers when the server dropped the handler.
-    async fn hang_up(server: &Server) -> Duration {
-        let mut client = TcpStream::connect(server.addr).await.unwrap();
-        client
-            .write_all(
-                b"POST /hook HTTP/1.1\r\nhost: localhost\r\nx-event-id: hang\r\n\
-                  content-length: 0\r\n\r\n",
-            )
-            .await
-            .unwrap();
-        tokio::time::timeout(Duration::from_secs(5), server.started.notified())
-            .await
-            .expect("the handler started");
-        drop(client);
-        let closed = Instant::now();
-        let deadline = closed + Duration::from_secs(5);
-        while !server.dropped.load(Ordering::SeqCst) {
-            assert!(Instant::now() < deadline, "hyper never dropped the handler");
-            tokio::time::sleep(Duration::from_millis(5)).await;
+    const REQUEST: &[u8] = b"POST /hook HTTP/1.1\r\nhost: localhost\r\nx-event-id: evt_slow\r\n\
+        content-length: 0\r\nconnection: close\r\n\r\n";
+
+    /// One delivery as a sender makes it: the status and the headers, or `None` when the
+    /// sender's timeout came first (it then hangs up).
+    async fn send(addr: std::net::SocketAddr, wait: Duration) -> Option<(u16, String)> {
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client.write_all(REQUEST).await.unwrap();
+        let mut answer = Vec::new();
+        match tokio::time::timeout(wait, client.read_to_end(&mut answer)).await {
+            Err(_elapsed) => None,
+            Ok(read) => {
+                read.unwrap();
+                let text = String::from_utf8_lossy(&answer).into_owned();
+                let status = text.split(' ').nth(1).unwrap().parse().unwrap();
+                Some((status, text.to_ascii_lowercase()))
+            }
         }
-        closed.elapsed()
     }
 
-    /// Reclaim: the dropped delivery's claim is released, so the sender's retry runs at once.
-    async fn released_under_reclaim<St: Store + Clone>(store: St, name: &str) {
-        let ns = common::unique_namespace("hangup-reclaim");
-        let server = serve(store.clone(), &ns, Stale::default()).await;
-        let dropped_after = hang_up(&server).await;
-        // The release runs in a task of its own; wait for it.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if stuck_in(&store, &ns, Duration::ZERO).await.is_empty() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the claim was never released");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let released_after = Instant::now();
-        // The retry (any event but `hang` answers at once) goes through.
-        let key = IdempotencyKey::new(ns.clone(), "hang").unwrap();
-        match store.claim(&key, Stale::default()).await.unwrap() {
-            tower_idempotency::store::Claim::Acquired(lease) => {
-                store.release(&lease).await.unwrap()
-            }
-            other => panic!("the claim should have been released, got {other:?}"),
-        }
-        assert_eq!(server.runs.load(Ordering::SeqCst), 1);
-        report(format!(
-            "disconnect ({name}, reclaim): handler dropped {dropped_after:?} after the hang-up; \
-             claim released within {:?} after that",
-            released_after.elapsed()
-        ));
-    }
-
-    /// Hold: the dropped delivery's claim stays, is listed once stale, and is resolved.
-    async fn held_under_hold<St: Store + Clone>(store: St, name: &str) {
-        const LIMIT: Duration = Duration::from_millis(500);
-        let ns = common::unique_namespace("hangup-hold");
-        let server = serve(store.clone(), &ns, Stale::hold_after(LIMIT)).await;
-        hang_up(&server).await;
-        let key = IdempotencyKey::new(ns.clone(), "hang").unwrap();
-        // Left for the stale path: still processing, not forever invisible.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(
-            stuck_in(&store, &ns, Duration::ZERO).await,
-            vec![key.clone()]
+    /// The sender gives up after [`SENDER_TIMEOUT`] and retries every 100 ms: the handler
+    /// started once runs to its end and commits; the retries get 409 with `Retry-After` while
+    /// it runs (its claim renewed past three stale limits, never taken over), then 200.
+    async fn hang_up_then_retry<St: Store + Clone>(store: St, name: &str, stale: Stale) {
+        let ns = common::unique_namespace("hangup");
+        let server = serve(store.clone(), &ns, stale).await;
+        let first = send(server.addr, SENDER_TIMEOUT).await;
+        assert!(
+            first.is_none(),
+            "the sender hangs up before the handler answers"
         );
-        tokio::time::sleep(LIMIT).await;
-        assert_eq!(stuck_in(&store, &ns, LIMIT).await, vec![key.clone()]);
-        match store.claim(&key, Stale::hold_after(LIMIT)).await.unwrap() {
-            tower_idempotency::store::Claim::Held(_) => {}
-            other => panic!("a stale claim under hold is held, got {other:?}"),
-        }
-        assert!(store.resolve(&key, Resolution::Release).await.unwrap());
+        let hung_up = Instant::now();
+        assert_eq!(server.started.load(Ordering::SeqCst), 1);
+
+        let mut in_flight = 0;
+        let duplicate = loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let (status, head) = send(server.addr, Duration::from_secs(5)).await.unwrap();
+            match status {
+                409 => {
+                    assert!(head.contains("retry-after: 1"), "{head}");
+                    assert!(head.contains("idempotency-outcome: in-flight"), "{head}");
+                    in_flight += 1;
+                }
+                200 => break head,
+                other => panic!("unexpected {other}: {head}"),
+            }
+            assert!(
+                hung_up.elapsed() < WORK * 4,
+                "the first delivery never finished"
+            );
+        };
+        assert!(
+            duplicate.contains("idempotency-outcome: duplicate"),
+            "{duplicate}"
+        );
+        assert!(in_flight >= 5, "retries while the work ran: {in_flight}");
+        assert_eq!(
+            server.started.load(Ordering::SeqCst),
+            1,
+            "the work started once"
+        );
+        assert_eq!(server.finished.load(Ordering::SeqCst), 1, "and finished");
+
+        let key = IdempotencyKey::new(ns.clone(), "evt_slow").unwrap();
+        let record = store.describe(&key).await.unwrap().unwrap();
+        assert_eq!(record.state, tower_idempotency::store::KeyState::Done);
+        assert_eq!(record.runs, 1);
+        assert!(record.deliveries >= 2 + in_flight);
         assert!(stuck_in(&store, &ns, Duration::ZERO).await.is_empty());
-        assert_eq!(server.runs.load(Ordering::SeqCst), 1);
         report(format!(
-            "disconnect ({name}, hold): claim kept, listed after {LIMIT:?}, resolved"
+            "disconnect ({name}, {:?}): work of {WORK:?} under a stale limit of {LIMIT:?} \
+             started once, finished, committed; {in_flight} retries got 409 meanwhile",
+            stale.policy()
         ));
     }
 
-    #[cfg(feature = "memory")]
-    mod memory {
-        use tower_idempotency::store::MemoryStore;
+    macro_rules! disconnect_tests {
+        ($module:ident, $feature:literal, $make:expr) => {
+            #[cfg(feature = $feature)]
+            mod $module {
+                use super::*;
 
-        use super::*;
+                /// Promise: a sender that hangs up on a slow handler, then retries, gets the
+                /// work done once (reclaim).
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn hang_up_runs_the_handler_to_completion_under_reclaim() {
+                    let Some(store) = $make else { return };
+                    hang_up_then_retry(store, stringify!($module), Stale::reclaim_after(LIMIT))
+                        .await;
+                }
 
-        /// Promise: a client hang-up mid-handler releases the claim under reclaim.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn hang_up_releases_the_claim_under_reclaim() {
-            released_under_reclaim(MemoryStore::new(), "memory").await;
-        }
-
-        /// Promise: a client hang-up mid-handler leaves the claim to the stale path under hold.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn hang_up_leaves_the_claim_to_hold() {
-            held_under_hold(MemoryStore::new(), "memory").await;
-        }
+                /// Promise: the same under hold, and nothing is left for a person.
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn hang_up_runs_the_handler_to_completion_under_hold() {
+                    let Some(store) = $make else { return };
+                    hang_up_then_retry(store, stringify!($module), Stale::hold_after(LIMIT)).await;
+                }
+            }
+        };
     }
 
-    #[cfg(feature = "postgres")]
-    mod postgres {
-        use super::*;
-
-        /// Promise: a client hang-up mid-handler releases the claim under reclaim.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn hang_up_releases_the_claim_under_reclaim() {
-            let Some(store) = common::db::postgres_store().await else {
-                return;
-            };
-            released_under_reclaim(store, "postgres").await;
-        }
-
-        /// Promise: a client hang-up mid-handler leaves the claim to the stale path under hold.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn hang_up_leaves_the_claim_to_hold() {
-            let Some(store) = common::db::postgres_store().await else {
-                return;
-            };
-            held_under_hold(store, "postgres").await;
-        }
-    }
-
-    #[cfg(feature = "sqlite")]
-    mod sqlite {
-        use super::*;
-
-        /// Promise: a client hang-up mid-handler releases the claim under reclaim.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn hang_up_releases_the_claim_under_reclaim() {
-            let store = common::db::sqlite_file_store("reliability").await.unwrap();
-            released_under_reclaim(store, "sqlite").await;
-        }
-
-        /// Promise: a client hang-up mid-handler leaves the claim to the stale path under hold.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn hang_up_leaves_the_claim_to_hold() {
-            let store = common::db::sqlite_file_store("reliability").await.unwrap();
-            held_under_hold(store, "sqlite").await;
-        }
-    }
+    disconnect_tests!(
+        memory,
+        "memory",
+        Some(tower_idempotency::store::MemoryStore::new())
+    );
+    disconnect_tests!(postgres, "postgres", common::db::postgres_store().await);
+    disconnect_tests!(
+        sqlite,
+        "sqlite",
+        common::db::sqlite_file_store("reliability").await
+    );
+    disconnect_tests!(mysql, "mysql", common::db::mysql_store().await);
 }

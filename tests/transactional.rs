@@ -15,7 +15,8 @@ use http_body_util::Full;
 use tokio::sync::{Semaphore, mpsc};
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_idempotency::body::{RequestBody, ResponseBody};
-use tower_idempotency::{IdempotencyLayer, Outcome, key};
+use tower_idempotency::transactional::TransactionalLayer;
+use tower_idempotency::{Outcome, key};
 
 type Res = Response<ResponseBody<Full<Bytes>>>;
 
@@ -68,9 +69,8 @@ macro_rules! transactional_suite {
                 let (gate, started, runs) =
                     (app.gate.clone(), app.started.clone(), app.runs.clone());
                 let ns = app.ns.clone();
-                IdempotencyLayer::new(app.store.clone())
+                TransactionalLayer::new(app.store.clone())
                     .key(key::header("x-event-id").namespace(ns.clone()))
-                    .transactional()
                     .lock_timeout(Duration::from_secs(10))
                     .layer(service_fn(move |req: Request<RequestBody<Full<Bytes>>>| {
                         let (gate, started, runs, ns) =
@@ -172,8 +172,10 @@ macro_rules! transactional_suite {
                 assert_eq!(effects(&app, "e1").await, 1);
             }
 
+            /// The client goes away mid-transaction: the handler runs on, and its
+            /// transaction commits with the marker when it answers.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn dropped_future_commits_nothing_and_the_retry_runs() {
+            async fn dropped_future_runs_on_and_commits() {
                 let Some((app, mut started)) = setup("tx-drop").await else {
                     return;
                 };
@@ -183,18 +185,25 @@ macro_rules! transactional_suite {
                     _ = &mut fut => panic!("the handler should block"),
                     s = started.recv() => s.unwrap(),
                 }
-                // The client goes away mid-transaction.
                 drop(fut);
-                // The rollback runs when the connection goes back to the pool; the retry may
-                // have to wait for it, within the lock timeout.
-                let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
-                assert_eq!(outcome(&res), Outcome::Processed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                assert_eq!(markers(&app).await, 0, "not committed while it runs");
+                app.gate.add_permits(1);
+                for _ in 0..400 {
+                    if markers(&app).await == 1 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
                 assert_eq!(
-                    effects(&app, "e1").await,
+                    markers(&app).await,
                     1,
-                    "only the retry's row was committed"
+                    "committed once the handler answered"
                 );
-                assert_eq!(markers(&app).await, 1);
+                let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+                assert_eq!(outcome(&res), Outcome::Duplicate);
+                assert_eq!(effects(&app, "e1").await, 1, "the first run's row, once");
+                assert_eq!(app.runs.load(Ordering::SeqCst), 1);
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -305,11 +314,7 @@ async fn axum_handler_writes_through_the_tx_extractor() {
     let app = Router::new()
         .route(
             "/stripe",
-            post(paid).layer(
-                IdempotencyLayer::new(store.clone())
-                    .key(key::stripe())
-                    .transactional(),
-            ),
+            post(paid).layer(TransactionalLayer::new(store.clone()).key(key::stripe())),
         )
         .route("/unguarded", post(paid));
     let id = common::unique_namespace("evt");
@@ -345,9 +350,8 @@ async fn aborted_transaction_is_not_reported_as_processed() {
     let ns = common::unique_namespace("tx-aborted");
     let runs = Arc::new(AtomicUsize::new(0));
     let seen = runs.clone();
-    let svc = IdempotencyLayer::new(store.clone())
+    let svc = TransactionalLayer::new(store.clone())
         .key(key::header("x-event-id").namespace(ns.clone()))
-        .transactional()
         .layer(service_fn(move |req: Request<RequestBody<Full<Bytes>>>| {
             let seen = seen.clone();
             async move {

@@ -1,15 +1,14 @@
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use http::StatusCode;
 use tower_layer::Layer;
 
 use super::service::{Order, OrderShared};
 use super::store::VersionStore;
 use super::version::ExtractVersion;
-use crate::key::{ExtractKey, IdempotencyKey, MAX_KEY_LEN};
-use crate::layer::{Config, MissingKey};
+use crate::engine::settings::{Settings, shared_settings};
+use crate::key::{ExtractKey, IdempotencyKey};
+use crate::layer::HeldHook;
 use crate::store::{Pending, Stale};
 
 /// Makes an inner service apply each entity's versions in order: a delivery whose version is
@@ -27,14 +26,17 @@ use crate::store::{Pending, Stale};
 /// let layer = OrderLayer::new(MemoryStore::new())
 ///     .entity(key::json("/data/object/id").namespace("stripe-subscription"))
 ///     .version(order::version::json("/data/object/updated"))
-///     .stale(Stale::reclaim_after(Duration::from_secs(5 * 60)));
+///     .stale(Stale::reclaim_after(Duration::from_secs(60)));
 /// # let _ = layer;
 /// ```
+#[must_use]
 pub struct OrderLayer<St, E = Unset, V = Unset> {
     store: St,
     entity: E,
     version: V,
-    config: Config,
+    settings: Settings,
+    stale: Stale,
+    on_held: Option<HeldHook>,
 }
 
 /// The entity or version extractor of an [`OrderLayer`] that was not set yet. It extracts
@@ -47,15 +49,18 @@ impl<St> OrderLayer<St> {
     /// [`version`](Self::version) before use.
     ///
     /// Defaults, as for [`IdempotencyLayer`](crate::IdempotencyLayer): commit on 2xx; a pending
-    /// version older than 15 minutes is taken over; bodies buffered (only for body extractors)
-    /// up to 1 MiB within 30 seconds; store calls bounded by 5 seconds; `Retry-After: 5` on the
-    /// busy 409 and on 503; a delivery without entity or version rejected with 400.
+    /// version not renewed for 30 seconds is taken over (the layer renews it every 7.5 seconds
+    /// while the handler runs); bodies buffered (only for body extractors) up to 1 MiB within
+    /// 30 seconds; store calls bounded by 5 seconds; `Retry-After: 5` on the busy 409 and on
+    /// 503; a delivery without entity or version rejected with 400.
     pub fn new(store: St) -> Self {
         Self {
             store,
             entity: Unset,
             version: Unset,
-            config: Config::defaults(),
+            settings: Settings::default(),
+            stale: Stale::default(),
+            on_held: None,
         }
     }
 }
@@ -69,7 +74,9 @@ impl<St, E, V> OrderLayer<St, E, V> {
             store: self.store,
             entity,
             version: self.version,
-            config: self.config,
+            settings: self.settings,
+            stale: self.stale,
+            on_held: self.on_held,
         }
     }
 
@@ -80,63 +87,18 @@ impl<St, E, V> OrderLayer<St, E, V> {
             store: self.store,
             entity: self.entity,
             version,
-            config: self.config,
+            settings: self.settings,
+            stale: self.stale,
+            on_held: self.on_held,
         }
     }
 
-    /// What happens to a pending version whose delivery never finished (its process died):
-    /// [`Stale::reclaim_after`] (the default, after 15 minutes) lets the next version begin;
+    /// What happens to a pending version whose owner stopped renewing it (its process died):
+    /// [`Stale::reclaim_after`] (the default, after 30 seconds) lets the next version begin;
     /// [`Stale::hold_after`] answers 409 until a person calls
-    /// [`VersionStore::resolve_version`].
+    /// [`VersionStore::resolve_version`](super::VersionStore::resolve_version).
     pub fn stale(mut self, stale: Stale) -> Self {
-        self.config.stale = stale;
-        self
-    }
-
-    /// The largest body buffered to read the entity or version, in bytes; larger bodies get
-    /// 413. Only body extractors buffer. Default: 1 MiB.
-    pub fn body_limit(mut self, bytes: usize) -> Self {
-        self.config.body_limit = bytes;
-        self
-    }
-
-    /// How long a body may take to arrive when a body extractor reads it; slower ones get 408.
-    /// Default: 30 seconds.
-    pub fn body_timeout(mut self, timeout: Duration) -> Self {
-        self.config.body_timeout = timeout;
-        self
-    }
-
-    /// The `Retry-After` sent with the busy 409 and with 503. Default: 5 seconds.
-    pub fn retry_after(mut self, after: Duration) -> Self {
-        self.config.retry_after = after;
-        self
-    }
-
-    /// How long a version claim, commit or release may take. Default: 5 seconds.
-    pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.config.store_timeout = timeout;
-        self
-    }
-
-    /// Which inner responses count as success and apply the version; the others release it.
-    /// Default: 2xx.
-    pub fn commit_when(mut self, predicate: fn(StatusCode) -> bool) -> Self {
-        self.config.commit_when = predicate;
-        self
-    }
-
-    /// What to do with deliveries that carry no entity id or no version (a `ping` event, say):
-    /// [`MissingKey::Reject`] (400, the default) or [`MissingKey::PassThrough`] (run the
-    /// handler unordered). Ids and versions that are present but invalid are always rejected.
-    pub fn missing(mut self, policy: MissingKey) -> Self {
-        self.config.missing_key = policy;
-        self
-    }
-
-    /// Rejects entity ids longer than `bytes` (at most [`MAX_KEY_LEN`], the default).
-    pub fn max_entity_len(mut self, bytes: usize) -> Self {
-        self.config.max_key_len = bytes.min(MAX_KEY_LEN);
+        self.stale = stale;
         self
     }
 
@@ -146,9 +108,11 @@ impl<St, E, V> OrderLayer<St, E, V> {
     where
         F: Fn(&IdempotencyKey, &Pending) + Send + Sync + 'static,
     {
-        self.config.on_held = Some(Arc::new(hook));
+        self.on_held = Some(Arc::new(hook));
         self
     }
+
+    shared_settings!();
 
     /// The store this layer uses.
     pub fn store(&self) -> &St {
@@ -171,7 +135,9 @@ where
                 store: self.store.clone(),
                 entity: self.entity.clone(),
                 version: self.version.clone(),
-                config: self.config.clone(),
+                settings: self.settings.clone(),
+                stale: self.stale,
+                on_held: self.on_held.clone(),
             }),
         )
     }
@@ -183,7 +149,9 @@ impl<St: Clone, E: Clone, V: Clone> Clone for OrderLayer<St, E, V> {
             store: self.store.clone(),
             entity: self.entity.clone(),
             version: self.version.clone(),
-            config: self.config.clone(),
+            settings: self.settings.clone(),
+            stale: self.stale,
+            on_held: self.on_held.clone(),
         }
     }
 }
@@ -194,7 +162,9 @@ impl<St: fmt::Debug, E: fmt::Debug, V: fmt::Debug> fmt::Debug for OrderLayer<St,
             .field("store", &self.store)
             .field("entity", &self.entity)
             .field("version", &self.version)
-            .field("config", &self.config)
+            .field("settings", &self.settings)
+            .field("stale", &self.stale)
+            .field("on_held", &self.on_held.is_some())
             .finish()
     }
 }

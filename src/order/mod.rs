@@ -150,7 +150,7 @@
 use axum::{Router, extract::State, http::StatusCode, routing::post};
 use sqlx::Postgres;
 use tower_idempotency::order::{self, Advance};
-use tower_idempotency::{IdempotencyKey, IdempotencyLayer, key, store::PostgresStore, transactional::Tx};
+use tower_idempotency::{IdempotencyKey, key, store::PostgresStore, transactional::{TransactionalLayer, Tx}};
 
 async fn subscription_updated(
     State(store): State<PostgresStore>,
@@ -186,7 +186,7 @@ let app: Router = Router::new()
     .route(
         "/webhooks/billing",
         post(subscription_updated)
-            .layer(IdempotencyLayer::new(store.clone()).key(key::header("webhook-id")).transactional()),
+            .layer(TransactionalLayer::new(store.clone()).key(key::header("webhook-id"))),
     )
     .with_state(store);
 # Ok(())

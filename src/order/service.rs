@@ -1,26 +1,27 @@
 use std::fmt;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures_util::FutureExt;
 use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
 use super::error::OrderError;
-use super::store::{VersionClaim, VersionLease, VersionStore};
+use super::store::{PendingVersion, VersionClaim, VersionLease, VersionStore};
 use super::version::ExtractVersion;
+use crate::MissingKey;
 use crate::body::{RequestBody, ResponseBody};
+use crate::engine::acquire::acquire;
+use crate::engine::guard::{LeaseGuard, Leased, Owner, Settle};
+use crate::engine::prepare::{BoxError, check_len, pass_through, take_body};
+use crate::engine::run::{Detach, run};
+use crate::engine::settings::Settings;
 use crate::future::ResponseFuture;
 use crate::key::{ExtractKey, IdempotencyKey};
-use crate::layer::{Config, MissingKey};
+use crate::layer::HeldHook;
 use crate::response::{self, Outcome};
-use crate::service::{
-    BoxError, LeaseGuard, Leases, Settle, acquire, check_len, pass_through, take_body, with_outcome,
-};
-use crate::store::{LeaseToken, Pending, StoreError};
+use crate::store::{LeaseToken, Pending, Stale, StoreError};
 
 /// The service made by [`OrderLayer`](super::OrderLayer): begin the entity's version, run the
 /// inner service, then commit or release it.
@@ -36,7 +37,9 @@ pub(crate) struct OrderShared<St, E, V> {
     pub(crate) store: St,
     pub(crate) entity: E,
     pub(crate) version: V,
-    pub(crate) config: Config,
+    pub(crate) settings: Settings,
+    pub(crate) stale: Stale,
+    pub(crate) on_held: Option<HeldHook>,
 }
 
 impl<S, St, E, V> Order<S, St, E, V> {
@@ -68,7 +71,8 @@ impl<S: fmt::Debug, St: fmt::Debug, E: fmt::Debug, V: fmt::Debug> fmt::Debug
             .field("store", &self.shared.store)
             .field("entity", &self.shared.entity)
             .field("version", &self.shared.version)
-            .field("config", &self.shared.config)
+            .field("settings", &self.shared.settings)
+            .field("stale", &self.shared.stale)
             .finish()
     }
 }
@@ -104,28 +108,32 @@ where
 /// One delivery, from entity and version to commit or release.
 async fn deliver<S, St, E, V, ReqB, ResB>(
     shared: Arc<OrderShared<St, E, V>>,
-    mut inner: S,
+    inner: S,
     req: Request<ReqB>,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
 where
-    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     St: VersionStore,
     E: ExtractKey,
     V: ExtractVersion,
-    ReqB: Body<Data = Bytes>,
+    ReqB: Body<Data = Bytes> + Send + 'static,
     ReqB::Error: Into<BoxError>,
+    ResB: Send + 'static,
 {
-    let config = &shared.config;
+    let settings = &shared.settings;
     let (parts, body) = req.into_parts();
     let entity_reads = shared.entity.reads_body(&parts);
     let version_reads = shared.version.reads_body(&parts);
-    let (bytes, body) = match take_body(entity_reads || version_reads, &parts, body, config).await {
+    let needed = entity_reads || version_reads;
+    let (bytes, body) = match take_body(needed, &parts, body, settings).await {
         Ok(taken) => taken,
         Err(error) => return Ok(reject(&OrderError::Body(error))),
     };
     let entity_body = bytes.as_deref().filter(|_| entity_reads);
     let version_body = bytes.as_deref().filter(|_| version_reads);
-    let entity = check_len(shared.entity.extract(&parts, entity_body), config);
+    let entity = check_len(shared.entity.extract(&parts, entity_body), settings);
     let version = shared.version.extract(&parts, version_body);
     let (entity, version) = match (entity.map_err(OrderError::entity), version) {
         (Ok(entity), Ok(version)) => (entity, version),
@@ -139,7 +147,7 @@ where
                 _ => first,
             };
             let all_missing = error.is_missing();
-            if all_missing && config.missing_key == MissingKey::PassThrough {
+            if all_missing && settings.missing_key == MissingKey::PassThrough {
                 tracing::debug!(%error, "delivery without entity or version");
                 return pass_through(inner, Request::from_parts(parts, body)).await;
             }
@@ -147,43 +155,40 @@ where
         }
     };
 
+    let Some(entry) = settings.drain.enter() else {
+        record(&entity, version, None, Outcome::Draining);
+        return Ok(response::draining(settings.retry_after));
+    };
     let owner = shared.clone();
     let owned_entity = entity.clone();
     let beginning = async move {
-        let stale = owner.config.stale;
-        owner
+        let stale = owner.stale;
+        let claim = owner
             .store
             .begin_version(&owned_entity, version, stale)
-            .await
+            .await?;
+        Ok(match claim {
+            VersionClaim::Acquired(lease) => {
+                Begun::Acquired(LeaseGuard::claimed(owner, lease, entry))
+            }
+            VersionClaim::Outdated { applied } => Begun::Outdated(applied),
+            VersionClaim::Busy(pending) => Begun::Busy(pending),
+            VersionClaim::Held(pending) => Begun::Held(pending),
+        })
     };
-    let owner = shared.clone();
-    let orphaned = move |claim| async move {
-        if let VersionClaim::Acquired(lease) = claim {
-            let result = owner.store.release_version(&lease).await;
-            tracing::debug!(
-                namespace = lease.entity().namespace(),
-                entity = lease.entity().value(),
-                version = lease.version(),
-                lease = %lease.token(),
-                released = result.is_ok(),
-                "the delivery went away while it began its version; the version was released",
-            );
-        }
-    };
-    let claim = acquire(beginning, config.store_timeout, "version claim", orphaned).await;
-    let lease = match claim {
-        Ok(VersionClaim::Acquired(lease)) => lease,
-        Ok(VersionClaim::Outdated { applied }) => {
+    let guard = match acquire(beginning, settings.store_timeout, "version claim").await {
+        Ok(Begun::Acquired(guard)) => guard,
+        Ok(Begun::Outdated(applied)) => {
             record(&entity, version, None, Outcome::Outdated);
             tracing::trace!(applied, "outdated version");
             return Ok(response::outdated());
         }
-        Ok(VersionClaim::Busy(pending)) => {
+        Ok(Begun::Busy(pending)) => {
             record(&entity, version, None, Outcome::InFlight);
             tracing::trace!(pending = pending.version, age = ?pending.age, "entity busy");
-            return Ok(response::entity_busy(config.retry_after));
+            return Ok(response::entity_busy(settings.retry_after));
         }
-        Ok(VersionClaim::Held(pending)) => {
+        Ok(Begun::Held(pending)) => {
             record(&entity, version, None, Outcome::Held);
             tracing::warn!(
                 namespace = entity.namespace(),
@@ -193,8 +198,8 @@ where
                 "stale pending version held for review: resolve it with \
                  VersionStore::resolve_version",
             );
-            if let Some(hook) = &config.on_held {
-                hook(&entity, &Pending::new(pending.age, 0));
+            if let Some(hook) = &shared.on_held {
+                hook(&entity, &Pending::new(pending.age, pending.age, 0));
             }
             return Ok(response::entity_held());
         }
@@ -207,37 +212,22 @@ where
                 error = &error as &dyn std::error::Error,
                 "version claim failed; the handler does not run",
             );
-            return Ok(response::store_unavailable(config.retry_after));
+            return Ok(response::store_unavailable(settings.retry_after));
         }
     };
-
-    let mut guard = LeaseGuard::new(shared.clone(), lease);
-    // `call` runs inside the caught future, so a panic in `call` itself is caught as well.
     let request = Request::from_parts(parts, body);
-    let result = AssertUnwindSafe(async move {
-        std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-        inner.call(request).await
-    })
-    .catch_unwind()
-    .await;
-    match result {
-        Ok(Ok(res)) => {
-            let outcome = if (config.commit_when)(res.status()) {
-                guard.settle(Settle::Commit).await
-            } else {
-                guard.settle(Settle::Release).await
-            };
-            Ok(with_outcome(res, outcome))
-        }
-        Ok(Err(error)) => {
-            guard.settle(Settle::Release).await;
-            Err(error)
-        }
-        Err(panic) => {
-            guard.abandon().await;
-            std::panic::resume_unwind(panic)
-        }
+    match Detach::new(run(guard, inner, request)).await {
+        Ok(answer) => answer,
+        Err(panic) => std::panic::resume_unwind(panic),
     }
+}
+
+/// What beginning a version answered, with a granted version already under its guard.
+enum Begun<St: VersionStore, E: ExtractKey, V: ExtractVersion> {
+    Acquired(LeaseGuard<OrderShared<St, E, V>>),
+    Outdated(i64),
+    Busy(PendingVersion),
+    Held(PendingVersion),
 }
 
 fn reject<B>(error: &OrderError) -> Response<ResponseBody<B>> {
@@ -257,12 +247,30 @@ fn record(entity: &IdempotencyKey, version: i64, lease: Option<LeaseToken>, outc
     );
 }
 
-impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Leases for OrderShared<St, E, V> {
+impl Leased for VersionLease {
+    fn key(&self) -> &IdempotencyKey {
+        self.entity()
+    }
+
+    fn token(&self) -> LeaseToken {
+        self.token()
+    }
+}
+
+impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Owner for OrderShared<St, E, V> {
     type Lease = VersionLease;
     const WHAT: &'static str = "pending version";
 
-    fn config(&self) -> &Config {
-        &self.config
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn stale(&self) -> Stale {
+        self.stale
+    }
+
+    async fn renew(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        self.store.renew_version(lease).await
     }
 
     async fn settle(&self, lease: &VersionLease, action: Settle) -> Result<(), StoreError> {
@@ -272,13 +280,14 @@ impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Leases for OrderShared<
         }
     }
 
-    fn report(lease: &VersionLease, action: Settle, result: &Result<(), StoreError>) -> Outcome {
-        let outcome = match action {
-            Settle::Commit => Outcome::Processed,
-            Settle::Release => Outcome::Released,
-        };
+    fn report(lease: &VersionLease, action: Settle, result: &Result<(), StoreError>) {
         let entity = lease.entity();
-        record(entity, lease.version(), Some(lease.token()), outcome);
+        record(
+            entity,
+            lease.version(),
+            Some(lease.token()),
+            action.outcome(),
+        );
         match (result, action) {
             (Ok(()), _) => {}
             (Err(StoreError::LeaseLost), _) => tracing::warn!(
@@ -295,8 +304,8 @@ impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Leases for OrderShared<
                 version = lease.version(),
                 lease = %lease.token(),
                 error = error as &dyn std::error::Error,
-                "recording the applied version failed after the handler succeeded; the \
-                 pending version will turn stale",
+                "recording the applied version failed after the handler succeeded; it is \
+                 retried in the background",
             ),
             (Err(error), Settle::Release) => tracing::error!(
                 namespace = entity.namespace(),
@@ -304,13 +313,8 @@ impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Leases for OrderShared<
                 version = lease.version(),
                 lease = %lease.token(),
                 error = error as &dyn std::error::Error,
-                "release of the pending version failed; it will turn stale",
+                "release of the pending version failed; it is retried in the background",
             ),
         }
-        outcome
-    }
-
-    fn describe(lease: &VersionLease) -> (&IdempotencyKey, LeaseToken) {
-        (lease.entity(), lease.token())
     }
 }

@@ -59,6 +59,13 @@ pub trait VersionStore: Send + Sync + 'static {
         stale: Stale,
     ) -> impl Future<Output = Result<VersionClaim, StoreError>> + Send;
 
+    /// Moves the lease's pending version's heartbeat to now, if the lease still holds: it is not
+    /// stale for another stale limit.
+    fn renew_version(
+        &self,
+        lease: &VersionLease,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// The lease's version is applied: the entity's applied version becomes the greater of it
     /// and the lease's, and the pending slot is cleared, if the lease still holds.
     fn commit_version(
@@ -114,7 +121,7 @@ pub enum VersionClaim {
 pub struct PendingVersion {
     /// The version being applied.
     pub version: i64,
-    /// How long ago it began.
+    /// How long ago it began or was last renewed: it is stale once this reaches the limit.
     pub age: Duration,
 }
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Claim, Completed, Lease, LeaseToken, Resolution, Stale, StalePolicy, Store, StoreError,
-    StuckClaim,
+    Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Resolution, Stale, StalePolicy,
+    Store, StoreError, StuckClaim,
 };
 use crate::key::IdempotencyKey;
 use crate::order::{VersionClaim, VersionLease, VersionStore};
@@ -74,12 +74,47 @@ struct Row {
     token: LeaseToken,
     state: State,
     deliveries: u64,
+    runs: u64,
+    reclaimed: bool,
+    first_seen: Instant,
+    last_seen: Instant,
+    claimed_at: Instant,
 }
 
 #[derive(Debug, Clone, Copy)]
 enum State {
-    Processing { claimed_at: Instant },
+    Processing { renewed_at: Instant },
     Done { completed_at: Instant },
+    Released { released_at: Instant },
+}
+
+impl Row {
+    fn new(token: LeaseToken, now: Instant) -> Self {
+        Self {
+            token,
+            state: State::Processing { renewed_at: now },
+            deliveries: 1,
+            runs: 1,
+            reclaimed: false,
+            first_seen: now,
+            last_seen: now,
+            claimed_at: now,
+        }
+    }
+
+    /// A new run takes the row: a fresh token, a fresh claim.
+    fn take(&mut self, key: &IdempotencyKey, now: Instant, reclaimed: bool) -> Claim {
+        self.token = LeaseToken::generate();
+        self.state = State::Processing { renewed_at: now };
+        self.claimed_at = now;
+        self.runs += 1;
+        self.reclaimed = reclaimed;
+        Claim::Acquired(Lease::new(key.clone(), self.token, reclaimed))
+    }
+
+    fn holds(&self, lease: &Lease) -> bool {
+        self.token == lease.token() && matches!(self.state, State::Processing { .. })
+    }
 }
 
 impl MemoryStore {
@@ -88,7 +123,7 @@ impl MemoryStore {
         Self::default()
     }
 
-    /// How many keys the store holds, `processing` and `done`.
+    /// How many keys the store holds, in any state.
     pub fn len(&self) -> usize {
         (0..SHARDS).map(|i| self.inner.lock(i).len()).sum()
     }
@@ -134,60 +169,89 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut map = self.inner.shard_of(key);
         let Some(row) = map.get_mut(key) else {
-            let token = LeaseToken::generate();
-            let state = State::Processing { claimed_at: now };
-            map.insert(
-                key.clone(),
-                Row {
-                    token,
-                    state,
-                    deliveries: 1,
-                },
-            );
-            return Ok(Claim::Acquired(Lease::new(key.clone(), token, false)));
+            let row = Row::new(LeaseToken::generate(), now);
+            let lease = Lease::new(key.clone(), row.token, false);
+            map.insert(key.clone(), row);
+            return Ok(Claim::Acquired(lease));
         };
         row.deliveries += 1;
+        row.last_seen = now;
         Ok(match row.state {
             State::Done { .. } => Claim::Done(Completed::new(row.deliveries)),
-            State::Processing { claimed_at } => {
-                let age = now.saturating_duration_since(claimed_at);
-                if stale.is_stale(age) && stale.policy() == StalePolicy::Reclaim {
-                    row.token = LeaseToken::generate();
-                    row.state = State::Processing { claimed_at: now };
-                    Claim::Acquired(Lease::new(key.clone(), row.token, true))
+            State::Released { .. } => row.take(key, now, false),
+            State::Processing { renewed_at } => {
+                let since_renewal = now.saturating_duration_since(renewed_at);
+                if stale.is_stale(since_renewal) && stale.policy() == StalePolicy::Reclaim {
+                    row.take(key, now, true)
                 } else {
-                    stale.pending(age, row.deliveries)
+                    let age = now.saturating_duration_since(row.claimed_at);
+                    stale.pending(age, since_renewal, row.deliveries)
                 }
             }
         })
     }
 
+    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+        let mut map = self.inner.shard_of(lease.key());
+        match map.get_mut(lease.key()) {
+            Some(row) if row.holds(lease) => {
+                row.state = State::Processing {
+                    renewed_at: Instant::now(),
+                };
+                Ok(())
+            }
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
+
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
         let mut map = self.inner.shard_of(lease.key());
         match map.get_mut(lease.key()) {
-            Some(row) if row.token == lease.token() => {
-                if let State::Processing { .. } = row.state {
+            Some(row) if row.token == lease.token() => match row.state {
+                State::Processing { .. } => {
                     row.state = State::Done {
                         completed_at: Instant::now(),
                     };
+                    Ok(())
                 }
-                Ok(())
-            }
+                State::Done { .. } => Ok(()),
+                State::Released { .. } => Err(StoreError::LeaseLost),
+            },
             _ => Err(StoreError::LeaseLost),
         }
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         let mut map = self.inner.shard_of(lease.key());
-        match map.get(lease.key()) {
-            Some(row)
-                if row.token == lease.token() && matches!(row.state, State::Processing { .. }) =>
-            {
-                map.remove(lease.key());
+        match map.get_mut(lease.key()) {
+            Some(row) if row.holds(lease) => {
+                row.state = State::Released {
+                    released_at: Instant::now(),
+                };
                 Ok(())
             }
             _ => Err(StoreError::LeaseLost),
         }
+    }
+
+    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
+        let now = Instant::now();
+        let map = self.inner.shard_of(key);
+        let Some(row) = map.get(key) else {
+            return Ok(None);
+        };
+        let ago = |t: Instant| now.saturating_duration_since(t);
+        let (state, at) = match row.state {
+            State::Processing { renewed_at } => (KeyState::Processing, renewed_at),
+            State::Done { completed_at } => (KeyState::Done, completed_at),
+            State::Released { released_at } => (KeyState::Released, released_at),
+        };
+        Ok(Some(
+            KeyRecord::new(state, row.deliveries, row.runs)
+                .with_reclaimed(row.reclaimed)
+                .with_seen(ago(row.first_seen), ago(row.last_seen))
+                .with_times(ago(row.claimed_at), ago(at), ago(at)),
+        ))
     }
 
     async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
@@ -195,15 +259,20 @@ impl Store for MemoryStore {
         let mut stuck = Vec::new();
         self.inner.each_shard(|map| {
             for (key, row) in map.iter() {
-                if let State::Processing { claimed_at } = row.state {
-                    let age = now.saturating_duration_since(claimed_at);
-                    if age >= older_than {
-                        stuck.push(StuckClaim::new(key.clone(), age, row.deliveries));
+                if let State::Processing { renewed_at } = row.state {
+                    let silent = now.saturating_duration_since(renewed_at);
+                    if silent >= older_than {
+                        let age = now.saturating_duration_since(row.claimed_at);
+                        stuck.push(StuckClaim::new(key.clone(), age, silent, row.deliveries));
                     }
                 }
             }
         });
-        stuck.sort_by(|a, b| b.age.cmp(&a.age).then_with(|| a.key.cmp(&b.key)));
+        stuck.sort_by(|a, b| {
+            b.since_renewal
+                .cmp(&a.since_renewal)
+                .then_with(|| a.key.cmp(&b.key))
+        });
         Ok(stuck)
     }
 
@@ -219,19 +288,16 @@ impl Store for MemoryStore {
         if !matches!(row.state, State::Processing { .. }) {
             return Ok(false);
         }
-        match resolution {
+        let now = Instant::now();
+        row.state = match resolution {
+            // A new token fences off the old owner, whose late commit must not undo what the
+            // person decided.
             Resolution::Done => {
-                // A new token fences off the old owner, whose late commit or release must not
-                // undo what the person decided.
                 row.token = LeaseToken::generate();
-                row.state = State::Done {
-                    completed_at: Instant::now(),
-                };
+                State::Done { completed_at: now }
             }
-            Resolution::Release => {
-                map.remove(key);
-            }
-        }
+            Resolution::Release => State::Released { released_at: now },
+        };
         Ok(true)
     }
 
@@ -240,8 +306,8 @@ impl Store for MemoryStore {
         let mut purged = 0;
         self.inner.each_shard(|map| {
             map.retain(|_, row| match row.state {
-                State::Done { completed_at }
-                    if now.saturating_duration_since(completed_at) >= older_than =>
+                State::Done { completed_at: at } | State::Released { released_at: at }
+                    if now.saturating_duration_since(at) >= older_than =>
                 {
                     purged += 1;
                     false
@@ -284,6 +350,20 @@ impl VersionStore for MemoryStore {
             .map(|p| (p.version, p.token, now.saturating_duration_since(p.since)));
         crate::order::decide(entity, version, ours, stale, row.applied, pending)
             .ok_or_else(|| StoreError::backend("inconsistent version row"))
+    }
+
+    async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        let mut map = self.inner.versions_of(lease.entity());
+        match map
+            .get_mut(lease.entity())
+            .and_then(|row| row.pending.as_mut())
+        {
+            Some(pending) if pending.token == lease.token() => {
+                pending.since = Instant::now();
+                Ok(())
+            }
+            _ => Err(StoreError::LeaseLost),
+        }
     }
 
     async fn commit_version(&self, lease: &VersionLease) -> Result<(), StoreError> {

@@ -7,7 +7,7 @@
 //! ```
 //! use std::time::Duration;
 //! use tower_idempotency::{IdempotencyKey, Stale};
-//! use tower_idempotency::store::{Claim, MemoryStore, Store};
+//! use tower_idempotency::store::{Claim, KeyState, MemoryStore, Store};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -17,24 +17,42 @@
 //!
 //! let Claim::Acquired(lease) = store.claim(&key, stale).await? else { panic!("first claim") };
 //! assert!(matches!(store.claim(&key, stale).await?, Claim::InFlight(_)));
+//! store.renew(&lease).await?; // the heartbeat of a handler that runs long
 //! store.commit(&lease).await?;
 //! let Claim::Done(done) = store.claim(&key, stale).await? else { panic!("committed") };
 //! assert_eq!(done.deliveries, 3);
+//!
+//! let record = store.describe(&key).await?.expect("the key is known");
+//! assert_eq!(record.state, KeyState::Done);
+//! assert_eq!((record.deliveries, record.runs), (3, 1), "sent three times, run once");
 //! # Ok(())
 //! # }
 //! ```
 //!
 //! # The contract every backend keeps
 //!
-//! - [`claim`](Store::claim) is atomic and counts the delivery. A new key answers
-//!   [`Claim::Acquired`] with a fresh [`Lease`]; a `done` key [`Claim::Done`]; a `processing`
-//!   key [`Claim::InFlight`], unless its claim is older than the [`Stale`] limit: then the
-//!   policy decides, [`Claim::Acquired`] with a new token (reclaim) or [`Claim::Held`] (hold).
-//! - [`commit`](Store::commit) and [`release`](Store::release) act only while the lease's
-//!   token is still the row's token, and answer [`StoreError::LeaseLost`] otherwise. Committing
-//!   twice with the same lease is harmless.
+//! - [`claim`](Store::claim) is atomic and counts the delivery. A new key, or one whose last
+//!   run was released, answers [`Claim::Acquired`] with a fresh [`Lease`] and counts a run; a
+//!   `done` key answers [`Claim::Done`]; a `processing` key [`Claim::InFlight`], unless its
+//!   owner has not renewed it for the [`Stale`] limit: then the policy decides,
+//!   [`Claim::Acquired`] with a new token (reclaim) or [`Claim::Held`] (hold).
+//! - [`renew`](Store::renew), [`commit`](Store::commit) and [`release`](Store::release) act
+//!   only while the lease's token is still the row's token and the row is `processing`
+//!   (`commit` also on a row it committed already), and answer [`StoreError::LeaseLost`]
+//!   otherwise. Committing twice with the same lease is harmless.
+//! - A release keeps the row, as `released`, so that its counts survive: the next delivery
+//!   claims it as if it were new.
+//! - [`describe`](Store::describe) reads one key's record (state, deliveries, runs, times)
+//!   without changing it.
 //! - Maintenance: [`stuck_claims`](Store::stuck_claims), [`resolve`](Store::resolve),
 //!   [`purge_completed`](Store::purge_completed), and [`spawn_purge`] to purge periodically.
+//!
+//! # Heartbeats and stale claims
+//!
+//! A claim is stale when its owner has not renewed it for the stale limit, not when it is old.
+//! The layer renews a claim every [quarter of the limit](Stale::renew_interval) while the
+//! handler runs, so a live handler is never taken over however long it runs, and the claim of
+//! a process that died is free again one stale limit after its last heartbeat.
 //!
 //! # Backends
 //!
@@ -97,7 +115,34 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 /// A storage backend for claims.
 ///
-/// Futures are `Send`, so the layer works on multi-threaded runtimes.
+/// Futures are `Send`, so the layer works on multi-threaded runtimes. The [module
+/// documentation](self#the-contract-every-backend-keeps) states the contract; the conformance
+/// suite in the crate's `tests/` checks it for every backend.
+///
+/// A store for a database this crate does not cover implements these eight methods. A sketch
+/// of the shape, over some `Db` client whose statements are conditional updates:
+///
+/// ```ignore
+/// impl Store for MyStore {
+///     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+///         // One atomic statement: insert `processing` with a fresh token, or on conflict count
+///         // the delivery and take the row over if it is `released`, or `processing` and not
+///         // renewed for `stale.after()` while `stale.policy()` reclaims. Then read the row.
+///         let token = LeaseToken::generate();
+///         let row = self.db.upsert_claim(key, token, stale).await.map_err(StoreError::backend)?;
+///         Ok(if row.token == token {
+///             Claim::Acquired(Lease::new(key.clone(), token, row.took_over_processing))
+///         } else if row.state == "done" {
+///             Claim::Done(Completed::new(row.deliveries))
+///         } else {
+///             stale.pending(row.age, row.since_renewal, row.deliveries)
+///         })
+///     }
+///     // renew, commit, release: `UPDATE … WHERE key = ? AND token = ? AND state = 'processing'`,
+///     // answering `StoreError::LeaseLost` when no row matched.
+///     // …
+/// }
+/// ```
 pub trait Store: Send + Sync + 'static {
     /// Tries to claim `key` for this delivery, counting the delivery. One atomic step.
     fn claim(
@@ -106,15 +151,26 @@ pub trait Store: Send + Sync + 'static {
         stale: Stale,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
+    /// Moves the leased claim's heartbeat to now, if the lease still holds: the claim is not
+    /// stale for another stale limit.
+    fn renew(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Marks the leased key `done`, if the lease still holds.
     fn commit(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Deletes the leased `processing` row, if the lease still holds, so the next delivery
-    /// runs the handler again.
+    /// Marks the leased `processing` row `released`, if the lease still holds, so the next
+    /// delivery runs the handler again.
     fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Lists `processing` rows claimed at least `older_than` ago, oldest first: claims whose
-    /// owner probably died, and claims held for a person.
+    /// What the store knows of `key`: its state, how many deliveries arrived and how many runs
+    /// started, and when. `None` for a key it has never seen (or purged). Writes nothing.
+    fn describe(
+        &self,
+        key: &IdempotencyKey,
+    ) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send;
+
+    /// Lists `processing` rows whose owner has not renewed them for at least `older_than`,
+    /// longest silent first: claims whose owner probably died, and claims held for a person.
     fn stuck_claims(
         &self,
         older_than: Duration,
@@ -128,8 +184,8 @@ pub trait Store: Send + Sync + 'static {
         resolution: Resolution,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Deletes `done` rows completed at least `older_than` ago; answers how many. Keep rows
-    /// longer than any sender retries ([`DEFAULT_RETENTION`]).
+    /// Deletes `done` and `released` rows settled at least `older_than` ago; answers how many.
+    /// Keep rows longer than any sender retries ([`DEFAULT_RETENTION`]).
     fn purge_completed(
         &self,
         older_than: Duration,
@@ -159,7 +215,8 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// A lease on `key` with `token`. Stores call this when a claim succeeds.
+    /// A lease on `key` with `token`. Stores call this when a claim succeeds; `reclaimed` says
+    /// whether it took over a stale `processing` claim of another delivery.
     pub fn new(key: IdempotencyKey, token: LeaseToken, reclaimed: bool) -> Self {
         Self {
             key,
@@ -244,14 +301,21 @@ impl Completed {
 pub struct Pending {
     /// How long ago the claim was taken.
     pub age: Duration,
+    /// How long ago its owner last renewed it (or took it, if it never renewed): the claim is
+    /// stale once this reaches the stale limit.
+    pub since_renewal: Duration,
     /// Deliveries of this event seen so far, this one included.
     pub deliveries: u64,
 }
 
 impl Pending {
     /// Describes a `processing` row.
-    pub fn new(age: Duration, deliveries: u64) -> Self {
-        Self { age, deliveries }
+    pub fn new(age: Duration, since_renewal: Duration, deliveries: u64) -> Self {
+        Self {
+            age,
+            since_renewal,
+            deliveries,
+        }
     }
 }
 
@@ -263,18 +327,142 @@ pub struct StuckClaim {
     pub key: IdempotencyKey,
     /// How long ago it was claimed.
     pub age: Duration,
+    /// How long ago its owner last renewed it.
+    pub since_renewal: Duration,
     /// Deliveries of this event seen so far.
     pub deliveries: u64,
 }
 
 impl StuckClaim {
     /// Describes a stuck row.
-    pub fn new(key: IdempotencyKey, age: Duration, deliveries: u64) -> Self {
+    pub fn new(
+        key: IdempotencyKey,
+        age: Duration,
+        since_renewal: Duration,
+        deliveries: u64,
+    ) -> Self {
         Self {
             key,
             age,
+            since_renewal,
             deliveries,
         }
+    }
+}
+
+/// The state of a key's row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeyState {
+    /// A delivery holds the claim and its handler runs (or its owner died).
+    Processing,
+    /// The event was processed; further deliveries are duplicates.
+    Done,
+    /// The last run failed and gave the claim back; the next delivery runs the handler.
+    Released,
+}
+
+impl KeyState {
+    /// The state's name, as stored by the SQL stores.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Processing => "processing",
+            Self::Done => "done",
+            Self::Released => "released",
+        }
+    }
+
+    /// The state named `name`, as stored.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "processing" => Some(Self::Processing),
+            "done" => Some(Self::Done),
+            "released" => Some(Self::Released),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for KeyState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a store knows of one key: the answer of [`Store::describe`].
+///
+/// `deliveries` against `runs` answers "was it sent twice, or did my handler run twice?". Times
+/// are ages by the store's clock. Rows written before these counts existed read `runs` as 1
+/// and the seen times as the claim time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyRecord {
+    /// The row's state.
+    pub state: KeyState,
+    /// Deliveries of the event that arrived (claims counted, transactional duplicates too
+    /// where the backend counts them).
+    pub deliveries: u64,
+    /// Claims that started the handler: the first run, runs after a release, reclaims. A claim
+    /// given back because its delivery vanished before the handler started counts too.
+    pub runs: u64,
+    /// Whether the latest run took over a stale claim.
+    pub reclaimed: bool,
+    /// How long ago the first delivery arrived.
+    pub first_seen_ago: Duration,
+    /// How long ago the latest delivery arrived.
+    pub last_seen_ago: Duration,
+    /// How long ago the latest run claimed the key.
+    pub claimed_ago: Duration,
+    /// `processing` rows: how long ago the owner last renewed the claim.
+    pub renewed_ago: Option<Duration>,
+    /// `done` and `released` rows: how long ago the run was settled.
+    pub settled_ago: Option<Duration>,
+}
+
+impl KeyRecord {
+    /// A record in `state` with the counts; times are set with the `with_` methods (zero until
+    /// then). Stores call this.
+    pub fn new(state: KeyState, deliveries: u64, runs: u64) -> Self {
+        Self {
+            state,
+            deliveries,
+            runs,
+            reclaimed: false,
+            first_seen_ago: Duration::ZERO,
+            last_seen_ago: Duration::ZERO,
+            claimed_ago: Duration::ZERO,
+            renewed_ago: None,
+            settled_ago: None,
+        }
+    }
+
+    /// Sets whether the latest run reclaimed.
+    pub fn with_reclaimed(mut self, reclaimed: bool) -> Self {
+        self.reclaimed = reclaimed;
+        self
+    }
+
+    /// Sets the first and latest arrival.
+    pub fn with_seen(mut self, first_seen_ago: Duration, last_seen_ago: Duration) -> Self {
+        self.first_seen_ago = first_seen_ago;
+        self.last_seen_ago = last_seen_ago;
+        self
+    }
+
+    /// Sets the claim time, the heartbeat (for `processing` rows) and the settlement (for the
+    /// others), as the state says.
+    pub fn with_times(
+        mut self,
+        claimed_ago: Duration,
+        renewed_ago: Duration,
+        settled_ago: Duration,
+    ) -> Self {
+        self.claimed_ago = claimed_ago;
+        match self.state {
+            KeyState::Processing => self.renewed_ago = Some(renewed_ago),
+            KeyState::Done | KeyState::Released => self.settled_ago = Some(settled_ago),
+        }
+        self
     }
 }
 
@@ -283,14 +471,16 @@ impl StuckClaim {
 pub enum Resolution {
     /// The work was done: mark the key `done`, so further deliveries are duplicates.
     Done,
-    /// The work was not done: delete the claim, so the next delivery runs the handler.
+    /// The work was not done: release the claim, so the next delivery runs the handler.
     Release,
 }
 
-/// What to do with a stale claim: a `processing` row older than a limit, whose owner probably
-/// died between claim and commit.
+/// What to do with a stale claim: a `processing` row whose owner has not renewed it for a
+/// limit, because it died between claim and commit (or lost the store).
 ///
-/// The default reclaims after 15 minutes.
+/// The default reclaims after 30 seconds without a heartbeat. While a handler runs, the layer
+/// renews its claim every [quarter of the limit](Self::renew_interval): three renewals in a
+/// row must fail before a live claim turns stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stale {
     after: Duration,
@@ -307,8 +497,11 @@ pub enum StalePolicy {
     Hold,
 }
 
+/// The stale limit of [`Stale::default`]: 30 seconds without a heartbeat.
+pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(30);
+
 impl Stale {
-    /// Reclaim claims older than `after`.
+    /// Reclaim claims not renewed for `after`.
     pub const fn reclaim_after(after: Duration) -> Self {
         Self {
             after,
@@ -316,7 +509,7 @@ impl Stale {
         }
     }
 
-    /// Hold claims older than `after` for a person to [`resolve`](Store::resolve).
+    /// Hold claims not renewed for `after`, for a person to [`resolve`](Store::resolve).
     pub const fn hold_after(after: Duration) -> Self {
         Self {
             after,
@@ -324,7 +517,7 @@ impl Stale {
         }
     }
 
-    /// The age past which a claim is stale.
+    /// How long a claim may go without a heartbeat before it is stale.
     pub const fn after(&self) -> Duration {
         self.after
     }
@@ -334,15 +527,21 @@ impl Stale {
         self.policy
     }
 
-    /// Whether a claim of this age is stale.
-    pub fn is_stale(&self, age: Duration) -> bool {
-        age >= self.after
+    /// How often the layer renews a running claim: a quarter of the limit (7.5 s at the
+    /// default 30 s), and never more often than every 10 ms.
+    pub fn renew_interval(&self) -> Duration {
+        (self.after / 4).max(Duration::from_millis(10))
     }
 
-    /// What a claim on a `processing` row of this `age` answers, when it does not take it over.
-    pub fn pending(&self, age: Duration, deliveries: u64) -> Claim {
-        let pending = Pending::new(age, deliveries);
-        if self.policy == StalePolicy::Hold && self.is_stale(age) {
+    /// Whether a claim last renewed this long ago is stale.
+    pub fn is_stale(&self, since_renewal: Duration) -> bool {
+        since_renewal >= self.after
+    }
+
+    /// What a claim on a `processing` row answers when it does not take it over.
+    pub fn pending(&self, age: Duration, since_renewal: Duration, deliveries: u64) -> Claim {
+        let pending = Pending::new(age, since_renewal, deliveries);
+        if self.policy == StalePolicy::Hold && self.is_stale(since_renewal) {
             Claim::Held(pending)
         } else {
             Claim::InFlight(pending)
@@ -352,7 +551,7 @@ impl Stale {
 
 impl Default for Stale {
     fn default() -> Self {
-        Self::reclaim_after(Duration::from_secs(15 * 60))
+        Self::reclaim_after(DEFAULT_STALE_AFTER)
     }
 }
 

@@ -123,9 +123,12 @@ use tokio::sync::OnceCell;
 use super::sql::{
     self, ClaimRow, Queries, ResultExt, TableName, VersionQueries, sql_store, version_store,
 };
-use super::{Claim, ConfigError, Lease, LeaseToken, Stale, StalePolicy, StoreError};
+use super::{Claim, ConfigError, KeyState, Lease, LeaseToken, Stale, StalePolicy, StoreError};
 use crate::key::IdempotencyKey;
 use crate::order::{Advance, AdvanceVersion, VersionClaim, VersionLease};
+
+/// The name of the lock `migrate` holds: instances starting together upgrade the table once.
+const MIGRATE_LOCK: &str = "tower_idempotency_migrate";
 
 /// Which server a [`MySqlStore`] talks to; it decides how a claim is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +165,8 @@ struct ClaimQueries {
 
     /// MySQL: the read after an upsert that updated.
     read: Arc<str>,
+    /// Transactional mode: the marker takes over a released row.
+    tx_take: Arc<str>,
 
     /// MariaDB: `begin_version`'s upsert with `RETURNING`.
     version_returning: Arc<str>,
@@ -173,76 +178,126 @@ struct ClaimQueries {
     advance_read: Arc<str>,
 }
 
+/// The server's clock.
+const NOW: &str = "UTC_TIMESTAMP(6)";
 /// The age of the row's claim, in microseconds, by the server's clock.
 const AGE_US: &str = "TIMESTAMPDIFF(MICROSECOND, claimed_at, UTC_TIMESTAMP(6))";
+/// How long ago the row's claim was last renewed (or taken).
+const IDLE_US: &str =
+    "TIMESTAMPDIFF(MICROSECOND, COALESCE(renewed_at, claimed_at), UTC_TIMESTAMP(6))";
+
+/// The columns added since the first release, as the upgrade adds them.
+const NEW_COLUMNS: &str = "runs          BIGINT       NOT NULL DEFAULT 1,
+    reclaimed     BOOLEAN      NOT NULL DEFAULT FALSE,
+    first_seen_at DATETIME(6)  NULL,
+    last_seen_at  DATETIME(6)  NULL,
+    renewed_at    DATETIME(6)  NULL,";
 
 fn queries(table: TableName) -> (Queries, ClaimQueries) {
     let t = table.quoted('`');
+    let check = table.state_check('`');
     let migrate = format!(
         r#"CREATE TABLE IF NOT EXISTS {t} (
-    namespace    VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-    `key`        VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-    state        VARCHAR(10)  CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    token        BIGINT       NOT NULL,
-    deliveries   BIGINT       NOT NULL,
-    claimed_at   DATETIME(6)  NOT NULL,
-    completed_at DATETIME(6)  NULL,
+    namespace     VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    `key`         VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    state         VARCHAR(10)  CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    token         BIGINT       NOT NULL,
+    deliveries    BIGINT       NOT NULL,
+    {NEW_COLUMNS}
+    claimed_at    DATETIME(6)  NOT NULL,
+    completed_at  DATETIME(6)  NULL,
     PRIMARY KEY (namespace, `key`),
     KEY {claimed} (state, claimed_at),
     KEY {completed} (state, completed_at),
-    CHECK (state IN ('processing', 'done'))
+    CONSTRAINT {check} CHECK (state IN ('processing', 'done', 'released'))
 ) ENGINE = InnoDB"#,
         claimed = table.claimed_index('`'),
         completed = table.completed_index('`'),
     );
     // Parameters: namespace, key, our token, whether the policy reclaims, the stale limit in
-    // microseconds, our token, our token. The assignments run left to right: `token` is
-    // decided on the old `claimed_at`, then `claimed_at` restarts only if the token is ours.
+    // microseconds, then our token seven times. The assignments run left to right: `token` is
+    // decided on the row as it was (released, or processing and not renewed for the limit
+    // under reclaim); every later assignment follows only if the token is ours now, and
+    // `state` comes last, so `reclaimed` still sees the old state.
+    let ours = |column: &str, value: &str| format!("{column} = IF(token = ?, {value}, {column})");
     let claim = format!(
-        r#"INSERT INTO {t} (namespace, `key`, state, token, deliveries, claimed_at)
-VALUES (?, ?, 'processing', ?, 1, UTC_TIMESTAMP(6))
+        r#"INSERT INTO {t} (namespace, `key`, state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, renewed_at)
+VALUES (?, ?, 'processing', ?, 1, 1, FALSE, {NOW}, {NOW}, {NOW}, {NOW})
 ON DUPLICATE KEY UPDATE
     deliveries = deliveries + 1,
-    token = IF(state = 'processing' AND ? AND {AGE_US} >= ?, ?, token),
-    claimed_at = IF(token = ?, UTC_TIMESTAMP(6), claimed_at)"#
+    last_seen_at = {NOW},
+    token = IF(state = 'released' OR (state = 'processing' AND ? AND {IDLE_US} >= ?), ?, token),
+    {reclaimed},
+    {runs},
+    {claimed_at},
+    {renewed_at},
+    {completed_at},
+    {state}"#,
+        reclaimed = ours("reclaimed", "state = 'processing'"),
+        runs = ours("runs", "runs + 1"),
+        claimed_at = ours("claimed_at", NOW),
+        renewed_at = ours("renewed_at", NOW),
+        completed_at = ours("completed_at", "NULL"),
+        state = ours("state", "'processing'"),
     );
+    let fenced = "namespace = ? AND `key` = ? AND token = ?";
+    let renew =
+        format!("UPDATE {t} SET renewed_at = {NOW} WHERE {fenced} AND state = 'processing'");
     let commit = format!(
         r#"UPDATE {t}
-SET completed_at = IF(state = 'done', completed_at, UTC_TIMESTAMP(6)), state = 'done'
-WHERE namespace = ? AND `key` = ? AND token = ?"#
+SET completed_at = IF(state = 'done', completed_at, {NOW}), state = 'done'
+WHERE {fenced} AND state <> 'released'"#
     );
     let release = format!(
-        r#"DELETE FROM {t}
-WHERE namespace = ? AND `key` = ? AND token = ? AND state = 'processing'"#
+        "UPDATE {t} SET state = 'released', completed_at = {NOW} \
+         WHERE {fenced} AND state = 'processing'"
+    );
+    let age_of = |at: &str| format!("TIMESTAMPDIFF(MICROSECOND, {at}, {NOW})");
+    let describe = format!(
+        r#"SELECT state, deliveries, runs, reclaimed,
+    {first}, {last}, {AGE_US}, {IDLE_US}, {settled}
+FROM {t} WHERE namespace = ? AND `key` = ?"#,
+        first = age_of("COALESCE(first_seen_at, claimed_at)"),
+        last = age_of("COALESCE(last_seen_at, claimed_at)"),
+        settled = age_of("completed_at"),
     );
     let stuck = format!(
-        r#"SELECT namespace, `key`, deliveries, {AGE_US} AS age_us FROM {t}
-WHERE state = 'processing' AND claimed_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-ORDER BY claimed_at, namespace, `key`"#
+        r#"SELECT namespace, `key`, deliveries, {AGE_US} AS age_us, {IDLE_US} AS idle_us FROM {t}
+WHERE state = 'processing'
+    AND COALESCE(renewed_at, claimed_at) <= {NOW} - INTERVAL ? MICROSECOND
+ORDER BY COALESCE(renewed_at, claimed_at), namespace, `key`"#
     );
     let resolve_done = format!(
-        r#"UPDATE {t} SET token = ?, state = 'done', completed_at = UTC_TIMESTAMP(6)
+        r#"UPDATE {t} SET token = ?, state = 'done', completed_at = {NOW}
 WHERE namespace = ? AND `key` = ? AND state = 'processing'"#
     );
-    let resolve_release =
-        format!(r#"DELETE FROM {t} WHERE namespace = ? AND `key` = ? AND state = 'processing'"#);
+    let resolve_release = format!(
+        r#"UPDATE {t} SET state = 'released', completed_at = {NOW}
+WHERE namespace = ? AND `key` = ? AND state = 'processing'"#
+    );
     let purge = format!(
         r#"DELETE FROM {t}
-WHERE state = 'done' AND completed_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND"#
+WHERE state IN ('done', 'released') AND completed_at <= {NOW} - INTERVAL ? MICROSECOND"#
     );
-    let claim_returning =
-        format!("{claim}\nRETURNING state, token, deliveries, {AGE_US} AS age_us");
-    let claim_read = format!(
-        r#"SELECT state, token, deliveries, {AGE_US} AS age_us FROM {t}
-WHERE namespace = ? AND `key` = ?"#
-    );
+    let columns =
+        format!("state, token, deliveries, reclaimed, {AGE_US} AS age_us, {IDLE_US} AS idle_us");
+    let claim_returning = format!("{claim}\nRETURNING {columns}");
+    let claim_read = format!("SELECT {columns} FROM {t} WHERE namespace = ? AND `key` = ?");
     // INSERT IGNORE rather than ON DUPLICATE KEY UPDATE: duplicates waiting on an open
     // transaction then share a lock and never need an exclusive one on the same row, which
     // InnoDB would resolve by failing all but one of them as deadlocked.
-    let tx_check = format!("SELECT 1 FROM {t} WHERE namespace = ? AND `key` = ? AND token = ?");
+    let tx_check = format!("SELECT 1 FROM {t} WHERE {fenced}");
     let tx_claim = format!(
-        r#"INSERT IGNORE INTO {t} (namespace, `key`, state, token, deliveries, claimed_at, completed_at)
-VALUES (?, ?, 'done', ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"#
+        r#"INSERT IGNORE INTO {t} (namespace, `key`, state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, completed_at)
+VALUES (?, ?, 'done', ?, 1, 1, FALSE, {NOW}, {NOW}, {NOW}, {NOW})"#
+    );
+    // A released row is free for the marker too: taken over inside the transaction.
+    let tx_take = format!(
+        r#"UPDATE {t} SET token = ?, state = 'done', runs = runs + 1, deliveries = deliveries + 1,
+    last_seen_at = {NOW}, claimed_at = {NOW}, completed_at = {NOW}
+WHERE namespace = ? AND `key` = ? AND state = 'released'"#
     );
     let (versions, version_returning, version_read, advance_returning, advance_read) =
         version_queries(&table);
@@ -253,8 +308,10 @@ VALUES (?, ?, 'done', ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"#
         tx_check: tx_check.into(),
         migrate: migrate.into(),
         claim: claim.into(),
+        renew: renew.into(),
         commit: commit.into(),
         release: release.into(),
+        describe: describe.into(),
         stuck: stuck.into(),
         resolve_done: resolve_done.into(),
         resolve_release: resolve_release.into(),
@@ -263,12 +320,32 @@ VALUES (?, ?, 'done', ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"#
     let claims = ClaimQueries {
         returning: claim_returning.into(),
         read: claim_read.into(),
+        tx_take: tx_take.into(),
         version_returning,
         version_read,
         advance_returning,
         advance_read,
     };
     (queries, claims)
+}
+
+/// The `ALTER TABLE` that turns a table of the first release into the current one: the new
+/// columns, and the check on `state` (whose name the server chose, `checks`) replaced by one
+/// that admits `released`.
+fn upgrade(table: &TableName, checks: &[String]) -> String {
+    let t = table.quoted('`');
+    let mut alter: Vec<String> = NEW_COLUMNS
+        .lines()
+        .map(|line| format!("ADD COLUMN {}", line.trim().trim_end_matches(',')))
+        .collect();
+    for check in checks {
+        alter.push(format!("DROP CONSTRAINT `{}`", check.replace('`', "``")));
+    }
+    alter.push(format!(
+        "ADD CONSTRAINT {} CHECK (state IN ('processing', 'done', 'released'))",
+        table.state_check('`')
+    ));
+    format!("ALTER TABLE {t} {}", alter.join(", "))
 }
 
 /// The age of the row's pending version, in microseconds, by the server's clock.
@@ -322,6 +399,10 @@ WHERE namespace = ? AND entity = ? AND pending_token = ?"#
     );
     let release =
         format!("UPDATE {v} SET {clear} WHERE namespace = ? AND entity = ? AND pending_token = ?");
+    let renew = format!(
+        "UPDATE {v} SET pending_since = UTC_TIMESTAMP(6) \
+         WHERE namespace = ? AND entity = ? AND pending_token = ?"
+    );
     let applied = format!("SELECT applied_version FROM {v} WHERE namespace = ? AND entity = ?");
     let resolve_done = format!(
         r#"UPDATE {v} SET applied_version = {newest}, {clear}
@@ -348,6 +429,7 @@ ON DUPLICATE KEY UPDATE
     );
     let queries = VersionQueries {
         migrate: migrate.into(),
+        renew: renew.into(),
         begin: begin.into(),
         commit: commit.into(),
         release: release.into(),
@@ -423,15 +505,64 @@ impl MySqlStore {
         &self.pool
     }
 
-    /// Creates the table with its indexes if it does not exist: one `CREATE TABLE`. Safe to
-    /// call at every start-up, from several instances at once.
+    /// Creates the table with its indexes if it does not exist (one `CREATE TABLE`), and
+    /// upgrades a table made by an earlier release (one `ALTER TABLE`, its rows kept). Safe
+    /// to call at every start-up, from several instances at once: a named lock (`GET_LOCK`)
+    /// lets one of them at a time in.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::raw_sql(AssertSqlSafe(self.sql.migrate.clone()))
-            .execute(&self.pool)
+        // One connection holds a named lock throughout, so that instances starting together
+        // do not both upgrade the table.
+        let mut conn = self.pool.acquire().await.store()?;
+        let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
+            .bind(MIGRATE_LOCK)
+            .fetch_one(&mut *conn)
             .await
             .store()?;
+        if locked != Some(1) {
+            return Err(StoreError::backend(
+                "another instance held the migration lock for 60 seconds",
+            ));
+        }
+        let migrated = self.migrate_locked(&mut conn).await;
+        let unlocked = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(MIGRATE_LOCK)
+            .execute(&mut *conn)
+            .await;
+        migrated?;
+        unlocked.store().map(drop)
+    }
+
+    async fn migrate_locked(&self, conn: &mut sqlx::MySqlConnection) -> Result<(), StoreError> {
+        sqlx::raw_sql(AssertSqlSafe(self.sql.migrate.clone()))
+            .execute(&mut *conn)
+            .await
+            .store()?;
+        let table = &self.sql.table;
+        let current: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'runs'",
+        )
+        .bind(table.bare())
+        .fetch_one(&mut *conn)
+        .await
+        .store()?;
+        if current == 0 {
+            tracing::info!(table = %table.name(), "upgrading the idempotency table");
+            let checks: Vec<String> = sqlx::query_scalar(
+                "SELECT CONSTRAINT_NAME FROM information_schema.TABLE_CONSTRAINTS \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND CONSTRAINT_TYPE = 'CHECK'",
+            )
+            .bind(table.bare())
+            .fetch_all(&mut *conn)
+            .await
+            .store()?;
+            sqlx::raw_sql(AssertSqlSafe(upgrade(table, &checks)))
+                .execute(&mut *conn)
+                .await
+                .store()?;
+        }
         sqlx::raw_sql(AssertSqlSafe(self.sql.versions.migrate.clone()))
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await
             .store()?;
         Ok(())
@@ -444,14 +575,16 @@ impl MySqlStore {
         token: LeaseToken,
         stale: Stale,
     ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
-        sqlx::query(AssertSqlSafe(sql.clone()))
+        let mut query = sqlx::query(AssertSqlSafe(sql.clone()))
             .bind(key.namespace())
             .bind(key.value())
             .bind(token.to_i64())
             .bind(stale.policy() == StalePolicy::Reclaim)
-            .bind(sql::micros(stale.after()))
-            .bind(token.to_i64())
-            .bind(token.to_i64())
+            .bind(sql::micros(stale.after()));
+        for _ in 0..7 {
+            query = query.bind(token.to_i64());
+        }
+        query
     }
 
     async fn claim_key(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
@@ -462,7 +595,7 @@ impl MySqlStore {
                 .fetch_one(&self.pool)
                 .await
                 .store()?;
-            return claim_row(&row)?.into_claim(key, token, stale, None);
+            return ClaimRow::read(&row)?.into_claim(key, token, stale);
         }
         // A row that vanishes between the two statements more than twice in a row means
         // something else is deleting keys as fast as they are claimed.
@@ -485,7 +618,7 @@ impl MySqlStore {
                 .await
                 .store()?;
             if let Some(row) = row {
-                return claim_row(&row)?.into_claim(key, token, stale, Some(true));
+                return ClaimRow::read(&row)?.into_claim(key, token, stale);
             }
             // Released or purged between the two statements: claim again.
         }
@@ -493,15 +626,6 @@ impl MySqlStore {
             "the claimed row vanished between the upsert and the read, three times",
         ))
     }
-}
-
-fn claim_row(row: &sqlx::mysql::MySqlRow) -> Result<ClaimRow, StoreError> {
-    Ok(ClaimRow {
-        state: row.try_get(0).store()?,
-        token: row.try_get(1).store()?,
-        deliveries: row.try_get(2).store()?,
-        age_us: row.try_get(3).store()?,
-    })
 }
 
 sql_store!(MySqlStore);
@@ -586,6 +710,21 @@ impl MySqlStore {
         Err(StoreError::backend(
             "the versions row changed between the upsert and the read, three times",
         ))
+    }
+
+    /// The claim row of `key`, read on `conn`.
+    async fn read_claim(
+        &self,
+        conn: &mut sqlx::MySqlConnection,
+        key: &IdempotencyKey,
+    ) -> Result<ClaimRow, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(self.claims.read.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .fetch_one(conn)
+            .await
+            .store()?;
+        ClaimRow::read(&row)
     }
 
     /// The flavor, asked on `conn` if not known yet: inside a transaction, the pool may have
@@ -714,13 +853,30 @@ impl crate::transactional::TransactionalStore for MySqlStore {
                     return Ok(crate::transactional::Begin::Claimed(tx, token));
                 }
                 Ok(_) => {
-                    let row = sqlx::query(AssertSqlSafe(self.claims.read.clone()))
-                        .bind(key.namespace())
-                        .bind(key.value())
-                        .fetch_one(&mut *tx)
-                        .await
-                        .store()?;
-                    claim_row(&row)?.into_claim(key, token, sql::NEVER_STALE, Some(false))?
+                    let mut row = self.read_claim(&mut tx, key).await?;
+                    if KeyState::parse(&row.state) == Some(KeyState::Released) {
+                        // A released row is free for the marker: taken over in this
+                        // transaction, unless another delivery was faster.
+                        let taken = sqlx::query(AssertSqlSafe(self.claims.tx_take.clone()))
+                            .bind(token.to_i64())
+                            .bind(key.namespace())
+                            .bind(key.value())
+                            .execute(&mut *tx)
+                            .await;
+                        match taken {
+                            Ok(done) if done.rows_affected() == 1 => {
+                                return Ok(crate::transactional::Begin::Claimed(tx, token));
+                            }
+                            Ok(_) => row = self.read_claim(&mut tx, key).await?,
+                            Err(sqlx::Error::Database(e))
+                                if mysql_error(&*e) == Some(DEADLOCK) && attempt < 3 =>
+                            {
+                                continue;
+                            }
+                            Err(e) => return Err(StoreError::backend(e)),
+                        }
+                    }
+                    row.into_claim(key, token, sql::NEVER_STALE)?
                 }
                 Err(sqlx::Error::Database(e)) if mysql_error(&*e) == Some(LOCK_WAIT_TIMEOUT) => {
                     return Ok(crate::transactional::Begin::lock_timed_out(lock_timeout));

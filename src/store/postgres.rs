@@ -128,69 +128,116 @@ pub struct PostgresStore {
     sql: Arc<Queries>,
 }
 
+/// The columns of the claims table, as `CREATE TABLE` makes them and the upgrade adds them.
+fn columns() -> &'static str {
+    r#"    namespace     TEXT        NOT NULL,
+    "key"         TEXT        NOT NULL,
+    state         TEXT        NOT NULL,
+    token         BIGINT      NOT NULL,
+    deliveries    BIGINT      NOT NULL,
+    runs          BIGINT      NOT NULL DEFAULT 1,
+    reclaimed     BOOLEAN     NOT NULL DEFAULT FALSE,
+    first_seen_at TIMESTAMPTZ,
+    last_seen_at  TIMESTAMPTZ,
+    claimed_at    TIMESTAMPTZ NOT NULL,
+    renewed_at    TIMESTAMPTZ,
+    completed_at  TIMESTAMPTZ,"#
+}
+
 fn queries(table: TableName) -> Queries {
     let t = table.quoted('"');
-    let age = "(extract(epoch FROM now() - claimed_at) * 1000000)::bigint";
+    let check = table.state_check('"');
+    let age_of = |at: &str| format!("(extract(epoch FROM now() - {at}) * 1000000)::bigint");
+    let heartbeat = "COALESCE(renewed_at, claimed_at)";
+    let age = age_of("claimed_at");
+    let idle = age_of(heartbeat);
     let migrate = format!(
         r#"SELECT pg_advisory_xact_lock({MIGRATE_LOCK});
 CREATE TABLE IF NOT EXISTS {t} (
-    namespace    TEXT        NOT NULL,
-    "key"        TEXT        NOT NULL,
-    state        TEXT        NOT NULL CHECK (state IN ('processing', 'done')),
-    token        BIGINT      NOT NULL,
-    deliveries   BIGINT      NOT NULL,
-    claimed_at   TIMESTAMPTZ NOT NULL,
-    completed_at TIMESTAMPTZ,
-    PRIMARY KEY (namespace, "key")
+{columns}
+    PRIMARY KEY (namespace, "key"),
+    CONSTRAINT {check} CHECK (state IN ('processing', 'done', 'released'))
 );
 CREATE INDEX IF NOT EXISTS {claimed} ON {t} (state, claimed_at);
 CREATE INDEX IF NOT EXISTS {completed} ON {t} (state, completed_at);"#,
+        columns = columns(),
         claimed = table.claimed_index('"'),
         completed = table.completed_index('"'),
     );
-    // $4: whether the policy reclaims; $5: the stale limit in microseconds.
-    let takeover = "t.state = 'processing' AND $4 \
-                        AND t.claimed_at <= now() - $5::bigint * interval '1 microsecond'";
+    // $4: whether the policy reclaims; $5: the stale limit in microseconds. A released row is
+    // free; a processing one only once its owner stopped renewing it.
+    let take = "(t.state = 'released' OR (t.state = 'processing' AND $4 \
+         AND COALESCE(t.renewed_at, t.claimed_at) <= now() - $5::bigint * interval '1 microsecond'))";
     let claim = format!(
-        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, claimed_at)
-VALUES ($1, $2, 'processing', $3, 1, now())
+        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, renewed_at)
+VALUES ($1, $2, 'processing', $3, 1, 1, FALSE, now(), now(), now(), now())
 ON CONFLICT (namespace, "key") DO UPDATE SET
     deliveries = t.deliveries + 1,
-    token = CASE WHEN {takeover} THEN excluded.token ELSE t.token END,
-    claimed_at = CASE WHEN {takeover} THEN excluded.claimed_at ELSE t.claimed_at END
-RETURNING state, token, deliveries, {age} AS age_us"#
+    last_seen_at = now(),
+    state = CASE WHEN {take} THEN 'processing' ELSE t.state END,
+    token = CASE WHEN {take} THEN excluded.token ELSE t.token END,
+    runs = CASE WHEN {take} THEN t.runs + 1 ELSE t.runs END,
+    reclaimed = CASE WHEN {take} THEN t.state = 'processing' ELSE t.reclaimed END,
+    claimed_at = CASE WHEN {take} THEN now() ELSE t.claimed_at END,
+    renewed_at = CASE WHEN {take} THEN now() ELSE t.renewed_at END,
+    completed_at = CASE WHEN {take} THEN NULL ELSE t.completed_at END
+RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
     );
+    let fenced = r#"namespace = $1 AND "key" = $2 AND token = $3"#;
+    let renew =
+        format!("UPDATE {t} SET renewed_at = now() WHERE {fenced} AND state = 'processing'");
     let commit = format!(
         r#"UPDATE {t} SET state = 'done',
     completed_at = CASE WHEN state = 'done' THEN completed_at ELSE now() END
-WHERE namespace = $1 AND "key" = $2 AND token = $3"#
+WHERE {fenced} AND state <> 'released'"#
     );
     let release = format!(
-        r#"DELETE FROM {t}
-WHERE namespace = $1 AND "key" = $2 AND token = $3 AND state = 'processing'"#
+        "UPDATE {t} SET state = 'released', completed_at = now() \
+         WHERE {fenced} AND state = 'processing'"
+    );
+    let describe = format!(
+        r#"SELECT state, deliveries, runs, reclaimed,
+    {first}, {last}, {age}, {idle}, {settled}
+FROM {t} WHERE namespace = $1 AND "key" = $2"#,
+        first = age_of("COALESCE(first_seen_at, claimed_at)"),
+        last = age_of("COALESCE(last_seen_at, claimed_at)"),
+        settled = age_of("completed_at"),
     );
     let stuck = format!(
-        r#"SELECT namespace, "key", deliveries, {age} AS age_us FROM {t}
-WHERE state = 'processing' AND claimed_at <= now() - $1::bigint * interval '1 microsecond'
-ORDER BY claimed_at, namespace, "key""#
+        r#"SELECT namespace, "key", deliveries, {age} AS age_us, {idle} AS idle_us FROM {t}
+WHERE state = 'processing' AND {heartbeat} <= now() - $1::bigint * interval '1 microsecond'
+ORDER BY {heartbeat}, namespace, "key""#
     );
     let resolve_done = format!(
         r#"UPDATE {t} SET state = 'done', completed_at = now(), token = $1
 WHERE namespace = $2 AND "key" = $3 AND state = 'processing'"#
     );
-    let resolve_release =
-        format!(r#"DELETE FROM {t} WHERE namespace = $1 AND "key" = $2 AND state = 'processing'"#);
+    let resolve_release = format!(
+        r#"UPDATE {t} SET state = 'released', completed_at = now()
+WHERE namespace = $1 AND "key" = $2 AND state = 'processing'"#
+    );
     let purge = format!(
         r#"DELETE FROM {t}
-WHERE state = 'done' AND completed_at <= now() - $1::bigint * interval '1 microsecond'"#
+WHERE state IN ('done', 'released')
+    AND completed_at <= now() - $1::bigint * interval '1 microsecond'"#
     );
-    let tx_check =
-        format!(r#"SELECT 1 FROM {t} WHERE namespace = $1 AND "key" = $2 AND token = $3"#);
+    let tx_check = format!("SELECT 1 FROM {t} WHERE {fenced}");
+    // A released row is free for the marker too.
+    let free = "t.state = 'released'";
     let tx_claim = format!(
-        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, claimed_at, completed_at)
-VALUES ($1, $2, 'done', $3, 1, now(), now())
-ON CONFLICT (namespace, "key") DO UPDATE SET deliveries = t.deliveries + 1
-RETURNING state, token, deliveries, {age} AS age_us"#
+        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, completed_at)
+VALUES ($1, $2, 'done', $3, 1, 1, FALSE, now(), now(), now(), now())
+ON CONFLICT (namespace, "key") DO UPDATE SET
+    deliveries = t.deliveries + 1,
+    last_seen_at = now(),
+    state = CASE WHEN {free} THEN 'done' ELSE t.state END,
+    token = CASE WHEN {free} THEN excluded.token ELSE t.token END,
+    runs = CASE WHEN {free} THEN t.runs + 1 ELSE t.runs END,
+    claimed_at = CASE WHEN {free} THEN now() ELSE t.claimed_at END,
+    completed_at = CASE WHEN {free} THEN now() ELSE t.completed_at END
+RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
     );
     let versions = version_queries(&table);
     Queries {
@@ -200,13 +247,44 @@ RETURNING state, token, deliveries, {age} AS age_us"#
         tx_check: tx_check.into(),
         migrate: migrate.into(),
         claim: claim.into(),
+        renew: renew.into(),
         commit: commit.into(),
         release: release.into(),
+        describe: describe.into(),
         stuck: stuck.into(),
         resolve_done: resolve_done.into(),
         resolve_release: resolve_release.into(),
         purge: purge.into(),
     }
+}
+
+/// What turns a table of the first release (states `processing` and `done` only, no counts
+/// of runs, no heartbeat) into the current one. Existing rows keep everything they had; the
+/// constraint is replaced `NOT VALID` because every existing row satisfies it already.
+fn upgrade(table: &TableName) -> String {
+    let t = table.quoted('"');
+    let check = table.state_check('"');
+    let add: String = columns()
+        .lines()
+        .filter(|line| {
+            [
+                "runs",
+                "reclaimed",
+                "first_seen_at",
+                "last_seen_at",
+                "renewed_at",
+            ]
+            .contains(&line.split_whitespace().next().unwrap_or_default())
+        })
+        .map(|line| format!("\n    ADD COLUMN IF NOT EXISTS {}", line.trim()))
+        .collect();
+    let add = add.trim_end_matches(',');
+    format!(
+        r#"ALTER TABLE {t}{add};
+ALTER TABLE {t} DROP CONSTRAINT IF EXISTS {check};
+ALTER TABLE {t} ADD CONSTRAINT {check} CHECK (state IN ('processing', 'done', 'released')) NOT VALID;
+UPDATE {t} SET renewed_at = claimed_at WHERE state = 'processing' AND renewed_at IS NULL;"#
+    )
 }
 
 /// The statements on the versions table of the [order layer](crate::order).
@@ -243,6 +321,9 @@ ON CONFLICT (namespace, entity) DO UPDATE SET
 RETURNING applied_version, pending_version, pending_token, {age} AS age_us"#
     );
     let clear = "pending_version = NULL, pending_token = NULL, pending_since = NULL";
+    let renew = format!(
+        "UPDATE {v} SET pending_since = now() WHERE namespace = $1 AND entity = $2 AND pending_token = $3"
+    );
     let commit = format!(
         r#"UPDATE {v} SET applied_version = GREATEST(applied_version, pending_version), {clear}
 WHERE namespace = $1 AND entity = $2 AND pending_token = $3"#
@@ -272,6 +353,7 @@ RETURNING applied_version"#
     );
     VersionQueries {
         migrate: migrate.into(),
+        renew: renew.into(),
         begin: begin.into(),
         commit: commit.into(),
         release: release.into(),
@@ -309,14 +391,31 @@ impl PostgresStore {
         &self.pool
     }
 
-    /// Creates the table and its indexes if they do not exist, in one transaction. Safe to
-    /// call at every start-up, from several instances at once.
+    /// Creates the table and its indexes if they do not exist, in one transaction, and
+    /// upgrades a table made by an earlier release (new columns added, its rows kept). Safe
+    /// to call at every start-up, from several instances at once.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await.store()?;
         sqlx::raw_sql(AssertSqlSafe(self.sql.migrate.clone()))
             .execute(&mut *tx)
             .await
             .store()?;
+        let table = &self.sql.table;
+        let current: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+             WHERE attrelid = to_regclass($1) AND attname = 'runs' AND NOT attisdropped)",
+        )
+        .bind(table.quoted('"'))
+        .fetch_one(&mut *tx)
+        .await
+        .store()?;
+        if !current {
+            tracing::info!(table = %table.name(), "upgrading the idempotency table");
+            sqlx::raw_sql(AssertSqlSafe(upgrade(table)))
+                .execute(&mut *tx)
+                .await
+                .store()?;
+        }
         sqlx::raw_sql(AssertSqlSafe(self.sql.versions.migrate.clone()))
             .execute(&mut *tx)
             .await

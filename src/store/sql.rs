@@ -4,7 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Claim, Completed, ConfigError, Lease, LeaseToken, Stale, StoreError, StuckClaim};
+use super::{
+    Claim, Completed, ConfigError, KeyRecord, KeyState, Lease, LeaseToken, Stale, StoreError,
+    StuckClaim,
+};
 use crate::key::IdempotencyKey;
 
 /// The table every SQL store uses unless told otherwise.
@@ -109,6 +112,17 @@ impl TableName {
         }
     }
 
+    /// The quoted, unqualified name of the check constraint on `state`: `<table>_state_check`,
+    /// the name PostgreSQL gave the unnamed constraint of earlier releases.
+    pub(crate) fn state_check(&self, quote: char) -> String {
+        format!("{quote}{}_state_check{quote}", self.table)
+    }
+
+    /// The unqualified table name, unquoted: for catalog lookups.
+    pub(crate) fn bare(&self) -> &str {
+        &self.table
+    }
+
     /// The quoted, unqualified name of the index on `(state, claimed_at)`.
     pub(crate) fn claimed_index(&self, quote: char) -> String {
         format!("{quote}{}{CLAIMED_INDEX_SUFFIX}{quote}", self.table)
@@ -141,34 +155,95 @@ pub(crate) struct ClaimRow {
     pub(crate) state: String,
     pub(crate) token: i64,
     pub(crate) deliveries: i64,
+    /// Whether the row's latest run took over a stale claim.
+    pub(crate) reclaimed: bool,
     /// Microseconds since the row's claim, by the database's clock.
     pub(crate) age_us: i64,
+    /// Microseconds since the claim was last renewed (or taken).
+    pub(crate) idle_us: i64,
 }
 
 impl ClaimRow {
+    /// Reads the six columns `state, token, deliveries, reclaimed, age_us, idle_us`.
+    pub(crate) fn read<R>(row: &R) -> Result<Self, StoreError>
+    where
+        R: sqlx::Row,
+        usize: sqlx::ColumnIndex<R>,
+        String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        Ok(Self {
+            state: row.try_get(0).store()?,
+            token: row.try_get(1).store()?,
+            deliveries: row.try_get(2).store()?,
+            reclaimed: row.try_get(3).store()?,
+            age_us: row.try_get(4).store()?,
+            idle_us: row.try_get(5).store()?,
+        })
+    }
+
     /// What the claim answers. The upsert wrote `ours` if and only if it inserted the row or
-    /// took over a stale claim; `reclaimed` says which, when the backend knows it otherwise
-    /// (`None`: a row with more than one delivery was reclaimed).
+    /// took it over (released, or stale under reclaim).
     pub(crate) fn into_claim(
         self,
         key: &IdempotencyKey,
         ours: LeaseToken,
         stale: Stale,
-        reclaimed: Option<bool>,
     ) -> Result<Claim, StoreError> {
         if LeaseToken::from_i64(self.token) == ours {
-            let reclaimed = reclaimed.unwrap_or(self.deliveries > 1);
-            return Ok(Claim::Acquired(Lease::new(key.clone(), ours, reclaimed)));
+            return Ok(Claim::Acquired(Lease::new(
+                key.clone(),
+                ours,
+                self.reclaimed,
+            )));
         }
         let deliveries = count(self.deliveries);
-        match self.state.as_str() {
-            DONE => Ok(Claim::Done(Completed::new(deliveries))),
-            PROCESSING => Ok(stale.pending(duration_from_micros(self.age_us), deliveries)),
-            other => Err(StoreError::backend(format!(
-                "unexpected state {other:?} in the idempotency table"
+        match KeyState::parse(&self.state) {
+            Some(KeyState::Done) => Ok(Claim::Done(Completed::new(deliveries))),
+            Some(KeyState::Processing) => Ok(stale.pending(
+                duration_from_micros(self.age_us),
+                duration_from_micros(self.idle_us),
+                deliveries,
+            )),
+            _ => Err(StoreError::backend(format!(
+                "unexpected state {:?} in the idempotency table after a claim",
+                self.state
             ))),
         }
     }
+}
+
+/// Reads a [`KeyRecord`] from the nine columns of a describe statement: `state, deliveries,
+/// runs, reclaimed`, then the ages in microseconds of the first and last delivery, the claim,
+/// the last renewal and the settlement (the last two may be NULL).
+pub(crate) fn key_record<R>(row: &R) -> Result<KeyRecord, StoreError>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<i64>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let state: String = row.try_get(0).store()?;
+    let state = KeyState::parse(&state).ok_or_else(|| {
+        StoreError::backend(format!(
+            "unexpected state {state:?} in the idempotency table"
+        ))
+    })?;
+    let age = |i: usize| -> Result<Duration, StoreError> {
+        let us: Option<i64> = row.try_get(i).store()?;
+        Ok(duration_from_micros(us.unwrap_or(0)))
+    };
+    Ok(KeyRecord::new(
+        state,
+        count(row.try_get(1).store()?),
+        count(row.try_get(2).store()?),
+    )
+    .with_reclaimed(row.try_get(3).store()?)
+    .with_seen(age(4)?, age(5)?)
+    .with_times(age(6)?, age(7)?, age(8)?))
 }
 
 /// A stale policy under which no claim is ever stale: transactional mode has no stale claims.
@@ -178,37 +253,36 @@ impl ClaimRow {
 )]
 pub(crate) const NEVER_STALE: Stale = Stale::reclaim_after(Duration::MAX);
 
-/// The state of a claim being processed, as stored.
-pub(crate) const PROCESSING: &str = "processing";
-/// The state of a committed claim, as stored.
-pub(crate) const DONE: &str = "done";
-
 /// A row of [`Store::stuck_claims`](super::Store::stuck_claims).
 pub(crate) fn stuck_claim(
     namespace: String,
     key: String,
     deliveries: i64,
     age_us: i64,
+    idle_us: i64,
 ) -> Result<StuckClaim, StoreError> {
     let key = IdempotencyKey::new(namespace, key).map_err(StoreError::backend)?;
     Ok(StuckClaim::new(
         key,
         duration_from_micros(age_us),
+        duration_from_micros(idle_us),
         count(deliveries),
     ))
 }
 
 /// The statements of one store on one table, made once and shared by its clones.
 ///
-/// Parameters, by position: `claim` as the backend documents; `commit` and `release`
-/// (namespace, key, token); `resolve_done` (new token, namespace, key); `resolve_release`
-/// (namespace, key); `stuck` and `purge` (age in microseconds).
+/// Parameters, by position: `claim` as the backend documents; `renew`, `commit` and
+/// `release` (namespace, key, token); `describe` and `resolve_release` (namespace, key);
+/// `resolve_done` (new token, namespace, key); `stuck` and `purge` (age in microseconds).
 pub(crate) struct Queries {
     pub(crate) table: TableName,
     pub(crate) migrate: Arc<str>,
     pub(crate) claim: Arc<str>,
+    pub(crate) renew: Arc<str>,
     pub(crate) commit: Arc<str>,
     pub(crate) release: Arc<str>,
+    pub(crate) describe: Arc<str>,
     pub(crate) stuck: Arc<str>,
     pub(crate) resolve_done: Arc<str>,
     pub(crate) resolve_release: Arc<str>,
@@ -240,6 +314,8 @@ pub(crate) struct Queries {
 pub(crate) struct VersionQueries {
     /// Creates the table (`IF NOT EXISTS`).
     pub(crate) migrate: Arc<str>,
+    /// Moves the pending version's heartbeat (`pending_since`) if the token holds.
+    pub(crate) renew: Arc<str>,
     /// Makes the version pending if it is newer and nothing else is pending (or that is stale
     /// and the policy reclaims), counts the delivery, and (but on MySQL) returns the row.
     pub(crate) begin: Arc<str>,
@@ -300,7 +376,6 @@ macro_rules! upsert_store {
                 key: &$crate::key::IdempotencyKey,
                 stale: $crate::store::Stale,
             ) -> Result<$crate::store::Claim, $crate::store::StoreError> {
-                use ::sqlx::Row as _;
                 use $crate::store::sql::ResultExt as _;
                 let token = $crate::store::LeaseToken::generate();
                 let row = ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.claim.clone()))
@@ -312,13 +387,7 @@ macro_rules! upsert_store {
                     .fetch_one(&self.pool)
                     .await
                     .store()?;
-                let row = $crate::store::sql::ClaimRow {
-                    state: row.try_get(0).store()?,
-                    token: row.try_get(1).store()?,
-                    deliveries: row.try_get(2).store()?,
-                    age_us: row.try_get(3).store()?,
-                };
-                row.into_claim(key, token, stale, None)
+                $crate::store::sql::ClaimRow::read(&row)?.into_claim(key, token, stale)
             }
 
             async fn begin_entity_version(
@@ -353,8 +422,6 @@ macro_rules! upsert_store {
                 key: &$crate::key::IdempotencyKey,
                 lock_timeout: ::std::time::Duration,
             ) -> Result<$crate::transactional::Begin<$db>, $crate::store::StoreError> {
-                use ::sqlx::Row as _;
-                use $crate::store::sql::ResultExt as _;
                 let token = $crate::store::LeaseToken::generate();
                 let row = ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.tx_claim.clone()))
                     .bind(key.namespace())
@@ -369,14 +436,9 @@ macro_rules! upsert_store {
                     }
                     Err(e) => return Err($crate::store::StoreError::backend(e)),
                 };
-                let row = $crate::store::sql::ClaimRow {
-                    state: row.try_get(0).store()?,
-                    token: row.try_get(1).store()?,
-                    deliveries: row.try_get(2).store()?,
-                    age_us: row.try_get(3).store()?,
-                };
                 let never = $crate::store::sql::NEVER_STALE;
-                let claim = row.into_claim(key, token, never, Some(false))?;
+                let claim =
+                    $crate::store::sql::ClaimRow::read(&row)?.into_claim(key, token, never)?;
                 $crate::transactional::begun(claim, tx).await
             }
         }
@@ -491,6 +553,20 @@ macro_rules! version_store {
                 self.begin_entity_version(entity, version, stale).await
             }
 
+            async fn renew_version(
+                &self,
+                lease: &$crate::order::VersionLease,
+            ) -> Result<(), $crate::store::StoreError> {
+                let sql = &self.sql.versions.renew;
+                match self
+                    .on_entity(sql, lease.entity(), Some(lease.token()))
+                    .await?
+                {
+                    0 => Err($crate::store::StoreError::LeaseLost),
+                    _ => Ok(()),
+                }
+            }
+
             async fn commit_version(
                 &self,
                 lease: &$crate::order::VersionLease,
@@ -592,6 +668,30 @@ macro_rules! sql_store {
                 self.claim_key(key, stale).await
             }
 
+            async fn renew(
+                &self,
+                lease: &$crate::store::Lease,
+            ) -> Result<(), $crate::store::StoreError> {
+                match self.affected(&self.sql.renew, lease).await? {
+                    0 => Err($crate::store::StoreError::LeaseLost),
+                    _ => Ok(()),
+                }
+            }
+
+            async fn describe(
+                &self,
+                key: &$crate::key::IdempotencyKey,
+            ) -> Result<Option<$crate::store::KeyRecord>, $crate::store::StoreError> {
+                use $crate::store::sql::ResultExt as _;
+                let row = ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.describe.clone()))
+                    .bind(key.namespace())
+                    .bind(key.value())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .store()?;
+                row.as_ref().map($crate::store::sql::key_record).transpose()
+            }
+
             async fn commit(
                 &self,
                 lease: &$crate::store::Lease,
@@ -632,6 +732,7 @@ macro_rules! sql_store {
                             row.try_get(1).store()?,
                             row.try_get(2).store()?,
                             row.try_get(3).store()?,
+                            row.try_get(4).store()?,
                         )
                     })
                     .collect()
@@ -643,8 +744,8 @@ macro_rules! sql_store {
                 resolution: $crate::store::Resolution,
             ) -> Result<bool, $crate::store::StoreError> {
                 let query = match resolution {
-                    // A new token fences off the old owner, whose late commit or release must
-                    // not undo what the person decided.
+                    // A new token fences off the old owner, whose late commit must not undo
+                    // what the person decided.
                     $crate::store::Resolution::Done => {
                         ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.resolve_done.clone()))
                             .bind($crate::store::LeaseToken::generate().to_i64())
@@ -739,44 +840,58 @@ mod tests {
         assert_eq!(duration_from_micros(1_500), Duration::from_micros(1_500));
     }
 
+    const PROCESSING: &str = "processing";
+    const DONE: &str = "done";
+
     #[test]
     fn claim_decision() {
         let key = IdempotencyKey::new("ns", "k").unwrap();
         let ours = LeaseToken::generate();
         let other = LeaseToken::generate().to_i64();
         let stale = Stale::hold_after(Duration::from_secs(1));
-        let row = |state: &str, token, deliveries, age_us| ClaimRow {
+        let row = |state: &str, token, deliveries, reclaimed, age_us, idle_us| ClaimRow {
             state: state.to_owned(),
             token,
             deliveries,
+            reclaimed,
             age_us,
+            idle_us,
         };
-        match row(PROCESSING, ours.to_i64(), 1, 0).into_claim(&key, ours, stale, None) {
+        match row(PROCESSING, ours.to_i64(), 1, false, 0, 0).into_claim(&key, ours, stale) {
             Ok(Claim::Acquired(lease)) => assert!(!lease.reclaimed()),
             other => panic!("{other:?}"),
         }
-        match row(PROCESSING, ours.to_i64(), 4, 0).into_claim(&key, ours, stale, None) {
+        match row(PROCESSING, ours.to_i64(), 4, true, 0, 0).into_claim(&key, ours, stale) {
             Ok(Claim::Acquired(lease)) => assert!(lease.reclaimed()),
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            row(DONE, other, 3, 9)
-                .into_claim(&key, ours, stale, None)
+            row(DONE, other, 3, false, 9, 9)
+                .into_claim(&key, ours, stale)
                 .unwrap(),
             Claim::Done(Completed::new(3))
         );
         assert!(matches!(
-            row(PROCESSING, other, 2, 10).into_claim(&key, ours, stale, None),
-            Ok(Claim::InFlight(p)) if p.deliveries == 2 && p.age == Duration::from_micros(10)
+            row(PROCESSING, other, 2, false, 10, 5).into_claim(&key, ours, stale),
+            Ok(Claim::InFlight(p)) if p.deliveries == 2
+                && p.age == Duration::from_micros(10)
+                && p.since_renewal == Duration::from_micros(5)
+        ));
+        // Old, but renewed recently: not stale.
+        assert!(matches!(
+            row(PROCESSING, other, 2, false, 5_000_000, 10).into_claim(&key, ours, stale),
+            Ok(Claim::InFlight(_))
         ));
         assert!(matches!(
-            row(PROCESSING, other, 2, 2_000_000).into_claim(&key, ours, stale, None),
+            row(PROCESSING, other, 2, false, 2_000_000, 2_000_000).into_claim(&key, ours, stale),
             Ok(Claim::Held(_))
         ));
-        assert!(
-            row("weird", other, 2, 0)
-                .into_claim(&key, ours, stale, None)
-                .is_err()
-        );
+        for weird in ["weird", "released"] {
+            assert!(
+                row(weird, other, 2, false, 0, 0)
+                    .into_claim(&key, ours, stale)
+                    .is_err()
+            );
+        }
     }
 }

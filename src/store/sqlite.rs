@@ -140,64 +140,139 @@ pub struct SqliteStore {
     sql: Arc<Queries>,
 }
 
-fn queries(table: TableName) -> Queries {
+/// The claims table as `CREATE TABLE` makes it (an upgrade rebuilds an older table so).
+fn create_table(table: &TableName) -> String {
     let t = table.quoted('"');
-    let migrate = format!(
+    format!(
         r#"CREATE TABLE IF NOT EXISTS {t} (
-    namespace    TEXT    NOT NULL,
-    "key"        TEXT    NOT NULL,
-    state        TEXT    NOT NULL CHECK (state IN ('processing', 'done')),
-    token        INTEGER NOT NULL,
-    deliveries   INTEGER NOT NULL,
-    claimed_at   INTEGER NOT NULL,
-    completed_at INTEGER,
+    namespace     TEXT    NOT NULL,
+    "key"         TEXT    NOT NULL,
+    state         TEXT    NOT NULL CHECK (state IN ('processing', 'done', 'released')),
+    token         INTEGER NOT NULL,
+    deliveries    INTEGER NOT NULL,
+    runs          INTEGER NOT NULL DEFAULT 1,
+    reclaimed     INTEGER NOT NULL DEFAULT 0,
+    first_seen_at INTEGER,
+    last_seen_at  INTEGER,
+    claimed_at    INTEGER NOT NULL,
+    renewed_at    INTEGER,
+    completed_at  INTEGER,
     PRIMARY KEY (namespace, "key")
-);
-CREATE INDEX IF NOT EXISTS {claimed} ON {t} (state, claimed_at);
+);"#
+    )
+}
+
+fn create_indexes(table: &TableName) -> String {
+    let t = table.quoted('"');
+    format!(
+        r#"CREATE INDEX IF NOT EXISTS {claimed} ON {t} (state, claimed_at);
 CREATE INDEX IF NOT EXISTS {completed} ON {t} (state, completed_at);"#,
         claimed = table.claimed_index('"'),
         completed = table.completed_index('"'),
+    )
+}
+
+/// Rebuilds a table of the first release (states `processing` and `done` only, no counts of
+/// runs, no heartbeat): SQLite cannot change a `CHECK` constraint in place. The rows are
+/// copied whole; the seen times start at the claim time.
+fn upgrade(table: &TableName) -> String {
+    let t = table.quoted('"');
+    let previous = format!("\"{}_previous\"", table.bare());
+    format!(
+        r#"ALTER TABLE {t} RENAME TO {previous};
+{create}
+INSERT INTO {t} (namespace, "key", state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, renewed_at, completed_at)
+SELECT namespace, "key", state, token, deliveries, 1, 0,
+    claimed_at, claimed_at, claimed_at, claimed_at, completed_at
+FROM {previous};
+DROP TABLE {previous};"#,
+        create = create_table(table),
+    )
+}
+
+fn queries(table: TableName) -> Queries {
+    let t = table.quoted('"');
+    let heartbeat = "COALESCE(renewed_at, claimed_at)";
+    let age_of = |at: &str| format!("{NOW_US} - {at}");
+    let age = age_of("claimed_at");
+    let idle = age_of(heartbeat);
+    let migrate = format!("{}\n{}", create_table(&table), create_indexes(&table));
+    // ?4: whether the policy reclaims; ?5: the stale limit in microseconds. A released row is
+    // free; a processing one only once its owner stopped renewing it.
+    let take = format!(
+        "(t.state = 'released' OR (t.state = 'processing' AND ?4 \
+         AND COALESCE(t.renewed_at, t.claimed_at) <= {NOW_US} - ?5))"
     );
-    // ?4: whether the policy reclaims; ?5: the stale limit in microseconds.
-    let takeover = format!("t.state = 'processing' AND ?4 AND t.claimed_at <= {NOW_US} - ?5");
     let claim = format!(
-        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, claimed_at)
-VALUES (?1, ?2, 'processing', ?3, 1, {NOW_US})
+        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, renewed_at)
+VALUES (?1, ?2, 'processing', ?3, 1, 1, 0, {NOW_US}, {NOW_US}, {NOW_US}, {NOW_US})
 ON CONFLICT (namespace, "key") DO UPDATE SET
     deliveries = t.deliveries + 1,
-    token = CASE WHEN {takeover} THEN excluded.token ELSE t.token END,
-    claimed_at = CASE WHEN {takeover} THEN excluded.claimed_at ELSE t.claimed_at END
-RETURNING state, token, deliveries, {NOW_US} - claimed_at AS age_us"#
+    last_seen_at = {NOW_US},
+    state = CASE WHEN {take} THEN 'processing' ELSE t.state END,
+    token = CASE WHEN {take} THEN excluded.token ELSE t.token END,
+    runs = CASE WHEN {take} THEN t.runs + 1 ELSE t.runs END,
+    reclaimed = CASE WHEN {take} THEN t.state = 'processing' ELSE t.reclaimed END,
+    claimed_at = CASE WHEN {take} THEN {NOW_US} ELSE t.claimed_at END,
+    renewed_at = CASE WHEN {take} THEN {NOW_US} ELSE t.renewed_at END,
+    completed_at = CASE WHEN {take} THEN NULL ELSE t.completed_at END
+RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
     );
+    let fenced = r#"namespace = ?1 AND "key" = ?2 AND token = ?3"#;
+    let renew =
+        format!("UPDATE {t} SET renewed_at = {NOW_US} WHERE {fenced} AND state = 'processing'");
     let commit = format!(
         r#"UPDATE {t} SET state = 'done',
     completed_at = CASE WHEN state = 'done' THEN completed_at ELSE {NOW_US} END
-WHERE namespace = ?1 AND "key" = ?2 AND token = ?3"#
+WHERE {fenced} AND state <> 'released'"#
     );
     let release = format!(
-        r#"DELETE FROM {t}
-WHERE namespace = ?1 AND "key" = ?2 AND token = ?3 AND state = 'processing'"#
+        "UPDATE {t} SET state = 'released', completed_at = {NOW_US} \
+         WHERE {fenced} AND state = 'processing'"
+    );
+    let describe = format!(
+        r#"SELECT state, deliveries, runs, reclaimed,
+    {first}, {last}, {age}, {idle}, {settled}
+FROM {t} WHERE namespace = ?1 AND "key" = ?2"#,
+        first = age_of("COALESCE(first_seen_at, claimed_at)"),
+        last = age_of("COALESCE(last_seen_at, claimed_at)"),
+        settled = age_of("completed_at"),
     );
     let stuck = format!(
-        r#"SELECT namespace, "key", deliveries, {NOW_US} - claimed_at AS age_us FROM {t}
-WHERE state = 'processing' AND claimed_at <= {NOW_US} - ?1
-ORDER BY claimed_at, namespace, "key""#
+        r#"SELECT namespace, "key", deliveries, {age} AS age_us, {idle} AS idle_us FROM {t}
+WHERE state = 'processing' AND {heartbeat} <= {NOW_US} - ?1
+ORDER BY {heartbeat}, namespace, "key""#
     );
     let resolve_done = format!(
         r#"UPDATE {t} SET state = 'done', completed_at = {NOW_US}, token = ?1
 WHERE namespace = ?2 AND "key" = ?3 AND state = 'processing'"#
     );
-    let resolve_release =
-        format!(r#"DELETE FROM {t} WHERE namespace = ?1 AND "key" = ?2 AND state = 'processing'"#);
-    let purge =
-        format!(r#"DELETE FROM {t} WHERE state = 'done' AND completed_at <= {NOW_US} - ?1"#);
-    let tx_check =
-        format!(r#"SELECT 1 FROM {t} WHERE namespace = ?1 AND "key" = ?2 AND token = ?3"#);
+    let resolve_release = format!(
+        r#"UPDATE {t} SET state = 'released', completed_at = {NOW_US}
+WHERE namespace = ?1 AND "key" = ?2 AND state = 'processing'"#
+    );
+    let purge = format!(
+        r#"DELETE FROM {t}
+WHERE state IN ('done', 'released') AND completed_at <= {NOW_US} - ?1"#
+    );
+    let tx_check = format!("SELECT 1 FROM {t} WHERE {fenced}");
+    // A released row is free for the marker too.
+    let free = "t.state = 'released'";
     let tx_claim = format!(
-        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, claimed_at, completed_at)
-VALUES (?1, ?2, 'done', ?3, 1, {NOW_US}, {NOW_US})
-ON CONFLICT (namespace, "key") DO UPDATE SET deliveries = t.deliveries + 1
-RETURNING state, token, deliveries, {NOW_US} - claimed_at AS age_us"#
+        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, completed_at)
+VALUES (?1, ?2, 'done', ?3, 1, 1, 0, {NOW_US}, {NOW_US}, {NOW_US}, {NOW_US})
+ON CONFLICT (namespace, "key") DO UPDATE SET
+    deliveries = t.deliveries + 1,
+    last_seen_at = {NOW_US},
+    state = CASE WHEN {free} THEN 'done' ELSE t.state END,
+    token = CASE WHEN {free} THEN excluded.token ELSE t.token END,
+    runs = CASE WHEN {free} THEN t.runs + 1 ELSE t.runs END,
+    claimed_at = CASE WHEN {free} THEN {NOW_US} ELSE t.claimed_at END,
+    completed_at = CASE WHEN {free} THEN {NOW_US} ELSE t.completed_at END
+RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
     );
     let versions = version_queries(&table);
     Queries {
@@ -207,8 +282,10 @@ RETURNING state, token, deliveries, {NOW_US} - claimed_at AS age_us"#
         tx_check: tx_check.into(),
         migrate: migrate.into(),
         claim: claim.into(),
+        renew: renew.into(),
         commit: commit.into(),
         release: release.into(),
+        describe: describe.into(),
         stuck: stuck.into(),
         resolve_done: resolve_done.into(),
         resolve_release: resolve_release.into(),
@@ -251,6 +328,9 @@ ON CONFLICT (namespace, entity) DO UPDATE SET
 RETURNING applied_version, pending_version, pending_token, {NOW_US} - pending_since AS age_us"#
     );
     let clear = "pending_version = NULL, pending_token = NULL, pending_since = NULL";
+    let renew = format!(
+        "UPDATE {v} SET pending_since = {NOW_US} WHERE namespace = ?1 AND entity = ?2 AND pending_token = ?3"
+    );
     // SQLite's max() of several arguments is NULL if one is.
     let newest = "max(coalesce(applied_version, pending_version), pending_version)";
     let commit = format!(
@@ -282,6 +362,7 @@ RETURNING applied_version"#
     );
     VersionQueries {
         migrate: migrate.into(),
+        renew: renew.into(),
         begin: begin.into(),
         commit: commit.into(),
         release: release.into(),
@@ -317,12 +398,26 @@ impl SqliteStore {
         &self.pool
     }
 
-    /// Creates the table and its indexes if they do not exist, in one transaction. Safe to
-    /// call at every start-up, from several pools at once.
+    /// Creates the table and its indexes if they do not exist, in one transaction, and
+    /// upgrades a table made by an earlier release (rebuilt with the new columns, its rows
+    /// kept). Safe to call at every start-up, from several pools at once.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         // IMMEDIATE takes the write lock up front, waiting for it under the busy timeout; a
         // deferred transaction could fail to upgrade its read lock instead.
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.store()?;
+        let table = &self.sql.table;
+        let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info(?1)")
+            .bind(table.bare())
+            .fetch_all(&mut *tx)
+            .await
+            .store()?;
+        if !columns.is_empty() && !columns.iter().any(|c| c == "runs") {
+            tracing::info!(table = %table.name(), "upgrading the idempotency table");
+            sqlx::raw_sql(AssertSqlSafe(upgrade(table)))
+                .execute(&mut *tx)
+                .await
+                .store()?;
+        }
         sqlx::raw_sql(AssertSqlSafe(self.sql.migrate.clone()))
             .execute(&mut *tx)
             .await

@@ -28,7 +28,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{Layer, Service, ServiceExt, service_fn};
-use tower_idempotency::store::{Claim, Lease, Resolution, Store, StoreError};
+use tower_idempotency::store::{Claim, KeyState, Lease, Resolution, Store, StoreError};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Stale, key};
 
 /// The database URL in the environment variable `var`, or `default`.
@@ -306,6 +306,149 @@ pub async fn purge_completed_keeps_recent_and_processing<S: Store>(store: S) {
     ));
 }
 
+/// A renewal moves the heartbeat: an old claim renewed just now is not stale, and it turns
+/// stale one limit after its last renewal.
+pub async fn renew_keeps_a_claim_fresh<S: Store>(store: S) {
+    let key = key_in(&unique_namespace("renew"), "evt_1");
+    let short = Stale::reclaim_after(SHORT);
+    let owner = acquire(&store, &key, short).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    store.renew(&owner).await.unwrap();
+    match store.claim(&key, short).await.unwrap() {
+        Claim::InFlight(p) => {
+            assert!(p.age >= SHORT, "age {:?}", p.age);
+            assert!(
+                p.since_renewal < SHORT,
+                "since renewal {:?}",
+                p.since_renewal
+            );
+        }
+        other => panic!("a claim renewed just now is not stale, got {other:?}"),
+    }
+    assert!(
+        store
+            .stuck_claims(SHORT)
+            .await
+            .unwrap()
+            .iter()
+            .all(|s| s.key != key),
+        "a renewed claim is not stuck"
+    );
+    tokio::time::sleep(PAST_SHORT).await;
+    let stuck = store.stuck_claims(SHORT).await.unwrap();
+    let listed = stuck.iter().find(|s| s.key == key).expect("stale now");
+    assert!(listed.since_renewal >= SHORT && listed.age >= listed.since_renewal);
+    let new = acquire(&store, &key, short).await;
+    assert!(
+        new.reclaimed(),
+        "taken over one limit after the last renewal"
+    );
+    // The old owner is fenced off.
+    assert!(matches!(
+        store.renew(&owner).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.commit(&owner).await,
+        Err(StoreError::LeaseLost)
+    ));
+    store.renew(&new).await.unwrap();
+    store.commit(&new).await.unwrap();
+    // Only processing rows are renewed.
+    assert!(matches!(
+        store.renew(&new).await,
+        Err(StoreError::LeaseLost)
+    ));
+    let released = key_in(&unique_namespace("renew"), "evt_2");
+    let lease = acquire(&store, &released, LONG).await;
+    store.release(&lease).await.unwrap();
+    assert!(matches!(
+        store.renew(&lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.commit(&lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+}
+
+/// The journal: deliveries against runs, through a failed run, a retry and a duplicate; a
+/// released row is claimed as if it were new, and purged like a done one.
+pub async fn describe_counts_deliveries_and_runs<S: Store>(store: S) {
+    let ns = unique_namespace("describe");
+    let key = key_in(&ns, "evt_1");
+    assert_eq!(store.describe(&key).await.unwrap(), None);
+
+    let first = acquire(&store, &key, LONG).await;
+    let record = store.describe(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, KeyState::Processing);
+    assert_eq!((record.deliveries, record.runs), (1, 1));
+    assert!(!record.reclaimed);
+    assert!(record.renewed_ago.is_some() && record.settled_ago.is_none());
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::InFlight(_)
+    ));
+    store.release(&first).await.unwrap();
+    let record = store.describe(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, KeyState::Released);
+    assert_eq!((record.deliveries, record.runs), (2, 1));
+    assert!(record.settled_ago.is_some() && record.renewed_ago.is_none());
+    // A released row is not stuck, and nothing to resolve.
+    assert!(
+        store
+            .stuck_claims(Duration::ZERO)
+            .await
+            .unwrap()
+            .iter()
+            .all(|s| s.key != key)
+    );
+    assert!(!store.resolve(&key, Resolution::Done).await.unwrap());
+
+    // The retry runs again.
+    let second = acquire(&store, &key, LONG).await;
+    assert!(
+        !second.reclaimed(),
+        "a released claim is free, not reclaimed"
+    );
+    store.commit(&second).await.unwrap();
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    let record = store.describe(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, KeyState::Done);
+    assert_eq!(
+        (record.deliveries, record.runs),
+        (4, 2),
+        "sent 4 times, run twice"
+    );
+    assert!(record.first_seen_ago >= record.last_seen_ago);
+    assert!(record.first_seen_ago >= record.claimed_ago);
+
+    // A reclaim counts a run too, and says so.
+    let stale_key = key_in(&ns, "evt_2");
+    acquire(&store, &stale_key, LONG).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    let taken = acquire(&store, &stale_key, Stale::reclaim_after(SHORT)).await;
+    assert!(taken.reclaimed());
+    let record = store.describe(&stale_key).await.unwrap().unwrap();
+    assert_eq!((record.deliveries, record.runs), (2, 2));
+    assert!(record.reclaimed);
+
+    // Released rows are purged past the retention, like done ones.
+    let gone = key_in(&ns, "evt_3");
+    let lease = acquire(&store, &gone, LONG).await;
+    store.release(&lease).await.unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(store.purge_completed(SHORT).await.unwrap() >= 1);
+    assert_eq!(store.describe(&gone).await.unwrap(), None);
+    assert!(
+        store.describe(&stale_key).await.unwrap().is_some(),
+        "processing rows stay"
+    );
+}
+
 pub async fn concurrent_claims_have_one_winner<S: Store + Clone>(stores: Vec<S>) {
     let key = key_in(&unique_namespace("claims"), "evt_1");
     let tasks: Vec<_> = (0..64)
@@ -355,6 +498,16 @@ macro_rules! conformance_suite {
         async fn stuck_claims_and_resolve() {
             let Some(store) = $make.await else { return };
             $crate::common::stuck_claims_and_resolve(store).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn renew_keeps_a_claim_fresh() {
+            let Some(store) = $make.await else { return };
+            $crate::common::renew_keeps_a_claim_fresh(store).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn describe_counts_deliveries_and_runs() {
+            let Some(store) = $make.await else { return };
+            $crate::common::describe_counts_deliveries_and_runs(store).await;
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn purge_completed_keeps_recent_and_processing() {

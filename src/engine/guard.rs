@@ -1,0 +1,631 @@
+//! The lease guard: holds a claim from the moment the store grants it until it is settled, and
+//! settles it whatever happens to the delivery in between.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::drain::{Entry, Stage, Tracked};
+use super::settings::Settings;
+use crate::key::IdempotencyKey;
+use crate::response::Outcome;
+use crate::store::{Lease, LeaseToken, Stale, StalePolicy, StoreError};
+
+/// What a lease is on: a key's claim, or an entity's pending version.
+pub(crate) trait Leased: Clone + Send + Sync + 'static {
+    /// The key, or the entity.
+    fn key(&self) -> &IdempotencyKey;
+    fn token(&self) -> LeaseToken;
+}
+
+impl Leased for Lease {
+    fn key(&self) -> &IdempotencyKey {
+        self.key()
+    }
+
+    fn token(&self) -> LeaseToken {
+        self.token()
+    }
+}
+
+/// A mode whose claims are leases in a store: claim-then-commit and the version guard. The
+/// guard renews, commits and releases through it.
+pub(crate) trait Owner: Send + Sync + 'static {
+    type Lease: Leased;
+    /// What the lease is on, for log lines and drain reports: "claim", "pending version".
+    const WHAT: &'static str;
+
+    fn settings(&self) -> &Settings;
+    fn stale(&self) -> Stale;
+
+    fn renew(&self, lease: &Self::Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Commits or releases in the store, once.
+    fn settle(
+        &self,
+        lease: &Self::Lease,
+        action: Settle,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Logs how a settlement went.
+    fn report(lease: &Self::Lease, action: Settle, result: &Result<(), StoreError>);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settle {
+    Commit,
+    Release,
+}
+
+impl Settle {
+    pub(crate) fn outcome(self) -> Outcome {
+        match self {
+            Self::Commit => Outcome::Processed,
+            Self::Release => Outcome::Released,
+        }
+    }
+}
+
+/// A lease and what is known about it, shared by the guard, the handler (through a
+/// [`LeaseHandle`]) and the drain.
+pub(crate) struct LeaseState<L> {
+    lease: L,
+    what: &'static str,
+    held: AtomicBool,
+    stage: AtomicU8,
+    done: AtomicBool,
+    settled: Notify,
+}
+
+impl<L> LeaseState<L> {
+    pub(crate) fn new(lease: L, what: &'static str) -> Self {
+        Self {
+            lease,
+            what,
+            held: AtomicBool::new(true),
+            stage: AtomicU8::new(Stage::Running.as_u8()),
+            done: AtomicBool::new(false),
+            settled: Notify::new(),
+        }
+    }
+
+    pub(crate) fn lease(&self) -> &L {
+        &self.lease
+    }
+
+    pub(crate) fn set_stage(&self, stage: Stage) {
+        self.stage.store(stage.as_u8(), Ordering::Relaxed);
+    }
+
+    pub(crate) fn lost(&self) {
+        self.held.store(false, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Wakes whoever waits for this lease to settle.
+    pub(crate) fn finish(&self) {
+        self.done.store(true, Ordering::SeqCst);
+        self.settled.notify_waiters();
+    }
+}
+
+impl<L: Leased> Tracked for LeaseState<L> {
+    fn key(&self) -> &IdempotencyKey {
+        self.lease.key()
+    }
+
+    fn what(&self) -> &'static str {
+        self.what
+    }
+
+    fn stage(&self) -> Stage {
+        Stage::from_u8(self.stage.load(Ordering::Relaxed))
+    }
+
+    fn settled(&self) -> &Notify {
+        &self.settled
+    }
+
+    fn is_settled(&self) -> bool {
+        self.done.load(Ordering::SeqCst)
+    }
+}
+
+/// The claim a handler runs under, in the request extensions of every delivery that holds one.
+///
+/// The layer renews the claim while the handler runs. Should a renewal find that another
+/// delivery took the claim over (this process lost the store for longer than the stale limit,
+/// say), [`is_held`](Self::is_held) turns `false`: the handler's commit will not count, and a
+/// long handler may stop early or make its side effect conditional.
+///
+/// ```
+/// use http::{Request, Response};
+/// use tower::{ServiceBuilder, ServiceExt, service_fn};
+/// use tower_idempotency::{IdempotencyLayer, LeaseHandle, key, store::MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let svc = ServiceBuilder::new()
+///     .layer(IdempotencyLayer::new(MemoryStore::new()).key(key::github()))
+///     .service(service_fn(|req: Request<_>| async move {
+///         let lease = req.extensions().get::<LeaseHandle>().expect("a claimed delivery");
+///         assert!(lease.is_held());
+///         assert_eq!(lease.lease().key().value(), "d-1");
+///         Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+///     }));
+/// let delivery = Request::post("/").header("x-github-delivery", "d-1").body(String::new()).unwrap();
+/// assert!(svc.oneshot(delivery).await.unwrap().status().is_success());
+/// # }
+/// ```
+///
+/// Under the version guard the handle is a `LeaseHandle<VersionLease>`.
+pub struct LeaseHandle<L = Lease> {
+    state: Arc<LeaseState<L>>,
+}
+
+impl<L> LeaseHandle<L> {
+    /// The lease: the key (or entity) and its fencing token.
+    pub fn lease(&self) -> &L {
+        &self.state.lease
+    }
+
+    /// Whether the delivery still holds its claim, as far as the last renewal knows: `false`
+    /// once a renewal was answered that another delivery took the claim over.
+    pub fn is_held(&self) -> bool {
+        self.state.is_held()
+    }
+}
+
+impl<L> Clone for LeaseHandle<L> {
+    fn clone(&self) -> Self {
+        Self {
+            state: self.state.clone(),
+        }
+    }
+}
+
+impl<L: fmt::Debug> fmt::Debug for LeaseHandle<L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseHandle")
+            .field("lease", &self.state.lease)
+            .field("held", &self.state.is_held())
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The store granted the claim; the handler has not started.
+    Claimed,
+    /// The handler is running.
+    Running,
+    /// A commit or release is under way.
+    Settling(Settle),
+    /// Nothing left to do.
+    Settled,
+}
+
+/// How often, and for how long, a commit or release that failed is tried again.
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+const RETRIES: u32 = 12;
+
+/// Holds a lease from the store's answer to its settlement.
+///
+/// Made where the store's answer arrives, so that an answer nobody reads (its delivery went
+/// away during the claim) gives the claim back when it is dropped. Dropped later, it finishes
+/// what it was doing: a release if the handler never started or was cut off (under hold: left
+/// for the stale path), the commit or release under way otherwise.
+pub(crate) struct LeaseGuard<O: Owner> {
+    owner: Arc<O>,
+    state: Arc<LeaseState<O::Lease>>,
+    phase: Phase,
+    entry: Option<Entry>,
+}
+
+impl<O: Owner> LeaseGuard<O> {
+    /// The store granted `lease`; `entry` counts the delivery in the drain.
+    pub(crate) fn claimed(owner: Arc<O>, lease: O::Lease, mut entry: Entry) -> Self {
+        let state = Arc::new(LeaseState::new(lease, O::WHAT));
+        entry.hold(state.clone());
+        Self {
+            owner,
+            state,
+            phase: Phase::Claimed,
+            entry: Some(entry),
+        }
+    }
+
+    pub(crate) fn lease(&self) -> &O::Lease {
+        self.state.lease()
+    }
+
+    pub(crate) fn owner(&self) -> &O {
+        &self.owner
+    }
+
+    /// What the handler gets in its request extensions.
+    pub(crate) fn handle(&self) -> LeaseHandle<O::Lease> {
+        LeaseHandle {
+            state: self.state.clone(),
+        }
+    }
+
+    /// The handler starts.
+    pub(crate) fn start(&mut self) {
+        self.phase = Phase::Running;
+    }
+
+    /// One heartbeat, bounded by the store timeout. A lease found lost is remembered (the
+    /// handler can ask) and not renewed again.
+    pub(crate) async fn renew(&self) {
+        if !self.state.is_held() {
+            return;
+        }
+        let timeout = self.owner.settings().store_timeout;
+        let result = bounded(self.owner.renew(self.lease()), timeout).await;
+        let lease = self.lease();
+        match result {
+            Ok(()) => tracing::trace!(lease = %lease.token(), "renewed"),
+            Err(StoreError::LeaseLost) => {
+                self.state.lost();
+                tracing::warn!(
+                    namespace = lease.key().namespace(),
+                    key = lease.key().value(),
+                    lease = %lease.token(),
+                    "lost the {} while the handler runs: it was not renewed within the stale \
+                     limit and another delivery took it over; this run's commit will not count",
+                    O::WHAT,
+                );
+            }
+            Err(error) => tracing::warn!(
+                namespace = lease.key().namespace(),
+                key = lease.key().value(),
+                lease = %lease.token(),
+                error = &error as &dyn std::error::Error,
+                "renewing the {} failed; trying again at the next heartbeat",
+                O::WHAT,
+            ),
+        }
+    }
+
+    /// Commits or releases, and answers the delivery's outcome. A store failure is retried in
+    /// the background, with the heartbeat going on, while the delivery answers.
+    pub(crate) async fn settle(mut self, action: Settle) -> Outcome {
+        self.phase = Phase::Settling(action);
+        self.state.set_stage(Stage::Settling);
+        let timeout = self.owner.settings().store_timeout;
+        let result = bounded(self.owner.settle(self.lease(), action), timeout).await;
+        if matches!(result, Err(StoreError::Backend(_))) {
+            O::report(self.lease(), action, &result);
+            self.state.set_stage(Stage::Retrying);
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(self.retry(action));
+                }
+                Err(_) => self.finish(), // left for the stale path; already logged
+            }
+        } else {
+            O::report(self.lease(), action, &result);
+            self.finish();
+        }
+        action.outcome()
+    }
+
+    /// The handler panicked: under reclaim, release so the retry runs; under hold, leave the
+    /// claim to the stale path, since the work may have been half done.
+    pub(crate) async fn abandon(mut self) {
+        match self.owner.stale().policy() {
+            StalePolicy::Reclaim => {
+                self.settle(Settle::Release).await;
+            }
+            StalePolicy::Hold => {
+                left_for_hold(self.lease(), O::WHAT, "the handler panicked");
+                self.finish();
+            }
+        }
+    }
+
+    /// Tries a failed commit or release again with backoff, renewing the claim meanwhile. Both
+    /// are fenced, so a late attempt cannot touch a claim someone else holds by now.
+    async fn retry(mut self, action: Settle) {
+        let timeout = self.owner.settings().store_timeout;
+        let renew_every = self.owner.stale().renew_interval();
+        let mut delay = FIRST_RETRY;
+        let mut renewed = tokio::time::Instant::now();
+        for attempt in 1..=RETRIES {
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(MAX_RETRY_DELAY);
+            if renewed.elapsed() >= renew_every {
+                self.renew().await;
+                renewed = tokio::time::Instant::now();
+            }
+            let result = bounded(self.owner.settle(self.lease(), action), timeout).await;
+            if !matches!(result, Err(StoreError::Backend(_))) {
+                let lease = self.lease();
+                tracing::info!(
+                    namespace = lease.key().namespace(),
+                    key = lease.key().value(),
+                    lease = %lease.token(),
+                    attempt,
+                    action = ?action,
+                    settled = result.is_ok(),
+                    "a {} that failed was tried again",
+                    O::WHAT,
+                );
+                O::report(lease, action, &result);
+                self.finish();
+                return;
+            }
+        }
+        let lease = self.lease();
+        tracing::error!(
+            namespace = lease.key().namespace(),
+            key = lease.key().value(),
+            lease = %lease.token(),
+            action = ?action,
+            "gave up settling the {} after {RETRIES} more attempts; it turns stale one stale \
+             limit from its last heartbeat, and the stale policy decides",
+            O::WHAT,
+        );
+        self.finish();
+    }
+
+    fn finish(&mut self) {
+        self.phase = Phase::Settled;
+        self.state.finish();
+        self.entry = None;
+    }
+}
+
+impl<O: Owner> Drop for LeaseGuard<O> {
+    fn drop(&mut self) {
+        let action = match self.phase {
+            Phase::Settled => return,
+            Phase::Settling(action) => action,
+            // Nothing ran: give the claim back, whatever the policy.
+            Phase::Claimed => Settle::Release,
+            Phase::Running => match self.owner.stale().policy() {
+                StalePolicy::Reclaim => Settle::Release,
+                StalePolicy::Hold => {
+                    left_for_hold(self.lease(), O::WHAT, "the handler was cut off");
+                    self.finish();
+                    return;
+                }
+            },
+        };
+        let given_back = self.phase == Phase::Claimed;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let lease = self.lease();
+            tracing::warn!(
+                namespace = lease.key().namespace(),
+                key = lease.key().value(),
+                lease = %lease.token(),
+                "no runtime to settle a dropped {}; it is left to the stale path",
+                O::WHAT,
+            );
+            self.finish();
+            return;
+        };
+        let owner = self.owner.clone();
+        let state = self.state.clone();
+        let entry = self.entry.take();
+        self.phase = Phase::Settled;
+        runtime.spawn(async move {
+            let timeout = owner.settings().store_timeout;
+            let result = bounded(owner.settle(state.lease(), action), timeout).await;
+            if given_back {
+                let lease = state.lease();
+                tracing::debug!(
+                    namespace = lease.key().namespace(),
+                    key = lease.key().value(),
+                    lease = %lease.token(),
+                    given_back = result.is_ok(),
+                    "the delivery went away before its handler started; the {} was given back",
+                    O::WHAT,
+                );
+            } else {
+                O::report(state.lease(), action, &result);
+            }
+            state.finish();
+            drop(entry);
+        });
+    }
+}
+
+/// A store call, bounded by the store timeout.
+pub(crate) async fn bounded(
+    call: impl Future<Output = Result<(), StoreError>>,
+    timeout: Duration,
+) -> Result<(), StoreError> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::backend(format!(
+                "the store did not answer within {timeout:?}"
+            )))
+        })
+}
+
+fn left_for_hold<L: Leased>(lease: &L, what: &str, why: &str) {
+    tracing::warn!(
+        namespace = lease.key().namespace(),
+        key = lease.key().value(),
+        lease = %lease.token(),
+        "{why}; under the hold policy the {what} stays for review once stale",
+    );
+}
+
+#[cfg(all(test, feature = "memory"))]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::Drain;
+    use crate::store::{Claim, KeyState, MemoryStore, Store};
+
+    /// An owner over a memory store whose commits fail `fail` times first.
+    struct Test {
+        store: MemoryStore,
+        settings: Settings,
+        stale: Stale,
+        fail: AtomicUsize,
+    }
+
+    impl Owner for Test {
+        type Lease = Lease;
+        const WHAT: &'static str = "claim";
+
+        fn settings(&self) -> &Settings {
+            &self.settings
+        }
+
+        fn stale(&self) -> Stale {
+            self.stale
+        }
+
+        async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+            self.store.renew(lease).await
+        }
+
+        async fn settle(&self, lease: &Lease, action: Settle) -> Result<(), StoreError> {
+            if self
+                .fail
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(StoreError::backend("down"));
+            }
+            match action {
+                Settle::Commit => self.store.commit(lease).await,
+                Settle::Release => self.store.release(lease).await,
+            }
+        }
+
+        fn report(_: &Lease, _: Settle, _: &Result<(), StoreError>) {}
+    }
+
+    async fn make(stale: Stale, fail: usize) -> (LeaseGuard<Test>, MemoryStore, Drain) {
+        let store = MemoryStore::new();
+        let key = IdempotencyKey::new("guard", "evt_1").unwrap();
+        let Claim::Acquired(lease) = store.claim(&key, stale).await.unwrap() else {
+            panic!("a new key");
+        };
+        let settings = Settings::default();
+        let drain = settings.drain.clone();
+        let owner = Arc::new(Test {
+            store: store.clone(),
+            settings,
+            stale,
+            fail: AtomicUsize::new(fail),
+        });
+        let entry = drain.enter().unwrap();
+        (LeaseGuard::claimed(owner, lease, entry), store, drain)
+    }
+
+    async fn state(store: &MemoryStore) -> KeyState {
+        let key = IdempotencyKey::new("guard", "evt_1").unwrap();
+        store.describe(&key).await.unwrap().unwrap().state
+    }
+
+    async fn settled(drain: &Drain) {
+        for _ in 0..1000 {
+            if drain.in_flight() == 0 {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the guard never settled");
+    }
+
+    #[tokio::test]
+    async fn dropped_before_the_handler_starts_gives_the_claim_back() {
+        for stale in [Stale::default(), Stale::hold_after(Duration::from_secs(1))] {
+            let (guard, store, drain) = make(stale, 0).await;
+            assert_eq!(drain.in_flight(), 1);
+            drop(guard);
+            settled(&drain).await;
+            assert_eq!(state(&store).await, KeyState::Released, "{stale:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn dropped_while_running_follows_the_policy() {
+        let (mut guard, store, drain) = make(Stale::default(), 0).await;
+        guard.start();
+        drop(guard);
+        settled(&drain).await;
+        assert_eq!(state(&store).await, KeyState::Released, "reclaim releases");
+
+        let (mut guard, store, drain) = make(Stale::hold_after(Duration::from_secs(1)), 0).await;
+        guard.start();
+        drop(guard);
+        settled(&drain).await;
+        assert_eq!(state(&store).await, KeyState::Processing, "hold leaves it");
+    }
+
+    #[tokio::test]
+    async fn settled_guard_does_nothing_on_drop() {
+        let (mut guard, store, drain) = make(Stale::default(), 0).await;
+        guard.start();
+        assert_eq!(guard.settle(Settle::Commit).await, Outcome::Processed);
+        settled(&drain).await;
+        assert_eq!(state(&store).await, KeyState::Done);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_commit_is_retried_until_it_lands() {
+        let (mut guard, store, drain) = make(Stale::default(), 3).await;
+        guard.start();
+        let state_arc = guard.state.clone();
+        assert_eq!(guard.settle(Settle::Commit).await, Outcome::Processed);
+        assert_eq!(
+            state(&store).await,
+            KeyState::Processing,
+            "first attempt failed"
+        );
+        assert_eq!(drain.in_flight(), 1, "the retry counts as in flight");
+        assert_eq!(state_arc.stage(), Stage::Retrying);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(state(&store).await, KeyState::Done, "a retry landed");
+        assert_eq!(drain.in_flight(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_give_up_after_their_bound() {
+        let (mut guard, store, drain) = make(Stale::default(), usize::MAX).await;
+        guard.start();
+        guard.settle(Settle::Commit).await;
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert_eq!(drain.in_flight(), 0, "gave up");
+        assert_eq!(
+            state(&store).await,
+            KeyState::Processing,
+            "left to the stale path"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewal_of_a_lost_lease_is_remembered() {
+        let stale = Stale::reclaim_after(Duration::from_secs(1));
+        let (guard, store, _drain) = make(stale, 0).await;
+        let handle = guard.handle();
+        guard.renew().await;
+        assert!(handle.is_held());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let key = IdempotencyKey::new("guard", "evt_1").unwrap();
+        assert!(matches!(
+            store.claim(&key, stale).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        guard.renew().await;
+        assert!(!handle.is_held(), "the lease was taken over");
+    }
+}

@@ -1,0 +1,156 @@
+//! Before the claim: the delivery's key, the body buffered only when it must be, and the
+//! answers that need no store.
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_service::Service;
+
+use super::settings::{MissingKey, Settings};
+use crate::body::{RequestBody, ResponseBody};
+use crate::key::{ExtractKey, IdempotencyKey, KeyError};
+use crate::response::{self, Outcome};
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the key of a delivery decided.
+pub(crate) enum Keyed<B> {
+    /// A valid key, and the request to pass on.
+    Key(IdempotencyKey, Request<RequestBody<B>>),
+    /// No key, and the layer lets such requests through unguarded.
+    PassThrough(Request<RequestBody<B>>),
+    /// An answer of 4xx.
+    Rejected(KeyError),
+}
+
+/// Finds the delivery's key (buffering the body if the extractor reads it, or always when
+/// `buffer_always`) and decides what happens to a delivery without one.
+pub(crate) async fn keyed<K, B>(
+    extractor: &K,
+    settings: &Settings,
+    buffer_always: bool,
+    req: Request<B>,
+) -> Keyed<B>
+where
+    K: ExtractKey,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    let reads = extractor.reads_body(&parts);
+    let (bytes, body) = match take_body(reads || buffer_always, &parts, body, settings).await {
+        Ok(taken) => taken,
+        Err(error) => return Keyed::Rejected(error),
+    };
+    let key = extractor.extract(&parts, bytes.as_deref().filter(|_| reads));
+    match check_len(key, settings) {
+        Ok(key) => Keyed::Key(key, Request::from_parts(parts, body)),
+        Err(KeyError::Missing { .. }) if settings.missing_key == MissingKey::PassThrough => {
+            Keyed::PassThrough(Request::from_parts(parts, body))
+        }
+        Err(error) => Keyed::Rejected(error),
+    }
+}
+
+/// Runs the inner service for a delivery let through without a claim.
+pub(crate) async fn pass_through<S, B, ResB>(
+    mut inner: S,
+    request: Request<B>,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+{
+    tracing::debug!(
+        outcome = Outcome::PassedThrough.as_str(),
+        "delivery let through unguarded"
+    );
+    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+    let res = inner.call(request).await?;
+    Ok(with_outcome(res, Outcome::PassedThrough))
+}
+
+/// Buffers the body through the limit and the time limit when `needed`, and answers the bytes
+/// with the body to pass on: the buffered bytes, or the original body untouched.
+pub(crate) async fn take_body<B>(
+    needed: bool,
+    parts: &Parts,
+    body: B,
+    settings: &Settings,
+) -> Result<(Option<Bytes>, RequestBody<B>), KeyError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    if !needed {
+        return Ok((None, RequestBody::new(body)));
+    }
+    let bytes = buffer(parts, body, settings).await?;
+    Ok((Some(bytes.clone()), RequestBody::buffered(bytes)))
+}
+
+async fn buffer<B>(parts: &Parts, body: B, settings: &Settings) -> Result<Bytes, KeyError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let limit = settings.body_limit;
+    let too_large = KeyError::BodyTooLarge { limit };
+    let declared = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(too_large);
+    }
+    let collect = Limited::new(body, limit).collect();
+    match tokio::time::timeout(settings.body_timeout, collect).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(error)) if error.is::<LengthLimitError>() => Err(too_large),
+        Ok(Err(error)) => Err(KeyError::BodyUnreadable {
+            detail: error.to_string(),
+        }),
+        Err(_elapsed) => Err(KeyError::BodyTimeout),
+    }
+}
+
+pub(crate) fn check_len(
+    key: Result<IdempotencyKey, KeyError>,
+    settings: &Settings,
+) -> Result<IdempotencyKey, KeyError> {
+    let key = key?;
+    if key.value().len() > settings.max_key_len {
+        return Err(KeyError::invalid(format!(
+            "the key is {} bytes long; at most {} are allowed",
+            key.value().len(),
+            settings.max_key_len
+        )));
+    }
+    Ok(key)
+}
+
+pub(crate) fn reject<B>(error: &KeyError) -> Response<ResponseBody<B>> {
+    tracing::debug!(outcome = Outcome::Rejected.as_str(), %error, "delivery rejected");
+    response::rejected(error)
+}
+
+/// Tags the inner service's response with the delivery's outcome, unless a layer further in
+/// (the version guard) already named a more specific one.
+pub(crate) fn with_outcome<B>(res: Response<B>, outcome: Outcome) -> Response<ResponseBody<B>> {
+    let mut res = res.map(ResponseBody::new);
+    if res.extensions().get::<Outcome>().is_none() {
+        res.extensions_mut().insert(outcome);
+    }
+    res
+}
+
+/// The one event every delivery with a key records.
+pub(crate) fn record(key: &IdempotencyKey, outcome: Outcome) {
+    tracing::debug!(
+        namespace = key.namespace(),
+        key = key.value(),
+        outcome = outcome.as_str(),
+        "delivery",
+    );
+}

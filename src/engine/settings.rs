@@ -1,0 +1,134 @@
+//! The settings every mode shares, and their builder methods, written once.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::Drain;
+use crate::key::MAX_KEY_LEN;
+
+/// The default limit on a body buffered to read a key: 1 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+/// What happens to a request in which the extractor finds no key at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingKey {
+    /// Answer 400 with a problem+json body naming the expected key (the default).
+    #[default]
+    Reject,
+    /// Run the inner service without a claim: no deduplication for such requests. Keys that
+    /// are present but invalid are still rejected.
+    PassThrough,
+}
+
+/// What every mode's builder sets the same way: bodies, answers, store bounds, the drain.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) body_limit: usize,
+    pub(crate) body_timeout: Duration,
+    pub(crate) retry_after: Duration,
+    pub(crate) store_timeout: Duration,
+    pub(crate) commit_when: fn(StatusCode) -> bool,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) max_key_len: usize,
+    pub(crate) drain: Drain,
+}
+
+impl Default for Settings {
+    /// The defaults every layer documents on its `new`.
+    fn default() -> Self {
+        Self {
+            body_limit: DEFAULT_BODY_LIMIT,
+            body_timeout: Duration::from_secs(30),
+            retry_after: Duration::from_secs(5),
+            store_timeout: Duration::from_secs(5),
+            commit_when: |status| status.is_success(),
+            missing_key: MissingKey::Reject,
+            max_key_len: MAX_KEY_LEN,
+            drain: Drain::new(),
+        }
+    }
+}
+
+/// The builder methods of the shared [`Settings`], for a layer with a `settings` field. One
+/// definition, so the three layers cannot drift apart in names or meaning.
+macro_rules! shared_settings {
+    () => {
+        /// The largest body buffered to read a key, in bytes; larger bodies get 413. Only body
+        /// extractors buffer (and transactional mode, which reads every body before it
+        /// begins). Default: 1 MiB.
+        pub fn body_limit(mut self, bytes: usize) -> Self {
+            self.settings.body_limit = bytes;
+            self
+        }
+
+        /// How long a buffered body may take to arrive; slower ones get 408. Default: 30
+        /// seconds.
+        pub fn body_timeout(mut self, timeout: ::std::time::Duration) -> Self {
+            self.settings.body_timeout = timeout;
+            self
+        }
+
+        /// The `Retry-After` sent with the in-flight 409 and with 503 (store failure,
+        /// draining). Default: 5 seconds. A held claim's 409 has none: only a person can
+        /// settle it.
+        pub fn retry_after(mut self, after: ::std::time::Duration) -> Self {
+            self.settings.retry_after = after;
+            self
+        }
+
+        /// How long one store call (claim, renewal, commit, release) may take. A claim past
+        /// it is answered 503 (and given back when it lands later); a commit or release past
+        /// it is retried in the background. Default: 5 seconds.
+        pub fn store_timeout(mut self, timeout: ::std::time::Duration) -> Self {
+            self.settings.store_timeout = timeout;
+            self
+        }
+
+        /// Which inner responses count as success and commit; the others release. Default:
+        /// 2xx.
+        ///
+        /// ```
+        /// use tower_idempotency::{IdempotencyLayer, store::MemoryStore};
+        ///
+        /// // This sender treats 2xx and 3xx as delivered.
+        /// let layer = IdempotencyLayer::new(MemoryStore::new())
+        ///     .commit_when(|status| status.is_success() || status.is_redirection());
+        /// # let _ = layer;
+        /// ```
+        pub fn commit_when(mut self, predicate: fn(::http::StatusCode) -> bool) -> Self {
+            self.settings.commit_when = predicate;
+            self
+        }
+
+        /// What to do with requests that carry no key (for the version guard: no entity id or
+        /// no version). Default: [`MissingKey::Reject`](crate::MissingKey::Reject).
+        pub fn missing_key(mut self, policy: $crate::MissingKey) -> Self {
+            self.settings.missing_key = policy;
+            self
+        }
+
+        /// Rejects key values (entity ids) longer than `bytes`, at most
+        /// [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN), the default.
+        pub fn max_key_len(mut self, bytes: usize) -> Self {
+            self.settings.max_key_len = bytes.min($crate::key::MAX_KEY_LEN);
+            self
+        }
+
+        /// Tracks this layer's deliveries in `drain`, so that one [`Drain`](crate::Drain)
+        /// shared by several layers (one per route, say) shuts them all down together. Each
+        /// layer has a drain of its own otherwise, which [`drain_handle`](Self::drain_handle)
+        /// answers.
+        pub fn drain(mut self, drain: &$crate::Drain) -> Self {
+            self.settings.drain = drain.clone();
+            self
+        }
+
+        /// The [`Drain`](crate::Drain) that tracks this layer's deliveries: stop new claims
+        /// and wait for the running ones before the process exits.
+        pub fn drain_handle(&self) -> $crate::Drain {
+            self.settings.drain.clone()
+        }
+    };
+}
+pub(crate) use shared_settings;
