@@ -8,11 +8,13 @@
 //! the child with SIGKILL (no destructor, no drop guard, no rollback runs in the child), and
 //! then plays the sender's retries in-process:
 //!
-//! - reclaim (limit 1.5 s): a retry before the limit is answered 409; after it, the handler
-//!   runs exactly once, and later retries are duplicates;
-//! - hold (limit 1.5 s): the retry is answered 409 and the handler does not run, the `on_held`
-//!   hook fires, `stuck_claims` lists the key, `resolve` settles it, and the next retry runs
-//!   the handler exactly once;
+//! - while the child lives (two limits of 1.5 s), its heartbeat keeps the claim: a retry is
+//!   answered 409 in flight, neither reclaimed nor held;
+//! - reclaim: a retry before the limit from the kill (the last heartbeat) is answered 409;
+//!   after it, the handler runs exactly once, and later retries are duplicates;
+//! - hold: the retry is answered 409 and the handler does not run, the `on_held` hook fires,
+//!   `stuck_claims` lists the key, `resolve` settles it, and the next retry runs the handler
+//!   exactly once;
 //! - transactional: the child held an open transaction with a business write; the retry runs
 //!   at once (no stale limit to wait for) and the business row exists exactly once.
 //!
@@ -167,10 +169,12 @@ async fn child(mode: &str, db: &str, ns: String, event: &str) {
     }
 }
 
-/// Claim-then-commit mode: the claim is taken, the handler starts its side effect and hangs.
+/// Claim-then-commit mode: the claim is taken, the handler starts its side effect and hangs;
+/// the heartbeat renews the claim (every `LIMIT / 4`) until the process is killed.
 async fn claim_and_hang<St: Store + Clone>(store: St, ns: String, event: &str) {
     let svc = IdempotencyLayer::new(store)
         .key(key::header("x-event-id").namespace(ns))
+        .stale(Stale::reclaim_after(LIMIT))
         .layer(service_fn(
             |_req: Request<RequestBody<Full<Bytes>>>| async {
                 claimed_and_hang().await;
@@ -231,12 +235,14 @@ impl Child {
         child
     }
 
-    /// SIGKILL, then reap. Nothing in the child gets to run: no drop guard, no rollback.
+    /// SIGKILL, then reap; answers when the child was killed, which is its last heartbeat at
+    /// the latest. Nothing in the child gets to run: no drop guard, no rollback.
     fn kill(mut self) -> Instant {
+        let killed_at = Instant::now();
         self.process.kill().unwrap();
         let status = self.process.wait().unwrap();
         assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status:?}");
-        self.claimed_at
+        killed_at
     }
 }
 
@@ -276,11 +282,32 @@ async fn sleep_until(at: Instant) {
     tokio::time::sleep_until(at.into()).await;
 }
 
-/// Reclaim: the retry after the limit runs the handler exactly once.
+/// While the child lives, its heartbeat keeps the claim: two stale limits after the claim, a
+/// retry (under `stale`) is still answered 409 in flight, and the row was renewed recently.
+async fn alive_child_keeps_its_claim<St: Store + Clone>(
+    store: &St,
+    svc: impl tower::Service<Request<Full<Bytes>>, Response = Res, Error = Infallible>,
+    ns: &str,
+    claimed_at: Instant,
+) {
+    sleep_until(claimed_at + 2 * LIMIT).await;
+    let res = svc.oneshot(delivery("evt_1")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(
+        outcome(&res),
+        Outcome::InFlight,
+        "renewed: neither reclaimed nor held"
+    );
+    let key = IdempotencyKey::new(ns.to_owned(), "evt_1").unwrap();
+    let record = store.describe(&key).await.unwrap().unwrap();
+    assert!(record.claimed_ago >= 2 * LIMIT, "{record:?}");
+    assert!(record.renewed_ago.unwrap() < LIMIT, "{record:?}");
+}
+
+/// Reclaim: the retry one limit after the last heartbeat runs the handler exactly once.
 async fn reclaim_after_kill<St: Store + Clone>(store: St, db: &str) {
     let ns = common::unique_namespace("crash-reclaim");
     let child = Child::start("claim-and-hang", db, &ns, "evt_1").await;
-    let claimed_at = child.kill();
 
     let runs = Arc::new(AtomicUsize::new(0));
     let held = Arc::new(AtomicUsize::new(0));
@@ -291,10 +318,14 @@ async fn reclaim_after_kill<St: Store + Clone>(store: St, db: &str) {
         runs.clone(),
         held.clone(),
     );
+    alive_child_keeps_its_claim(&store, svc.clone(), &ns, child.claimed_at).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // Its last heartbeat came at most now.
+    let killed_at = child.kill();
 
     // Before the limit the dead child's claim still counts as in flight (unless this machine
     // was too slow to get here in time, which proves nothing either way).
-    if claimed_at.elapsed() < LIMIT - Duration::from_millis(500) {
+    if killed_at.elapsed() < LIMIT - Duration::from_millis(500) {
         let res = svc.clone().oneshot(delivery("evt_1")).await.unwrap();
         assert_eq!(res.status(), StatusCode::CONFLICT);
         assert_eq!(outcome(&res), Outcome::InFlight);
@@ -302,7 +333,7 @@ async fn reclaim_after_kill<St: Store + Clone>(store: St, db: &str) {
         assert_eq!(runs.load(Ordering::SeqCst), 0);
     }
 
-    sleep_until(claimed_at + LIMIT + Duration::from_millis(200)).await;
+    sleep_until(killed_at + LIMIT + Duration::from_millis(200)).await;
     let res = svc.clone().oneshot(delivery("evt_1")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(outcome(&res), Outcome::Processed);
@@ -323,7 +354,6 @@ async fn reclaim_after_kill<St: Store + Clone>(store: St, db: &str) {
 async fn hold_after_kill<St: Store + Clone>(store: St, db: &str) {
     let ns = common::unique_namespace("crash-hold");
     let child = Child::start("claim-and-hang", db, &ns, "evt_1").await;
-    let claimed_at = child.kill();
 
     let runs = Arc::new(AtomicUsize::new(0));
     let held = Arc::new(AtomicUsize::new(0));
@@ -334,8 +364,11 @@ async fn hold_after_kill<St: Store + Clone>(store: St, db: &str) {
         runs.clone(),
         held.clone(),
     );
+    alive_child_keeps_its_claim(&store, svc.clone(), &ns, child.claimed_at).await;
+    assert_eq!(held.load(Ordering::SeqCst), 0, "a live claim is not held");
+    let killed_at = child.kill();
 
-    sleep_until(claimed_at + LIMIT + Duration::from_millis(200)).await;
+    sleep_until(killed_at + LIMIT + Duration::from_millis(200)).await;
     for attempt in 1..=2 {
         let res = svc.clone().oneshot(delivery("evt_1")).await.unwrap();
         assert_eq!(res.status(), StatusCode::CONFLICT);
@@ -358,8 +391,8 @@ async fn hold_after_kill<St: Store + Clone>(store: St, db: &str) {
         stuck[0].0,
         IdempotencyKey::new(ns.clone(), "evt_1").unwrap()
     );
-    assert!(stuck[0].1 >= LIMIT, "age {:?}", stuck[0].1);
-    assert_eq!(stuck[0].2, 3, "the child's delivery and two retries");
+    assert!(stuck[0].1 >= 2 * LIMIT, "age {:?}", stuck[0].1);
+    assert_eq!(stuck[0].2, 4, "the child's delivery and three retries");
 
     // A person finds the side effect did not happen and releases the claim.
     let key = IdempotencyKey::new(ns.clone(), "evt_1").unwrap();

@@ -143,3 +143,62 @@ async fn a_closed_pool_is_a_503_with_the_sqlx_error_as_source() {
     );
     assert!(matches!(err, StoreError::Backend(_)));
 }
+
+/// A table made by the first release (no runs, no heartbeat, no `released` state) with rows in
+/// it is upgraded in place by `migrate()`, rows kept; several instances migrating at once
+/// upgrade it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_upgrades_a_table_of_the_first_release() {
+    let Some(pool) = common::db::mysql_pool().await else {
+        return;
+    };
+    let table = format!("idempotency_up_{}", std::process::id());
+    let ns = common::unique_namespace("upgrade");
+    let now = "UTC_TIMESTAMP(6)";
+    for statement in [
+        format!("DROP TABLE IF EXISTS {table}, {table}_versions"),
+        format!(
+            r#"CREATE TABLE {table} (
+    namespace    VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    `key`        VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    state        VARCHAR(10)  CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    token        BIGINT       NOT NULL,
+    deliveries   BIGINT       NOT NULL,
+    claimed_at   DATETIME(6)  NOT NULL,
+    completed_at DATETIME(6)  NULL,
+    PRIMARY KEY (namespace, `key`),
+    KEY {table}_claimed_idx (state, claimed_at),
+    KEY {table}_completed_idx (state, completed_at),
+    CHECK (state IN ('processing', 'done'))
+) ENGINE = InnoDB"#
+        ),
+        format!(
+            "INSERT INTO {table} VALUES
+            ('{ns}', 'done', 'done', 1, 3, {now} - INTERVAL 1 HOUR, {now} - INTERVAL 59 MINUTE),
+            ('{ns}', 'processing', 'processing', 2, 1, {now} - INTERVAL 1 HOUR, NULL)"
+        ),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let store = MySqlStore::new(pool.clone())
+        .with_table_name(&table)
+        .unwrap();
+    let instances: Vec<_> = (0..3)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.migrate().await })
+        })
+        .collect();
+    for instance in instances {
+        instance.await.unwrap().unwrap();
+    }
+    common::upgraded_table_keeps_its_rows(store, &ns).await;
+    let drop = format!("DROP TABLE {table}, {table}_versions");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&pool)
+        .await
+        .unwrap();
+}

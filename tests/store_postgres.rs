@@ -128,3 +128,45 @@ async fn a_closed_pool_is_a_503_with_the_sqlx_error_as_source() {
     );
     assert!(matches!(err, StoreError::Backend(_)));
 }
+
+/// A table made by the first release (no runs, no heartbeat, no `released` state) with rows in
+/// it is upgraded in place by `migrate()`, rows kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_upgrades_a_table_of_the_first_release() {
+    let Some(pool) = pool().await else { return };
+    let table = format!("idempotency_up_{}", std::process::id());
+    let ns = common::unique_namespace("upgrade");
+    let old = format!(
+        r#"DROP TABLE IF EXISTS {table}, {table}_versions;
+CREATE TABLE {table} (
+    namespace    TEXT        NOT NULL,
+    "key"        TEXT        NOT NULL,
+    state        TEXT        NOT NULL CHECK (state IN ('processing', 'done')),
+    token        BIGINT      NOT NULL,
+    deliveries   BIGINT      NOT NULL,
+    claimed_at   TIMESTAMPTZ NOT NULL,
+    completed_at TIMESTAMPTZ,
+    PRIMARY KEY (namespace, "key")
+);
+CREATE INDEX {table}_claimed_idx ON {table} (state, claimed_at);
+CREATE INDEX {table}_completed_idx ON {table} (state, completed_at);
+INSERT INTO {table} VALUES
+    ('{ns}', 'done', 'done', 1, 3, now() - interval '1 hour', now() - interval '59 minutes'),
+    ('{ns}', 'processing', 'processing', 2, 1, now() - interval '1 hour', NULL);"#
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(old))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool.clone())
+        .with_table_name(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    common::upgraded_table_keeps_its_rows(store, &ns).await;
+    let drop = format!("DROP TABLE {table}, {table}_versions");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&pool)
+        .await
+        .unwrap();
+}

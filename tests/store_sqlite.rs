@@ -129,3 +129,54 @@ async fn a_closed_pool_is_a_503_with_the_sqlx_error_as_source() {
     );
     assert!(matches!(err, StoreError::Backend(_)));
 }
+
+/// A table made by the first release (no runs, no heartbeat, no `released` state) with rows in
+/// it is rebuilt by `migrate()`, rows kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_upgrades_a_table_of_the_first_release() {
+    let pool = file_pool().await;
+    let table = format!("idempotency_up_{}", std::process::id());
+    let ns = common::unique_namespace("upgrade");
+    let now = "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
+    let old = format!(
+        r#"DROP TABLE IF EXISTS {table};
+CREATE TABLE {table} (
+    namespace    TEXT    NOT NULL,
+    "key"        TEXT    NOT NULL,
+    state        TEXT    NOT NULL CHECK (state IN ('processing', 'done')),
+    token        INTEGER NOT NULL,
+    deliveries   INTEGER NOT NULL,
+    claimed_at   INTEGER NOT NULL,
+    completed_at INTEGER,
+    PRIMARY KEY (namespace, "key")
+);
+CREATE INDEX {table}_claimed_idx ON {table} (state, claimed_at);
+CREATE INDEX {table}_completed_idx ON {table} (state, completed_at);
+INSERT INTO {table} VALUES
+    ('{ns}', 'done', 'done', 1, 3, {now} - 3600000000, {now} - 3540000000),
+    ('{ns}', 'processing', 'processing', 2, 1, {now} - 3600000000, NULL);"#
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(old))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = SqliteStore::new(pool.clone())
+        .with_table_name(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    common::upgraded_table_keeps_its_rows(store, &ns).await;
+    let indexes: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 AND sql IS NOT NULL",
+    )
+    .bind(&table)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(indexes, 2, "the rebuilt table has its indexes back");
+    let drop = format!("DROP TABLE {table}; DROP TABLE {table}_versions");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&pool)
+        .await
+        .unwrap();
+}

@@ -671,3 +671,49 @@ macro_rules! race_suite {
         }
     };
 }
+
+/// After `migrate()` upgraded a table of the first release holding two rows of namespace `ns`
+/// (`done`: done with 3 deliveries; `processing`: claimed an hour ago, never renewed), the rows
+/// are all there and behave as they should, and the new states are accepted.
+pub async fn upgraded_table_keeps_its_rows<S: Store>(store: S, ns: &str) {
+    let done = key_in(ns, "done");
+    let record = store
+        .describe(&done)
+        .await
+        .unwrap()
+        .expect("the done row was kept");
+    assert_eq!(record.state, KeyState::Done);
+    assert_eq!((record.deliveries, record.runs), (3, 1));
+    assert!(
+        record.first_seen_ago >= Duration::from_secs(3500),
+        "{record:?}"
+    );
+    match store.claim(&done, LONG).await.unwrap() {
+        Claim::Done(done) => assert_eq!(done.deliveries, 4),
+        other => panic!("expected done, got {other:?}"),
+    }
+
+    let processing = key_in(ns, "processing");
+    let record = store.describe(&processing).await.unwrap().unwrap();
+    assert_eq!(record.state, KeyState::Processing);
+    assert!(
+        record.renewed_ago.unwrap() >= Duration::from_secs(3500),
+        "{record:?}"
+    );
+    let stuck = store.stuck_claims(Duration::from_secs(600)).await.unwrap();
+    assert!(stuck.iter().any(|s| s.key == processing), "{stuck:?}");
+    // Not renewed for an hour: stale under a ten-minute limit.
+    let lease = acquire(&store, &processing, LONG).await;
+    assert!(lease.reclaimed());
+    store.renew(&lease).await.unwrap();
+    store.release(&lease).await.unwrap();
+    assert_eq!(
+        store.describe(&processing).await.unwrap().unwrap().state,
+        KeyState::Released,
+        "the upgraded table accepts `released`"
+    );
+    let lease = acquire(&store, &processing, LONG).await;
+    store.commit(&lease).await.unwrap();
+    let record = store.describe(&processing).await.unwrap().unwrap();
+    assert_eq!((record.state, record.runs), (KeyState::Done, 3));
+}
