@@ -9,6 +9,12 @@
 //! (default 3000). Every delivery prints one line: provider, key, outcome, and for processed
 //! events the side effect it had. `GET /side-effects` lists every side effect recorded, so a
 //! sender (see the `replay_storm` example) can check that each event had exactly one.
+//! `WORK_MS` makes the Standard Webhooks handler that much slower, like a slow downstream: a
+//! sender that times out sooner retries while it runs, and the work still happens once.
+//!
+//! Ctrl-C (or SIGTERM) shuts the receiver down cleanly: new deliveries get 503 with
+//! `Retry-After`, the deliveries in flight finish and commit (handlers whose sender already
+//! hung up included), then the receiver prints what the drain saw and exits.
 //!
 //! Signatures are not checked here, to keep the example short. A real receiver verifies them
 //! before this layer, so that forged requests cannot claim keys.
@@ -25,7 +31,7 @@ use axum::{Extension, Json, Router};
 use http::StatusCode;
 use tower_idempotency::store::{MySqlStore, PostgresStore, SqliteStore, StoreError};
 use tower_idempotency::transactional::{TransactionalLayer, TransactionalStore, Tx};
-use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Outcome, Stale, key};
+use tower_idempotency::{Drain, IdempotencyKey, IdempotencyLayer, Outcome, Stale, key};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -56,38 +62,47 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-/// Builds the routes, one per sender, each with its own key and stale policy.
-fn app<B: Backend>(store: B) -> Router {
-    // 15 minutes: longer than any handler here runs, shorter than the senders' retry windows.
-    let stale_after = Duration::from_secs(15 * 60);
+/// Builds the routes, one per sender, each with its own key and stale policy, all tracked by
+/// one drain.
+fn app<B: Backend>(store: B, drain: &Drain) -> Router {
     Router::new()
         // Stripe: the work is a database write (the order is paid), so it runs in the
         // marker's transaction: all or nothing, and a crash leaves no stale claim to decide.
         .route(
             "/webhooks/stripe",
-            post(stripe::<B>).layer(TransactionalLayer::new(store.clone()).key(key::stripe())),
+            post(stripe::<B>).layer(
+                TransactionalLayer::new(store.clone())
+                    .key(key::stripe())
+                    .drain(drain),
+            ),
         )
-        // GitHub: a notification goes out, which no transaction can take back. A claim left
-        // by a crash is reclaimed: a possible duplicate message beats a missing one.
+        // GitHub: a notification goes out, which no transaction can take back. A claim whose
+        // process died (no heartbeat for 30 s) is reclaimed: a possible duplicate message
+        // beats a missing one.
         .route(
             "/webhooks/github",
             post(github::<B>).layer(
                 IdempotencyLayer::new(store.clone())
                     .key(key::github())
-                    .stale(Stale::reclaim_after(stale_after)),
+                    .stale(Stale::reclaim_after(Duration::from_secs(30)))
+                    .drain(drain),
             ),
         )
-        // Shopify: a fulfilment ships goods. A claim left by a crash is held for a person
+        // Shopify: a fulfilment ships goods. A claim whose process died is held for a person
         // (see GET /stuck); shipping twice costs more than a late shipment.
         .route(
             "/webhooks/shopify",
             post(shopify::<B>).layer(
                 IdempotencyLayer::new(store.clone())
                     .key(key::shopify())
-                    .stale(Stale::hold_after(stale_after))
+                    .stale(Stale::hold_after(Duration::from_secs(30)))
                     .on_held(|key, pending| {
-                        println!("ALERT    {key} has been stuck for {:?}", pending.age);
-                    }),
+                        println!(
+                            "ALERT    {key} has not been renewed for {:?}",
+                            pending.since_renewal
+                        );
+                    })
+                    .drain(drain),
             ),
         )
         // A Standard Webhooks sender: a cache refresh, harmless to repeat: reclaim soon.
@@ -96,7 +111,8 @@ fn app<B: Backend>(store: B) -> Router {
             post(standard::<B>).layer(
                 IdempotencyLayer::new(store.clone())
                     .key(key::standard_webhooks())
-                    .stale(Stale::reclaim_after(Duration::from_secs(60))),
+                    .stale(Stale::reclaim_after(Duration::from_secs(10)))
+                    .drain(drain),
             ),
         )
         // One log line per delivery, whatever answered it.
@@ -116,9 +132,9 @@ async fn serve<B: Backend>(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("webhook receiver on http://{addr}, claims in {storage}");
     println!("  POST /webhooks/stripe    key: body /id                transactional");
-    println!("  POST /webhooks/github    key: X-GitHub-Delivery       reclaim after 15 min");
-    println!("  POST /webhooks/shopify   key: X-Shopify-Webhook-Id    hold after 15 min");
-    println!("  POST /webhooks/standard  key: webhook-id / svix-id    reclaim after 1 min");
+    println!("  POST /webhooks/github    key: X-GitHub-Delivery       reclaim after 30 s silent");
+    println!("  POST /webhooks/shopify   key: X-Shopify-Webhook-Id    hold after 30 s silent");
+    println!("  POST /webhooks/standard  key: webhook-id / svix-id    reclaim after 10 s silent");
     println!("  GET  /side-effects, GET /stuck");
     println!();
     println!("Send the same GitHub event twice; it is processed once:");
@@ -129,8 +145,36 @@ async fn serve<B: Backend>(
     );
     println!("  curl -s http://{addr}/side-effects");
     println!();
-    axum::serve(listener, app(store)).await?;
+    let drain = Drain::new();
+    let closing = drain.clone();
+    let shutdown = async move {
+        shutdown_signal().await;
+        println!("shutting down: new deliveries get 503, running ones finish");
+        closing.close();
+    };
+    axum::serve(listener, app(store, &drain))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    // The connections are closed; handlers whose sender hung up may still run.
+    let report = drain.drain(Duration::from_secs(25)).await;
+    println!("{report}");
     Ok(())
+}
+
+/// Ctrl-C, or SIGTERM (what a deploy sends).
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
 }
 
 /// The side effect a handler had, carried in its response for the log line.
@@ -209,7 +253,7 @@ async fn shopify<B: Backend>(State(store): State<B>, headers: http::HeaderMap) -
     Ok((Extension(SideEffect(effect)), "shipping"))
 }
 
-/// Refreshes a cache.
+/// Refreshes a cache; `WORK_MS` makes it slow.
 async fn standard<B: Backend>(
     State(store): State<B>,
     key: Option<Extension<IdempotencyKey>>,
@@ -220,6 +264,8 @@ async fn standard<B: Backend>(
         .or_else(|| headers.get("svix-id"))
         .and_then(|v| v.to_str().ok())
         .map_or_else(|| event_id(key), str::to_owned);
+    let work = std::env::var("WORK_MS").ok().and_then(|ms| ms.parse().ok());
+    tokio::time::sleep(Duration::from_millis(work.unwrap_or(0))).await;
     let effect = "cache refreshed".to_owned();
     store
         .record("standard", &id, &effect)

@@ -73,15 +73,16 @@
 //! | situation | answer | handler runs | the entity's versions afterwards |
 //! |---|---|---|---|
 //! | version newer than the applied one, nothing pending, handler answers 2xx | the handler's response | yes | applied = this version |
-//! | the same, handler answers non-2xx, `Err`, panics, or its future is dropped | the handler's response / error | yes | unchanged, pending slot released (hold policy: a panic or drop leaves it to turn stale) |
+//! | the same, handler answers non-2xx, `Err`, or panics | the handler's response / error | yes | unchanged, pending slot released (hold policy: a panic leaves it to turn stale) |
+//! | the same, the sender hangs up while the handler runs | nobody hears it | yes, to completion | as the handler answers |
 //! | version equal to or older than the applied one (a late retry; a duplicate under a new event id) | **200**, empty body, `idempotency-outcome: outdated` | no | unchanged |
 //! | another version of the entity is being applied | **409** with `Retry-After` (outcome `in-flight`) | no | unchanged |
-//! | that other version is stale (its process died), policy reclaim | as a first delivery | yes | as above |
+//! | that other version is stale (its owner stopped renewing it: its process died), policy reclaim | as a first delivery | yes | as above |
 //! | that other version is stale, policy hold | **409**, a warning and the [`on_held`](OrderLayer::on_held) hook | no | held until [`VersionStore::resolve_version`] |
-//! | no entity id or no version | **400** problem+json naming what was expected (or run unordered: [`OrderLayer::missing`]) | no | unchanged |
+//! | no entity id or no version | **400** problem+json naming what was expected (or run unordered: [`OrderLayer::missing_key`]) | no | unchanged |
 //! | invalid entity id or version, body not JSON | **400** | no | unchanged |
 //! | body over the limit / too slow (body extractors only) | **413** / **408** | no | unchanged |
-//! | store failing | **503** with `Retry-After` | no | unchanged |
+//! | store failing, or the layer draining | **503** with `Retry-After` | no | unchanged |
 //!
 //! Why 409 for a busy entity: two versions of one entity running at once could let the older
 //! one finish last. The second waits; its sender retries it after `Retry-After`, by which time

@@ -22,16 +22,17 @@
 //!
 //! Neither has Postgres' `ON CONFLICT … RETURNING`. The claim is an
 //! `INSERT … ON DUPLICATE KEY UPDATE` whose assignments run left to right: count the delivery,
-//! replace the token only if the existing claim is `processing`, stale and the policy reclaims,
-//! and restart `claimed_at` only if the token is now ours.
+//! replace the token only if the row is `released`, or `processing`, not renewed for the stale
+//! limit and the policy reclaims, and start a new run (count it, restart `claimed_at` and
+//! `renewed_at`, note whether it reclaimed, set `state` last) only if the token is now ours.
 //!
 //! - **MariaDB** (10.5 and later) accepts `RETURNING` on that statement and returns the row as
 //!   the update left it: the claim is **one round trip**, as on Postgres.
 //! - **MySQL** has no `RETURNING`. The upsert's affected-row count tells an insert (1: this
 //!   delivery acquired a new key, **one round trip**) from an update (2); after an update a
-//!   `SELECT` of the row (**a second round trip**) says whether the token is ours (reclaimed),
-//!   or what the key is (`done`, or `processing` and how old). If the row vanished in between
-//!   (released or purged), the claim starts over.
+//!   `SELECT` of the row (**a second round trip**) says whether the token is ours (a new run of
+//!   a released or stale row), or what the key is (`done`, or `processing` and how long since
+//!   its last renewal). If the row vanished in between (purged), the claim starts over.
 //!
 //! The store asks the server once, with `SELECT VERSION()`, which one it is (a version
 //! containing `MariaDB`), or takes your word for it: [`MySqlStore::with_flavor`].
@@ -45,25 +46,37 @@
 //! # Table
 //!
 //! [`MySqlStore::migrate`] runs one statement (`idempotency_keys` is the default name, see
-//! [`MySqlStore::with_table_name`]). MySQL commits DDL implicitly, so it cannot share a
-//! transaction; the indexes are part of the one atomic `CREATE TABLE`. Keys are compared
-//! byte for byte (`utf8mb4_bin`): event ids are case-sensitive.
+//! [`MySqlStore::with_table_name`]), holding the named lock `tower_idempotency_migrate`
+//! (`GET_LOCK`) so that instances starting together do not upgrade the table twice. MySQL
+//! commits DDL implicitly, so it cannot share a transaction; the indexes are part of the one
+//! atomic `CREATE TABLE`. Keys are compared byte for byte (`utf8mb4_bin`): event ids are
+//! case-sensitive.
 //!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS `idempotency_keys` (
-//!     namespace    VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-//!     `key`        VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-//!     state        VARCHAR(10)  CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-//!     token        BIGINT       NOT NULL,
-//!     deliveries   BIGINT       NOT NULL,
-//!     claimed_at   DATETIME(6)  NOT NULL,
-//!     completed_at DATETIME(6)  NULL,
+//!     namespace     VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+//!     `key`         VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+//!     state         VARCHAR(10)  CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+//!     token         BIGINT       NOT NULL,
+//!     deliveries    BIGINT       NOT NULL,
+//!     runs          BIGINT       NOT NULL DEFAULT 1,
+//!     reclaimed     BOOLEAN      NOT NULL DEFAULT FALSE,
+//!     first_seen_at DATETIME(6)  NULL,
+//!     last_seen_at  DATETIME(6)  NULL,
+//!     renewed_at    DATETIME(6)  NULL,
+//!     claimed_at    DATETIME(6)  NOT NULL,
+//!     completed_at  DATETIME(6)  NULL,
 //!     PRIMARY KEY (namespace, `key`),
 //!     KEY `idempotency_keys_claimed_idx` (state, claimed_at),
 //!     KEY `idempotency_keys_completed_idx` (state, completed_at),
-//!     CHECK (state IN ('processing', 'done'))
+//!     CONSTRAINT `idempotency_keys_state_check`
+//!         CHECK (state IN ('processing', 'done', 'released'))
 //! ) ENGINE = InnoDB
 //! ```
+//!
+//! A table of the first release (without `runs`) is upgraded with one `ALTER TABLE`: the new
+//! columns added, the server-named check on `state` (found in
+//! `information_schema.TABLE_CONSTRAINTS`) replaced by the one above. Rows are kept.
 //!
 //! # Assignment order
 //!
@@ -76,11 +89,10 @@
 //!
 //! - `claim`: one on MariaDB; on MySQL one for a new key, two otherwise (a duplicate of a
 //!   done key included).
-//! - `commit`: `UPDATE … WHERE namespace = ? AND `key` = ? AND token = ?`, one. sqlx connects
-//!   with `CLIENT_FOUND_ROWS`, so the server reports matched rows and a repeated commit with
-//!   the same lease answers `Ok`.
-//! - `release`: `DELETE … WHERE … AND token = ? AND state = 'processing'`, one.
-//! - `stuck_claims`, `resolve`, `purge_completed`: one statement each, using the indexes.
+//! - `renew`, `commit`, `release`: `UPDATE … WHERE namespace = ? AND `key` = ? AND token = ?
+//!   AND <state>`, one each. sqlx connects with `CLIENT_FOUND_ROWS`, so the server reports
+//!   matched rows and a repeated commit with the same lease answers `Ok`.
+//! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
 //!
 //! # Entity versions (the order layer)
 //!

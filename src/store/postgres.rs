@@ -34,14 +34,21 @@
 //!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS "idempotency_keys" (
-//!     namespace    TEXT        NOT NULL,
-//!     "key"        TEXT        NOT NULL,
-//!     state        TEXT        NOT NULL CHECK (state IN ('processing', 'done')),
-//!     token        BIGINT      NOT NULL,
-//!     deliveries   BIGINT      NOT NULL,
-//!     claimed_at   TIMESTAMPTZ NOT NULL,
-//!     completed_at TIMESTAMPTZ,
-//!     PRIMARY KEY (namespace, "key")
+//!     namespace     TEXT        NOT NULL,
+//!     "key"         TEXT        NOT NULL,
+//!     state         TEXT        NOT NULL,
+//!     token         BIGINT      NOT NULL,
+//!     deliveries    BIGINT      NOT NULL,
+//!     runs          BIGINT      NOT NULL DEFAULT 1,
+//!     reclaimed     BOOLEAN     NOT NULL DEFAULT FALSE,
+//!     first_seen_at TIMESTAMPTZ,
+//!     last_seen_at  TIMESTAMPTZ,
+//!     claimed_at    TIMESTAMPTZ NOT NULL,
+//!     renewed_at    TIMESTAMPTZ,
+//!     completed_at  TIMESTAMPTZ,
+//!     PRIMARY KEY (namespace, "key"),
+//!     CONSTRAINT "idempotency_keys_state_check"
+//!         CHECK (state IN ('processing', 'done', 'released'))
 //! );
 //! CREATE INDEX IF NOT EXISTS "idempotency_keys_claimed_idx"
 //!     ON "idempotency_keys" (state, claimed_at);
@@ -49,18 +56,26 @@
 //!     ON "idempotency_keys" (state, completed_at);
 //! ```
 //!
+//! A table of the first release (without `runs`) is upgraded in the same transaction: the new
+//! columns are added (`ADD COLUMN IF NOT EXISTS`, instant for these defaults), the check on
+//! `state` is replaced by one that admits `released` (`NOT VALID`: every existing row passes
+//! it already, so nothing is scanned), and `renewed_at` of `processing` rows starts at their
+//! claim time. Rows are kept as they are.
+//!
 //! # Round trips
 //!
 //! One per operation (once sqlx has prepared the statement on the connection):
 //!
 //! - `claim`: `INSERT … ON CONFLICT (namespace, "key") DO UPDATE SET deliveries =
-//!   deliveries + 1, token = CASE WHEN <stale and reclaim> …, claimed_at = CASE …
-//!   RETURNING state, token, deliveries, <age>`. The primary key decides between
-//!   concurrent claims; the claim acquired if the returned token is the one it generated. A
-//!   duplicate of a done key is this one statement too.
-//! - `commit`: `UPDATE … SET state = 'done' … WHERE namespace = $1 AND "key" = $2 AND token =
-//!   $3`; `release`: `DELETE … WHERE … AND token = $3 AND state = 'processing'`.
-//! - `stuck_claims`, `resolve`, `purge_completed`: one statement each, using the indexes.
+//!   deliveries + 1, last_seen_at = now(), <the claim's columns> = CASE WHEN <released, or
+//!   processing and not renewed for the limit under reclaim> THEN <a new run> ELSE <as was> END
+//!   RETURNING state, token, deliveries, reclaimed, <age>, <since renewal>`. The primary key
+//!   decides between concurrent claims; the claim acquired if the returned token is the one it
+//!   generated. A duplicate of a done key is this one statement too.
+//! - `renew`: `UPDATE … SET renewed_at = now() WHERE namespace = $1 AND "key" = $2 AND token =
+//!   $3 AND state = 'processing'`; `commit` sets `state = 'done'`, `release` sets `state =
+//!   'released'`, fenced the same way.
+//! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
 //!
 //! # Transactional mode
 //!

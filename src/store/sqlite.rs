@@ -56,13 +56,18 @@
 //!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS "idempotency_keys" (
-//!     namespace    TEXT    NOT NULL,
-//!     "key"        TEXT    NOT NULL,
-//!     state        TEXT    NOT NULL CHECK (state IN ('processing', 'done')),
-//!     token        INTEGER NOT NULL,
-//!     deliveries   INTEGER NOT NULL,
-//!     claimed_at   INTEGER NOT NULL, -- microseconds since the Unix epoch
-//!     completed_at INTEGER,          -- microseconds since the Unix epoch
+//!     namespace     TEXT    NOT NULL,
+//!     "key"         TEXT    NOT NULL,
+//!     state         TEXT    NOT NULL CHECK (state IN ('processing', 'done', 'released')),
+//!     token         INTEGER NOT NULL,
+//!     deliveries    INTEGER NOT NULL,
+//!     runs          INTEGER NOT NULL DEFAULT 1,
+//!     reclaimed     INTEGER NOT NULL DEFAULT 0,
+//!     first_seen_at INTEGER,          -- microseconds since the Unix epoch, as every time here
+//!     last_seen_at  INTEGER,
+//!     claimed_at    INTEGER NOT NULL,
+//!     renewed_at    INTEGER,
+//!     completed_at  INTEGER,
 //!     PRIMARY KEY (namespace, "key")
 //! );
 //! CREATE INDEX IF NOT EXISTS "idempotency_keys_claimed_idx"
@@ -71,18 +76,24 @@
 //!     ON "idempotency_keys" (state, completed_at);
 //! ```
 //!
+//! SQLite cannot change a `CHECK` constraint in place, so a table of the first release
+//! (without `runs`) is rebuilt in the same transaction: renamed to `<table>_previous`, the new
+//! table created, every row copied (the seen and renewal times start at the claim time), the
+//! old table dropped. It takes as long as copying the table once.
+//!
 //! # Round trips
 //!
 //! SQLite runs in-process, so a "round trip" is one statement on sqlx's worker thread. One per
 //! operation:
 //!
 //! - `claim`: `INSERT … ON CONFLICT (namespace, "key") DO UPDATE SET deliveries =
-//!   deliveries + 1, token = CASE WHEN <stale and reclaim> …, claimed_at = CASE …
-//!   RETURNING state, token, deliveries, <age>`; acquired if the returned token is the one
-//!   it generated. A duplicate of a done key is this one statement too.
-//! - `commit`: `UPDATE … WHERE namespace = ?1 AND "key" = ?2 AND token = ?3`; `release`:
-//!   `DELETE … WHERE … AND token = ?3 AND state = 'processing'`.
-//! - `stuck_claims`, `resolve`, `purge_completed`: one statement each, using the indexes.
+//!   deliveries + 1, <the claim's columns> = CASE WHEN <released, or processing and not renewed
+//!   for the limit under reclaim> THEN <a new run> ELSE <as was> END RETURNING …`, as on
+//!   PostgreSQL; acquired if the returned token is the one it generated. A duplicate of a done
+//!   key is this one statement too.
+//! - `renew`, `commit`, `release`: `UPDATE … WHERE namespace = ?1 AND "key" = ?2 AND token =
+//!   ?3 AND <state>`.
+//! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
 //!
 //! # Transactional mode
 //!
