@@ -201,6 +201,18 @@ impl<DB: Database> fmt::Debug for Begin<DB> {
 /// # }
 /// # }
 /// ```
+///
+/// Settings that only claim-then-commit has do not exist here, so they cannot be set and
+/// silently ignored:
+///
+/// ```compile_fail
+/// use tower_idempotency::{Stale, transactional::{TransactionalLayer, TransactionalStore}};
+///
+/// fn layer<St: TransactionalStore>(store: St) {
+///     // error[E0599]: no method named `stale`: a rollback leaves no stale claim to decide.
+///     let _ = TransactionalLayer::new(store).stale(Stale::default());
+/// }
+/// ```
 #[derive(Clone)]
 #[must_use]
 pub struct TransactionalLayer<St, K = Auto> {

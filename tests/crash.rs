@@ -18,9 +18,9 @@
 //! - transactional: the child held an open transaction with a business write; the retry runs
 //!   at once (no stale limit to wait for) and the business row exists exactly once.
 //!
-//! On PostgreSQL and on a SQLite file.
+//! On PostgreSQL, MariaDB (claim-then-commit) and a SQLite file.
 
-#![cfg(all(unix, any(feature = "postgres", feature = "sqlite")))]
+#![cfg(all(unix, any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
 
 mod common;
 
@@ -133,6 +133,10 @@ async fn child(mode: &str, db: &str, ns: String, event: &str) {
         #[cfg(feature = "postgres")]
         ("claim-and-hang", "postgres") => {
             claim_and_hang(common::db::postgres_store().await.unwrap(), ns, event).await
+        }
+        #[cfg(feature = "mysql")]
+        ("claim-and-hang", "mysql") => {
+            claim_and_hang(common::db::mysql_store().await.unwrap(), ns, event).await
         }
         #[cfg(feature = "sqlite")]
         ("claim-and-hang", path) if path.starts_with("sqlite:") => {
@@ -565,5 +569,29 @@ mod sqlite {
             "SELECT COUNT(*) FROM crash_effects WHERE event = ?1",
             "SELECT COUNT(*) FROM idempotency_keys WHERE namespace = ?1"
         );
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+
+    /// Promise: reclaim after a kill -9 runs the retry exactly once, after the limit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reclaim_after_sigkill_runs_the_retry_once() {
+        let Some(store) = common::db::mysql_store().await else {
+            return;
+        };
+        reclaim_after_kill(store, "mysql").await;
+    }
+
+    /// Promise: hold after a kill -9 never runs the retry; stuck_claims lists it, resolve
+    /// settles it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hold_after_sigkill_waits_for_resolve() {
+        let Some(store) = common::db::mysql_store().await else {
+            return;
+        };
+        hold_after_kill(store, "mysql").await;
     }
 }

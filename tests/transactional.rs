@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -390,4 +391,75 @@ async fn aborted_transaction_is_not_reported_as_processed() {
     let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(outcome(&res), Outcome::Processed);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A body that never arrives: an upload stalled half way.
+struct Stalled;
+
+impl http_body::Body for Stalled {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        std::task::Poll::Pending
+    }
+}
+
+/// Transactional mode reads the body before it begins: with a header key and a pool of one
+/// connection, a stalled upload is answered 408 and never holds the connection, so another
+/// delivery meanwhile goes through.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_upload_holds_no_connection() {
+    use http_body_util::BodyExt;
+    use http_body_util::combinators::BoxBody;
+
+    let url = common::db::postgres_url();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect(&url);
+    let Some(pool) = common::connect("POSTGRES_URL", &url, pool).await else {
+        return;
+    };
+    let store = tower_idempotency::store::PostgresStore::new(pool);
+    store.migrate().await.unwrap();
+    let ns = common::unique_namespace("tx-slow-upload");
+    let svc = TransactionalLayer::new(store)
+        .key(key::header("x-event-id").namespace(ns))
+        .body_timeout(Duration::from_secs(2))
+        .layer(service_fn(
+            |req: Request<RequestBody<BoxBody<Bytes, Infallible>>>| async move {
+                // A handler reads its body; here it is already whole.
+                let body = req.into_body().collect().await?.to_bytes();
+                Ok::<_, Infallible>(Response::new(Full::new(body)))
+            },
+        ));
+    let request = |id: &str, body: BoxBody<Bytes, Infallible>| {
+        Request::post("/hook")
+            .header("x-event-id", id)
+            .body(body)
+            .unwrap()
+    };
+    let stalled = tokio::spawn(svc.clone().oneshot(request("slow", Stalled.boxed())));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    let res = svc
+        .oneshot(request(
+            "fast",
+            Full::new(Bytes::from_static(b"{}")).boxed(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome(&res),
+        Outcome::Processed,
+        "the only connection was free"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    let res = stalled.await.unwrap().unwrap();
+    assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
 }

@@ -134,9 +134,14 @@ async fn heartbeat<O: Owner, F: Future>(guard: &LeaseGuard<O>, mut call: Pin<&mu
         match select(call.as_mut(), beat.as_mut()).await {
             Either::Left((output, _)) => return output,
             Either::Right(((), _)) => {
-                // The handler goes on while the renewal is under way.
+                // The handler goes on while the renewal is under way. A renewal is not cut off
+                // half way (a database call dropped mid-flight costs its connection): should
+                // the handler finish first, the renewal ends before the settlement begins.
                 match select(call.as_mut(), pin!(guard.renew())).await {
-                    Either::Left((output, _)) => return output,
+                    Either::Left((output, renewing)) => {
+                        renewing.await;
+                        return output;
+                    }
                     Either::Right(((), _)) => {
                         beat.as_mut().reset(tokio::time::Instant::now() + every);
                     }
