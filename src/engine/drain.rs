@@ -1,8 +1,7 @@
 //! The drain: which deliveries hold a claim right now, and a clean shutdown that waits for them.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -69,9 +68,8 @@ struct Inner {
     closed: AtomicBool,
     /// Deliveries between [`Drain::enter`] and the end of their settlement.
     active: AtomicUsize,
-    /// Of those, the ones holding a claim, by entry id.
-    held: Mutex<HashMap<u64, Arc<dyn Tracked>>>,
-    next_id: AtomicU64,
+    /// Of those, the ones holding a claim.
+    held: Mutex<Slots>,
     /// Woken when an active delivery ends while the drain is closed.
     idle: Notify,
 }
@@ -84,7 +82,8 @@ pub(crate) trait Tracked: Send + Sync + 'static {
     /// "claim", "pending version", "transaction".
     fn what(&self) -> &'static str;
     fn stage(&self) -> Stage;
-    /// Notified once the claim is settled.
+    /// Notified once the claim is settled. Call it before [`is_settled`](Self::is_settled),
+    /// and enable the notification before looking.
     fn settled(&self) -> &Notify;
     fn is_settled(&self) -> bool;
 }
@@ -194,8 +193,7 @@ impl Drain {
             inner: Arc::new(Inner {
                 closed: AtomicBool::new(false),
                 active: AtomicUsize::new(0),
-                held: Mutex::new(HashMap::new()),
-                next_id: AtomicU64::new(0),
+                held: Mutex::new(Slots::default()),
                 idle: Notify::new(),
             }),
         }
@@ -238,7 +236,7 @@ impl Drain {
         }
         let left: Vec<_> = self
             .held()
-            .values()
+            .iter()
             .map(|tracked| LeftBehind {
                 key: tracked.key().clone(),
                 what: tracked.what(),
@@ -266,7 +264,7 @@ impl Drain {
         self.inner.active.fetch_add(1, Ordering::SeqCst);
         let entry = Entry {
             drain: self.clone(),
-            id: None,
+            slot: None,
         };
         if self.is_closed() {
             return None; // the entry's drop uncounts it
@@ -277,12 +275,12 @@ impl Drain {
     /// A claim held in this process on `key`, if there is one.
     pub(crate) fn find(&self, key: &IdempotencyKey) -> Option<Arc<dyn Tracked>> {
         self.held()
-            .values()
+            .iter()
             .find(|tracked| tracked.key() == key && !tracked.is_settled())
             .cloned()
     }
 
-    fn held(&self) -> MutexGuard<'_, HashMap<u64, Arc<dyn Tracked>>> {
+    fn held(&self) -> MutexGuard<'_, Slots> {
         // Every critical section is one map operation: a panic cannot leave it half done.
         self.inner
             .held
@@ -306,25 +304,56 @@ impl fmt::Debug for Drain {
     }
 }
 
+/// The claims held right now, in reusable slots: a claim takes one and gives it back without
+/// hashing anything, since the drain only ever walks them all.
+#[derive(Default)]
+struct Slots {
+    slots: Vec<Option<Arc<dyn Tracked>>>,
+    free: Vec<usize>,
+}
+
+impl Slots {
+    fn insert(&mut self, tracked: Arc<dyn Tracked>) -> usize {
+        match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some(tracked);
+                slot
+            }
+            None => {
+                self.slots.push(Some(tracked));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn remove(&mut self, slot: usize) {
+        if self.slots[slot].take().is_some() {
+            self.free.push(slot);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Arc<dyn Tracked>> {
+        self.slots.iter().flatten()
+    }
+}
+
 /// One delivery counted by a [`Drain`], from its claim to the end of its settlement.
 pub(crate) struct Entry {
     drain: Drain,
-    id: Option<u64>,
+    slot: Option<usize>,
 }
 
 impl Entry {
     /// The delivery holds `tracked` now: the drain reports it, duplicates can wait for it.
     pub(crate) fn hold(&mut self, tracked: Arc<dyn Tracked>) {
-        let id = self.drain.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        self.drain.held().insert(id, tracked);
-        self.id = Some(id);
+        self.slot = Some(self.drain.held().insert(tracked));
     }
 }
 
 impl Drop for Entry {
     fn drop(&mut self) {
-        if let Some(id) = self.id.take() {
-            self.drain.held().remove(&id);
+        if let Some(slot) = self.slot.take() {
+            self.drain.held().remove(slot);
         }
         self.drain.inner.active.fetch_sub(1, Ordering::SeqCst);
         if self.drain.is_closed() {
@@ -335,7 +364,7 @@ impl Drop for Entry {
 
 impl fmt::Debug for Entry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Entry").field("id", &self.id).finish()
+        f.debug_struct("Entry").field("slot", &self.slot).finish()
     }
 }
 

@@ -78,6 +78,8 @@ pub(crate) struct LeaseState<L> {
     held: AtomicBool,
     stage: AtomicU8,
     done: AtomicBool,
+    /// Whether a duplicate waits for this lease: only then does settling notify.
+    watched: AtomicBool,
     settled: Notify,
 }
 
@@ -89,6 +91,7 @@ impl<L> LeaseState<L> {
             held: AtomicBool::new(true),
             stage: AtomicU8::new(Stage::Running.as_u8()),
             done: AtomicBool::new(false),
+            watched: AtomicBool::new(false),
             settled: Notify::new(),
         }
     }
@@ -109,10 +112,14 @@ impl<L> LeaseState<L> {
         self.held.load(Ordering::SeqCst)
     }
 
-    /// Wakes whoever waits for this lease to settle.
+    /// Wakes whoever waits for this lease to settle. A waiter marks the lease watched before
+    /// it looks at `done`, and this looks at `watched` after it set `done` (both SeqCst): one
+    /// of the two sees the other, so no waiter sleeps through the settlement.
     pub(crate) fn finish(&self) {
         self.done.store(true, Ordering::SeqCst);
-        self.settled.notify_waiters();
+        if self.watched.load(Ordering::SeqCst) {
+            self.settled.notify_waiters();
+        }
     }
 }
 
@@ -130,6 +137,7 @@ impl<L: Leased> Tracked for LeaseState<L> {
     }
 
     fn settled(&self) -> &Notify {
+        self.watched.store(true, Ordering::SeqCst);
         &self.settled
     }
 

@@ -128,6 +128,11 @@ where
 /// Drives `call` to its end, renewing the claim every renew interval meanwhile. A call that
 /// finishes without waiting never touches a timer; one shorter than the interval never renews.
 async fn heartbeat<O: Owner, F: Future>(guard: &LeaseGuard<O>, mut call: Pin<&mut F>) -> F::Output {
+    // The first poll goes to the handler alone: most answer before they ever wait.
+    let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+    if let Poll::Ready(output) = first {
+        return output;
+    }
     let every = guard.owner().stale().renew_interval();
     let mut beat = pin!(tokio::time::sleep(every));
     loop {
