@@ -81,6 +81,14 @@ pub fn key_in(ns: &str, value: &str) -> IdempotencyKey {
     IdempotencyKey::new(ns.to_owned(), value).unwrap()
 }
 
+/// The tests of a binary share their backend's table (one SQLite file per binary, one
+/// PostgreSQL or MySQL database), and `purge_completed` purges every namespace in it: run
+/// alongside the other tests, a test that purges would forget rows they still rely on (a
+/// race's late duplicate of a purged event then runs it again), and the two tests that purge
+/// would purge each other's rows. Every suite test holds this lock shared; a test that
+/// purges holds it alone.
+pub static SHARED_TABLE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 pub const LONG: Stale = Stale::reclaim_after(Duration::from_secs(600));
 pub const SHORT: Duration = Duration::from_millis(300);
 /// Comfortably past `SHORT`, even on a busy machine.
@@ -476,41 +484,49 @@ macro_rules! conformance_suite {
     ($make:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn claim_commit_duplicate() {
+            let _shared = $crate::common::SHARED_TABLE.read().await;
             let Some(store) = $make.await else { return };
             $crate::common::claim_commit_duplicate(store).await;
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn release_lets_the_retry_run() {
+            let _shared = $crate::common::SHARED_TABLE.read().await;
             let Some(store) = $make.await else { return };
             $crate::common::release_lets_the_retry_run(store).await;
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn stale_reclaim_fences_the_old_owner() {
+            let _shared = $crate::common::SHARED_TABLE.read().await;
             let Some(store) = $make.await else { return };
             $crate::common::stale_reclaim_fences_the_old_owner(store).await;
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn stale_hold_keeps_the_row() {
+            let _shared = $crate::common::SHARED_TABLE.read().await;
             let Some(store) = $make.await else { return };
             $crate::common::stale_hold_keeps_the_row(store).await;
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn stuck_claims_and_resolve() {
+            let _shared = $crate::common::SHARED_TABLE.read().await;
             let Some(store) = $make.await else { return };
             $crate::common::stuck_claims_and_resolve(store).await;
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn renew_keeps_a_claim_fresh() {
+            let _shared = $crate::common::SHARED_TABLE.read().await;
             let Some(store) = $make.await else { return };
             $crate::common::renew_keeps_a_claim_fresh(store).await;
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn describe_counts_deliveries_and_runs() {
+            let _alone = $crate::common::SHARED_TABLE.write().await;
             let Some(store) = $make.await else { return };
             $crate::common::describe_counts_deliveries_and_runs(store).await;
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn purge_completed_keeps_recent_and_processing() {
+            let _alone = $crate::common::SHARED_TABLE.write().await;
             let Some(store) = $make.await else { return };
             $crate::common::purge_completed_keeps_recent_and_processing(store).await;
         }
@@ -644,6 +660,7 @@ macro_rules! race_suite {
     ($make:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn concurrent_claims_have_one_winner() {
+            let _shared = $crate::common::SHARED_TABLE.read().await;
             let mut stores = Vec::new();
             for _ in 0..4 {
                 let Some(store) = $make.await else { return };
@@ -653,6 +670,7 @@ macro_rules! race_suite {
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn race_one_event_over_four_instances() {
+            let _shared = $crate::common::SHARED_TABLE.read().await;
             let mut stores = Vec::new();
             for _ in 0..4 {
                 let Some(store) = $make.await else { return };
@@ -662,6 +680,7 @@ macro_rules! race_suite {
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn race_200_events_over_four_instances() {
+            let _shared = $crate::common::SHARED_TABLE.read().await;
             let mut stores = Vec::new();
             for _ in 0..4 {
                 let Some(store) = $make.await else { return };
