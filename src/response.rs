@@ -45,9 +45,12 @@ const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Outcome {
-    /// The handler ran, succeeded, and the key is `done`.
+    /// The handler ran and succeeded: the key is `done`, or its commit failed and is being
+    /// retried in the background (a warning says so), or another delivery had taken the claim
+    /// over (a warning says that too).
     Processed,
-    /// The handler ran and failed; the claim was released so a retry runs it again.
+    /// The handler ran and failed; the claim was released so a retry runs it again (or the
+    /// release is being retried in the background).
     Released,
     /// The event was processed already: answered 200 without running the handler.
     Duplicate,

@@ -32,6 +32,11 @@ use crate::store::{Claim, Completed, Lease, Pending, Stale, Store, StoreError};
 /// the client disconnects), the inner future moves into a task of its own, and its answer still
 /// commits or releases the claim.
 ///
+/// So a timeout layer outside this one bounds how long the sender waits, not how long the
+/// claimed work runs: bound that inside the handler. The claim is renewed from a task of its
+/// own while the handler waits; a handler that blocks its thread instead stops the runtime's
+/// timers, the heartbeat's among them.
+///
 /// `poll_ready` is always ready: the inner service is driven to readiness inside the response
 /// future, once the delivery holds a claim, so that a slow upload or a duplicate answered by
 /// the layer never occupies a slot of a concurrency limit further in.

@@ -130,15 +130,15 @@ async fn a_closed_pool_is_a_503_with_the_sqlx_error_as_source() {
 }
 
 /// A table made by the first release (no runs, no heartbeat, no `released` state) with rows in
-/// it is upgraded in place by `migrate()`, rows kept.
+/// it, and renamed since, is upgraded in place by `migrate()`, rows kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_upgrades_a_table_of_the_first_release() {
     let Some(pool) = pool().await else { return };
     let table = format!("idempotency_up_{}", std::process::id());
     let ns = common::unique_namespace("upgrade");
     let old = format!(
-        r#"DROP TABLE IF EXISTS {table}, {table}_versions;
-CREATE TABLE {table} (
+        r#"DROP TABLE IF EXISTS {table}, {table}_before, {table}_versions;
+CREATE TABLE {table}_before (
     namespace    TEXT        NOT NULL,
     "key"        TEXT        NOT NULL,
     state        TEXT        NOT NULL CHECK (state IN ('processing', 'done')),
@@ -148,8 +148,10 @@ CREATE TABLE {table} (
     completed_at TIMESTAMPTZ,
     PRIMARY KEY (namespace, "key")
 );
-CREATE INDEX {table}_claimed_idx ON {table} (state, claimed_at);
-CREATE INDEX {table}_completed_idx ON {table} (state, completed_at);
+CREATE INDEX {table}_claimed_idx ON {table}_before (state, claimed_at);
+CREATE INDEX {table}_completed_idx ON {table}_before (state, completed_at);
+-- Renamed since: its check keeps the name {table}_before_state_check.
+ALTER TABLE {table}_before RENAME TO {table};
 INSERT INTO {table} VALUES
     ('{ns}', 'done', 'done', 1, 3, now() - interval '1 hour', now() - interval '59 minutes'),
     ('{ns}', 'processing', 'processing', 2, 1, now() - interval '1 hour', NULL);"#

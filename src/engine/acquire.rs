@@ -14,7 +14,9 @@ use crate::store::StoreError;
 /// it answers is then owned by the task's output: `acquiring` wraps a granted claim in a
 /// [`LeaseGuard`](super::guard::LeaseGuard) as soon as the store answers, and an output nobody
 /// reads is dropped, which gives the claim back. Nothing is lost between the store's answer and
-/// the delivery, by construction.
+/// the delivery, by construction. The task itself has no bound beyond the store's own (pool
+/// and connection timeouts): cutting it off could lose a claim the store granted; while it
+/// waits, a drain reports the delivery as still claiming.
 pub(crate) async fn acquire<T, F>(
     acquiring: F,
     timeout: Duration,

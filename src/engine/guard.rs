@@ -81,6 +81,8 @@ pub(crate) struct LeaseState<L> {
     /// Whether a duplicate waits for this lease: only then does settling notify.
     watched: AtomicBool,
     settled: Notify,
+    /// Stops the heartbeat once the lease is settled.
+    stop: Notify,
 }
 
 impl<L> LeaseState<L> {
@@ -93,6 +95,7 @@ impl<L> LeaseState<L> {
             done: AtomicBool::new(false),
             watched: AtomicBool::new(false),
             settled: Notify::new(),
+            stop: Notify::new(),
         }
     }
 
@@ -117,6 +120,8 @@ impl<L> LeaseState<L> {
     /// of the two sees the other, so no waiter sleeps through the settlement.
     pub(crate) fn finish(&self) {
         self.done.store(true, Ordering::SeqCst);
+        // A permit, kept if the heartbeat is not waiting right now.
+        self.stop.notify_one();
         if self.watched.load(Ordering::SeqCst) {
             self.settled.notify_waiters();
         }
@@ -236,6 +241,8 @@ pub(crate) struct LeaseGuard<O: Owner> {
     state: Arc<LeaseState<O::Lease>>,
     phase: Phase,
     entry: Option<Entry>,
+    /// Whether the heartbeat task runs.
+    beating: bool,
 }
 
 impl<O: Owner> LeaseGuard<O> {
@@ -248,6 +255,7 @@ impl<O: Owner> LeaseGuard<O> {
             state,
             phase: Phase::Claimed,
             entry: Some(entry),
+            beating: false,
         }
     }
 
@@ -271,37 +279,19 @@ impl<O: Owner> LeaseGuard<O> {
         self.phase = Phase::Running;
     }
 
-    /// One heartbeat, bounded by the store timeout. A lease found lost is remembered (the
-    /// handler can ask) and not renewed again.
-    pub(crate) async fn renew(&self) {
-        if !self.state.is_held() {
+    /// Starts renewing the claim in a task of its own, every renew interval until the lease is
+    /// settled. Its own task, so that a handler that hogs its thread, or a run polled late,
+    /// cannot starve the heartbeat. Called once the handler has to wait: a handler that
+    /// answers at once never starts one.
+    pub(crate) fn start_heartbeat(&mut self) {
+        if self.beating {
             return;
         }
-        let timeout = self.owner.settings().store_timeout;
-        let result = bounded(self.owner.renew(self.lease()), timeout).await;
-        let lease = self.lease();
-        match result {
-            Ok(()) => tracing::trace!(lease = %lease.token(), "renewed"),
-            Err(StoreError::LeaseLost) => {
-                self.state.lost();
-                tracing::warn!(
-                    namespace = lease.key().namespace(),
-                    key = lease.key().value(),
-                    lease = %lease.token(),
-                    "lost the {} while the handler runs: it was not renewed within the stale \
-                     limit and another delivery took it over; this run's commit will not count",
-                    O::WHAT,
-                );
-            }
-            Err(error) => tracing::warn!(
-                namespace = lease.key().namespace(),
-                key = lease.key().value(),
-                lease = %lease.token(),
-                error = &error as &dyn std::error::Error,
-                "renewing the {} failed; trying again at the next heartbeat",
-                O::WHAT,
-            ),
-        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        self.beating = true;
+        runtime.spawn(heartbeat(self.owner.clone(), self.state.clone()));
     }
 
     /// Commits or releases, and answers the delivery's outcome. A store failure is retried in
@@ -341,20 +331,15 @@ impl<O: Owner> LeaseGuard<O> {
         }
     }
 
-    /// Tries a failed commit or release again with backoff, renewing the claim meanwhile. Both
+    /// Tries a failed commit or release again with backoff, the heartbeat going on. Both
     /// are fenced, so a late attempt cannot touch a claim someone else holds by now.
     async fn retry(mut self, action: Settle) {
         let timeout = self.owner.settings().store_timeout;
-        let renew_every = self.owner.stale().renew_interval();
         let mut delay = FIRST_RETRY;
-        let mut renewed = tokio::time::Instant::now();
         for attempt in 1..=RETRIES {
+            // The heartbeat goes on meanwhile: the claim stays ours while the store recovers.
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(MAX_RETRY_DELAY);
-            if renewed.elapsed() >= renew_every {
-                self.renew().await;
-                renewed = tokio::time::Instant::now();
-            }
             let result = bounded(self.owner.settle(self.lease(), action), timeout).await;
             if !matches!(result, Err(StoreError::Backend(_))) {
                 let lease = self.lease();
@@ -445,6 +430,64 @@ impl<O: Owner> Drop for LeaseGuard<O> {
             state.finish();
             drop(entry);
         });
+    }
+}
+
+/// The heartbeat of one lease: a renewal every renew interval, at a fixed rate from the claim,
+/// each bounded by the store timeout and by the interval itself, so that one renewal that
+/// hangs cannot delay the next. Ends once the lease is settled, or found taken over.
+async fn heartbeat<O: Owner>(owner: Arc<O>, state: Arc<LeaseState<O::Lease>>) {
+    let every = owner.stale().renew_interval();
+    let bound = owner.settings().store_timeout.min(every);
+    let mut next = tokio::time::Instant::now() + every;
+    loop {
+        let stopped = state.stop.notified();
+        let mut stopped = std::pin::pin!(stopped);
+        stopped.as_mut().enable();
+        if state.is_settled() {
+            return;
+        }
+        let beat = std::pin::pin!(tokio::time::sleep_until(next));
+        if let futures_util::future::Either::Right(_) =
+            futures_util::future::select(beat, stopped).await
+        {
+            return;
+        }
+        next += every;
+        let result = bounded(owner.renew(state.lease()), bound).await;
+        // Once the settlement has begun, a renewal has nothing left to say: the commit or the
+        // release it raced may have changed the row already.
+        if state.is_settled() || state.stage() != Stage::Running && state.stage() != Stage::Retrying
+        {
+            continue;
+        }
+        let lease = state.lease();
+        match result {
+            Ok(()) => tracing::trace!(lease = %lease.token(), "renewed"),
+            Err(StoreError::LeaseLost) => {
+                if state.stage() == Stage::Retrying {
+                    return; // the retried settlement finds out, and says so
+                }
+                state.lost();
+                tracing::warn!(
+                    namespace = lease.key().namespace(),
+                    key = lease.key().value(),
+                    lease = %lease.token(),
+                    "lost the {} while the handler runs: it was not renewed within the stale \
+                     limit and another delivery took it over; this run's commit will not count",
+                    O::WHAT,
+                );
+                return;
+            }
+            Err(error) => tracing::warn!(
+                namespace = lease.key().namespace(),
+                key = lease.key().value(),
+                lease = %lease.token(),
+                error = &error as &dyn std::error::Error,
+                "renewing the {} failed; trying again at the next heartbeat",
+                O::WHAT,
+            ),
+        }
     }
 }
 
@@ -621,19 +664,49 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn renewal_of_a_lost_lease_is_remembered() {
+    async fn heartbeat_renews_until_settled_and_remembers_a_lost_lease() {
         let stale = Stale::reclaim_after(Duration::from_secs(1));
-        let (guard, store, _drain) = make(stale, 0).await;
-        let handle = guard.handle();
-        guard.renew().await;
-        assert!(handle.is_held());
-        tokio::time::sleep(Duration::from_secs(2)).await;
         let key = IdempotencyKey::new("guard", "evt_1").unwrap();
+        let (mut guard, store, drain) = make(stale, 0).await;
+        let handle = guard.handle();
+        guard.start();
+        guard.start_heartbeat();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let record = store.describe(&key).await.unwrap().unwrap();
+        assert!(
+            record.renewed_ago.unwrap() <= stale.renew_interval(),
+            "{record:?}"
+        );
         assert!(matches!(
             store.claim(&key, stale).await.unwrap(),
-            Claim::Acquired(_)
+            Claim::InFlight(_)
         ));
-        guard.renew().await;
-        assert!(!handle.is_held(), "the lease was taken over");
+        assert!(handle.is_held());
+        // A person settles the claim under the running handler: the next renewal finds out.
+        assert!(
+            store
+                .resolve(&key, crate::store::Resolution::Done)
+                .await
+                .unwrap()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!handle.is_held(), "the lease was taken");
+        guard.settle(Settle::Commit).await;
+        settled(&drain).await;
+
+        // Settled: the heartbeat stops.
+        let (mut guard, store, drain) = make(stale, 0).await;
+        guard.start();
+        guard.start_heartbeat();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        guard.settle(Settle::Release).await;
+        settled(&drain).await;
+        let before = store.describe(&key).await.unwrap().unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            store.describe(&key).await.unwrap().unwrap().state,
+            KeyState::Released
+        );
+        assert_eq!(before.state, KeyState::Released);
     }
 }

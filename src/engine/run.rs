@@ -8,7 +8,6 @@ use std::pin::{Pin, pin};
 use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
-use futures_util::future::{Either, select};
 use http::{Request, Response};
 use tower_service::Service;
 
@@ -102,7 +101,7 @@ where
 {
     guard.start();
     req.extensions_mut().insert(guard.handle());
-    let result = heartbeat(&guard, pin!(call(inner, req))).await;
+    let result = heartbeat(&mut guard, pin!(call(inner, req))).await;
     let commit_when = guard.owner().settings().commit_when;
     match result {
         Ok(Ok(res)) => {
@@ -125,33 +124,17 @@ where
     }
 }
 
-/// Drives `call` to its end, renewing the claim every renew interval meanwhile. A call that
-/// finishes without waiting never touches a timer; one shorter than the interval never renews.
-async fn heartbeat<O: Owner, F: Future>(guard: &LeaseGuard<O>, mut call: Pin<&mut F>) -> F::Output {
-    // The first poll goes to the handler alone: most answer before they ever wait.
+/// Drives `call` to its end, with the claim's heartbeat going once the handler has to wait.
+/// A handler that answers at once starts no heartbeat; one shorter than the renew interval
+/// renews nothing.
+async fn heartbeat<O: Owner, F: Future>(
+    guard: &mut LeaseGuard<O>,
+    mut call: Pin<&mut F>,
+) -> F::Output {
     let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
     if let Poll::Ready(output) = first {
         return output;
     }
-    let every = guard.owner().stale().renew_interval();
-    let mut beat = pin!(tokio::time::sleep(every));
-    loop {
-        match select(call.as_mut(), beat.as_mut()).await {
-            Either::Left((output, _)) => return output,
-            Either::Right(((), _)) => {
-                // The handler goes on while the renewal is under way. A renewal is not cut off
-                // half way (a database call dropped mid-flight costs its connection): should
-                // the handler finish first, the renewal ends before the settlement begins.
-                match select(call.as_mut(), pin!(guard.renew())).await {
-                    Either::Left((output, renewing)) => {
-                        renewing.await;
-                        return output;
-                    }
-                    Either::Right(((), _)) => {
-                        beat.as_mut().reset(tokio::time::Instant::now() + every);
-                    }
-                }
-            }
-        }
-    }
+    guard.start_heartbeat();
+    call.await
 }

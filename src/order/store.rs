@@ -44,8 +44,8 @@ use crate::store::{LeaseToken, Resolution, Stale, StoreError};
 /// - [`begin_version`](Self::begin_version) is atomic. A version not newer than the applied one
 ///   answers [`VersionClaim::Outdated`]. Otherwise, with no version pending, it becomes the
 ///   pending one under a fresh token: [`VersionClaim::Acquired`]. With another version pending,
-///   [`VersionClaim::Busy`], unless that one is older than the [`Stale`] limit: then the policy
-///   decides, acquired (reclaim) or [`VersionClaim::Held`] (hold).
+///   [`VersionClaim::Busy`], unless that one was not renewed for the [`Stale`] limit: then the
+///   policy decides, acquired (reclaim) or [`VersionClaim::Held`] (hold).
 /// - [`commit_version`](Self::commit_version) sets the applied version to the greater of it
 ///   and the lease's, and clears the pending slot; [`release_version`](Self::release_version)
 ///   clears the slot only. Both act only while the lease's token is the pending token, and

@@ -224,12 +224,16 @@ impl Store for MemoryStore {
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         let mut map = self.inner.shard_of(lease.key());
         match map.get_mut(lease.key()) {
-            Some(row) if row.holds(lease) => {
-                row.state = State::Released {
-                    released_at: Instant::now(),
-                };
-                Ok(())
-            }
+            Some(row) if row.token == lease.token() => match row.state {
+                State::Processing { .. } => {
+                    row.state = State::Released {
+                        released_at: Instant::now(),
+                    };
+                    Ok(())
+                }
+                State::Released { .. } => Ok(()),
+                State::Done { .. } => Err(StoreError::LeaseLost),
+            },
             _ => Err(StoreError::LeaseLost),
         }
     }

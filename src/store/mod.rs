@@ -38,8 +38,9 @@
 //!   [`Claim::Acquired`] with a new token (reclaim) or [`Claim::Held`] (hold).
 //! - [`renew`](Store::renew), [`commit`](Store::commit) and [`release`](Store::release) act
 //!   only while the lease's token is still the row's token and the row is `processing`
-//!   (`commit` also on a row it committed already), and answer [`StoreError::LeaseLost`]
-//!   otherwise. Committing twice with the same lease is harmless.
+//!   (`commit` and `release` also on a row they settled already), and answer
+//!   [`StoreError::LeaseLost`] otherwise. Committing or releasing twice with the same lease is
+//!   harmless: a settlement whose answer was lost can be tried again.
 //! - A release keeps the row, as `released`, so that its counts survive: the next delivery
 //!   claims it as if it were new.
 //! - [`describe`](Store::describe) reads one key's record (state, deliveries, runs, times)
@@ -159,7 +160,7 @@ pub trait Store: Send + Sync + 'static {
     fn commit(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Marks the leased `processing` row `released`, if the lease still holds, so the next
-    /// delivery runs the handler again.
+    /// delivery runs the handler again. Releasing a row this lease released already is `Ok`.
     fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// What the store knows of `key`: its state, how many deliveries arrived and how many runs

@@ -74,9 +74,11 @@
 //! ) ENGINE = InnoDB
 //! ```
 //!
-//! A table of the first release (without `runs`) is upgraded with one `ALTER TABLE`: the new
-//! columns added, the server-named check on `state` (found in
-//! `information_schema.TABLE_CONSTRAINTS`) replaced by the one above. Rows are kept.
+//! A table of the first release (without `runs`) is upgraded with one `ALTER TABLE` that needs
+//! no copy of the table: the new columns added, and the server-named check on `state` (found
+//! in `information_schema.CHECK_CONSTRAINTS`), which refuses `released`, dropped. Adding the
+//! new check would copy the table with writes blocked, so an upgraded table goes without it;
+//! checks of your own stay. Rows are kept.
 //!
 //! # Assignment order
 //!
@@ -261,9 +263,10 @@ ON DUPLICATE KEY UPDATE
 SET completed_at = IF(state = 'done', completed_at, {NOW}), state = 'done'
 WHERE {fenced} AND state <> 'released'"#
     );
+    // Releasing twice with one lease is harmless: a release whose answer was lost is retried.
     let release = format!(
-        "UPDATE {t} SET state = 'released', completed_at = {NOW} \
-         WHERE {fenced} AND state = 'processing'"
+        "UPDATE {t} SET completed_at = IF(state = 'released', completed_at, {NOW}), \
+         state = 'released' WHERE {fenced} AND state IN ('processing', 'released')"
     );
     let age_of = |at: &str| format!("TIMESTAMPDIFF(MICROSECOND, {at}, {NOW})");
     let describe = format!(
@@ -307,7 +310,8 @@ VALUES (?, ?, 'done', ?, 1, 1, FALSE, {NOW}, {NOW}, {NOW}, {NOW})"#
     );
     // A released row is free for the marker too: taken over inside the transaction.
     let tx_take = format!(
-        r#"UPDATE {t} SET token = ?, state = 'done', runs = runs + 1, deliveries = deliveries + 1,
+        r#"UPDATE {t} SET token = ?, state = 'done', runs = runs + 1, reclaimed = FALSE,
+    deliveries = deliveries + 1,
     last_seen_at = {NOW}, claimed_at = {NOW}, completed_at = {NOW}
 WHERE namespace = ? AND `key` = ? AND state = 'released'"#
     );
@@ -342,21 +346,23 @@ WHERE namespace = ? AND `key` = ? AND state = 'released'"#
 }
 
 /// The `ALTER TABLE` that turns a table of the first release into the current one: the new
-/// columns, and the check on `state` (whose name the server chose, `checks`) replaced by one
-/// that admits `released`.
-fn upgrade(table: &TableName, checks: &[String]) -> String {
+/// columns added, and the check on `state` (whose name the server chose, `checks`), which
+/// refuses `released`, dropped. Both are done without copying the table; adding a new check
+/// would copy it, with writes blocked, so an upgraded table goes without one.
+fn upgrade(table: &TableName, checks: &[String], flavor: MySqlFlavor) -> String {
     let t = table.quoted('`');
     let mut alter: Vec<String> = NEW_COLUMNS
         .lines()
         .map(|line| format!("ADD COLUMN {}", line.trim().trim_end_matches(',')))
         .collect();
+    let drop = match flavor {
+        MySqlFlavor::MariaDb => "DROP CONSTRAINT",
+        // MySQL 8.0.16 to 8.0.18 know only this spelling.
+        MySqlFlavor::MySql => "DROP CHECK",
+    };
     for check in checks {
-        alter.push(format!("DROP CONSTRAINT `{}`", check.replace('`', "``")));
+        alter.push(format!("{drop} `{}`", check.replace('`', "``")));
     }
-    alter.push(format!(
-        "ADD CONSTRAINT {} CHECK (state IN ('processing', 'done', 'released'))",
-        table.state_check('`')
-    ));
     format!("ALTER TABLE {t} {}", alter.join(", "))
 }
 
@@ -560,15 +566,29 @@ impl MySqlStore {
         .store()?;
         if current == 0 {
             tracing::info!(table = %table.name(), "upgrading the idempotency table");
-            let checks: Vec<String> = sqlx::query_scalar(
-                "SELECT CONSTRAINT_NAME FROM information_schema.TABLE_CONSTRAINTS \
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND CONSTRAINT_TYPE = 'CHECK'",
-            )
-            .bind(table.bare())
-            .fetch_all(&mut *conn)
-            .await
-            .store()?;
-            sqlx::raw_sql(AssertSqlSafe(upgrade(table, &checks)))
+            let flavor = self.flavor_on(conn).await?;
+            // Only the check on `state`: a check of the application's own stays.
+            let find = match flavor {
+                MySqlFlavor::MariaDb => {
+                    "SELECT CONSTRAINT_NAME FROM information_schema.CHECK_CONSTRAINTS \
+                     WHERE CONSTRAINT_SCHEMA = DATABASE() AND TABLE_NAME = ? \
+                     AND CHECK_CLAUSE LIKE '%processing%'"
+                }
+                MySqlFlavor::MySql => {
+                    "SELECT tc.CONSTRAINT_NAME FROM information_schema.TABLE_CONSTRAINTS tc \
+                     JOIN information_schema.CHECK_CONSTRAINTS cc \
+                     ON cc.CONSTRAINT_SCHEMA = tc.CONSTRAINT_SCHEMA \
+                     AND cc.CONSTRAINT_NAME = tc.CONSTRAINT_NAME \
+                     WHERE tc.TABLE_SCHEMA = DATABASE() AND tc.TABLE_NAME = ? \
+                     AND tc.CONSTRAINT_TYPE = 'CHECK' AND cc.CHECK_CLAUSE LIKE '%processing%'"
+                }
+            };
+            let checks: Vec<String> = sqlx::query_scalar(find)
+                .bind(table.bare())
+                .fetch_all(&mut *conn)
+                .await
+                .store()?;
+            sqlx::raw_sql(AssertSqlSafe(upgrade(table, &checks, flavor)))
                 .execute(&mut *conn)
                 .await
                 .store()?;
@@ -630,9 +650,14 @@ impl MySqlStore {
                 .await
                 .store()?;
             if let Some(row) = row {
-                return ClaimRow::read(&row)?.into_claim(key, token, stale);
+                let row = ClaimRow::read(&row)?;
+                let ours = LeaseToken::from_i64(row.token) == token;
+                if ours || KeyState::parse(&row.state) != Some(KeyState::Released) {
+                    return row.into_claim(key, token, stale);
+                }
             }
-            // Released or purged between the two statements: claim again.
+            // Released (by the owner the upsert saw) or purged between the two statements:
+            // claim again.
         }
         Err(StoreError::backend(
             "the claimed row vanished between the upsert and the read, three times",

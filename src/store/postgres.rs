@@ -58,9 +58,11 @@
 //!
 //! A table of the first release (without `runs`) is upgraded in the same transaction: the new
 //! columns are added (`ADD COLUMN IF NOT EXISTS`, instant for these defaults), the check on
-//! `state` is replaced by one that admits `released` (`NOT VALID`: every existing row passes
-//! it already, so nothing is scanned), and `renewed_at` of `processing` rows starts at their
-//! claim time. Rows are kept as they are.
+//! `state`, whatever its name, is replaced by one that admits `released` (`NOT VALID`: every
+//! existing row passes it already, so nothing is scanned), and `renewed_at` of `processing`
+//! rows starts at their claim time. Rows are kept as they are. The upgrade waits at most 10 s
+//! for the table's lock (`lock_timeout`), rather than stall the claims queued behind it, and
+//! `migrate()` fails if it could not get it.
 //!
 //! # Round trips
 //!
@@ -207,9 +209,11 @@ RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_u
     completed_at = CASE WHEN state = 'done' THEN completed_at ELSE now() END
 WHERE {fenced} AND state <> 'released'"#
     );
+    // Releasing twice with one lease is harmless: a release whose answer was lost is retried.
     let release = format!(
-        "UPDATE {t} SET state = 'released', completed_at = now() \
-         WHERE {fenced} AND state = 'processing'"
+        "UPDATE {t} SET state = 'released', \
+         completed_at = CASE WHEN state = 'released' THEN completed_at ELSE now() END \
+         WHERE {fenced} AND state IN ('processing', 'released')"
     );
     let describe = format!(
         r#"SELECT state, deliveries, runs, reclaimed,
@@ -250,6 +254,7 @@ ON CONFLICT (namespace, "key") DO UPDATE SET
     state = CASE WHEN {free} THEN 'done' ELSE t.state END,
     token = CASE WHEN {free} THEN excluded.token ELSE t.token END,
     runs = CASE WHEN {free} THEN t.runs + 1 ELSE t.runs END,
+    reclaimed = CASE WHEN {free} THEN FALSE ELSE t.reclaimed END,
     claimed_at = CASE WHEN {free} THEN now() ELSE t.claimed_at END,
     completed_at = CASE WHEN {free} THEN now() ELSE t.completed_at END
 RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
@@ -276,9 +281,18 @@ RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_u
 /// What turns a table of the first release (states `processing` and `done` only, no counts
 /// of runs, no heartbeat) into the current one. Existing rows keep everything they had; the
 /// constraint is replaced `NOT VALID` because every existing row satisfies it already.
-fn upgrade(table: &TableName) -> String {
+fn upgrade(table: &TableName, checks: &[String]) -> String {
     let t = table.quoted('"');
     let check = table.state_check('"');
+    let drop: String = checks
+        .iter()
+        .map(|name| {
+            format!(
+                "ALTER TABLE {t} DROP CONSTRAINT \"{}\";\n",
+                name.replace('"', "\"\"")
+            )
+        })
+        .collect();
     let add: String = columns()
         .lines()
         .filter(|line| {
@@ -294,10 +308,12 @@ fn upgrade(table: &TableName) -> String {
         .map(|line| format!("\n    ADD COLUMN IF NOT EXISTS {}", line.trim()))
         .collect();
     let add = add.trim_end_matches(',');
+    // Waiting long for the table's lock would stall every claim queued behind the wait: fail
+    // the start-up instead, and let it try again.
     format!(
-        r#"ALTER TABLE {t}{add};
-ALTER TABLE {t} DROP CONSTRAINT IF EXISTS {check};
-ALTER TABLE {t} ADD CONSTRAINT {check} CHECK (state IN ('processing', 'done', 'released')) NOT VALID;
+        r#"SET LOCAL lock_timeout = '10s';
+ALTER TABLE {t}{add};
+{drop}ALTER TABLE {t} ADD CONSTRAINT {check} CHECK (state IN ('processing', 'done', 'released')) NOT VALID;
 UPDATE {t} SET renewed_at = claimed_at WHERE state = 'processing' AND renewed_at IS NULL;"#
     )
 }
@@ -426,7 +442,17 @@ impl PostgresStore {
         .store()?;
         if !current {
             tracing::info!(table = %table.name(), "upgrading the idempotency table");
-            sqlx::raw_sql(AssertSqlSafe(upgrade(table)))
+            // The check on `state` refuses `released`, whatever its name (a renamed table
+            // keeps the old one).
+            let checks: Vec<String> = sqlx::query_scalar(
+                "SELECT conname::text FROM pg_constraint WHERE conrelid = to_regclass($1) \
+                 AND contype = 'c' AND pg_get_constraintdef(oid) LIKE '%processing%'",
+            )
+            .bind(table.quoted('"'))
+            .fetch_all(&mut *tx)
+            .await
+            .store()?;
+            sqlx::raw_sql(AssertSqlSafe(upgrade(table, &checks)))
                 .execute(&mut *tx)
                 .await
                 .store()?;

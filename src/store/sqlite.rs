@@ -239,9 +239,11 @@ RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_u
     completed_at = CASE WHEN state = 'done' THEN completed_at ELSE {NOW_US} END
 WHERE {fenced} AND state <> 'released'"#
     );
+    // Releasing twice with one lease is harmless: a release whose answer was lost is retried.
     let release = format!(
-        "UPDATE {t} SET state = 'released', completed_at = {NOW_US} \
-         WHERE {fenced} AND state = 'processing'"
+        "UPDATE {t} SET state = 'released', \
+         completed_at = CASE WHEN state = 'released' THEN completed_at ELSE {NOW_US} END \
+         WHERE {fenced} AND state IN ('processing', 'released')"
     );
     let describe = format!(
         r#"SELECT state, deliveries, runs, reclaimed,
@@ -281,6 +283,7 @@ ON CONFLICT (namespace, "key") DO UPDATE SET
     state = CASE WHEN {free} THEN 'done' ELSE t.state END,
     token = CASE WHEN {free} THEN excluded.token ELSE t.token END,
     runs = CASE WHEN {free} THEN t.runs + 1 ELSE t.runs END,
+    reclaimed = CASE WHEN {free} THEN 0 ELSE t.reclaimed END,
     claimed_at = CASE WHEN {free} THEN {NOW_US} ELSE t.claimed_at END,
     completed_at = CASE WHEN {free} THEN {NOW_US} ELSE t.completed_at END
 RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
