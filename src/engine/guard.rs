@@ -301,18 +301,15 @@ impl<O: Owner> LeaseGuard<O> {
         self.state.set_stage(Stage::Settling);
         let timeout = self.owner.settings().store_timeout;
         let result = bounded(self.owner.settle(self.lease(), action), timeout).await;
-        if matches!(result, Err(StoreError::Backend(_))) {
-            O::report(self.lease(), action, &result);
-            self.state.set_stage(Stage::Retrying);
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(self.retry(action));
-                }
-                Err(_) => self.finish(), // left for the stale path; already logged
+        O::report(self.lease(), action, &result);
+        let runtime = tokio::runtime::Handle::try_current();
+        match (result, runtime) {
+            (Err(StoreError::Backend(_)), Ok(runtime)) => {
+                self.state.set_stage(Stage::Retrying);
+                runtime.spawn(self.retry(action));
             }
-        } else {
-            O::report(self.lease(), action, &result);
-            self.finish();
+            // Settled, fenced off, or (without a runtime) left for the stale path; logged.
+            _ => self.finish(),
         }
         action.outcome()
     }
