@@ -326,9 +326,10 @@ async fn reverse_order_newer_wins<St: VersionStore + Clone>(store: St) {
     assert_eq!(*h.business.applied.lock().unwrap(), [2, 3, 4]);
 }
 
-/// Deduplication outside, ordering inside: a duplicate of an event is a duplicate, and a new
-/// event id carrying a version already applied is outdated: neither re-applies.
-async fn equal_version_with_a_new_key_does_not_reapply<St: Store + VersionStore + Clone>(
+/// Deduplication outside, ordering inside (the recommended stack): two different changes with
+/// the same version (a timestamp in whole seconds) both run; the redeliveries of each are
+/// duplicates, answered outside; an older version is outdated.
+async fn equal_version_runs_and_redeliveries_are_duplicates<St: Store + VersionStore + Clone>(
     store: St,
 ) {
     let ns = unique_namespace("equal");
@@ -336,6 +337,7 @@ async fn equal_version_with_a_new_key_does_not_reapply<St: Store + VersionStore 
     let svc = IdempotencyLayer::new(store.clone())
         .key(key::header("x-event-id").namespace(ns.clone()))
         .layer(order_layer(store.clone(), &ns).layer(handler(h.handler.clone())));
+    let entity = key_in(&ns, "sub_1");
 
     let res = svc
         .clone()
@@ -350,25 +352,157 @@ async fn equal_version_with_a_new_key_does_not_reapply<St: Store + VersionStore 
         .await
         .unwrap();
     assert_eq!(outcome_header(&res), Some("duplicate"));
-    // The sender re-sent the same change under a new event id.
+    // Another change in the same second: the same version under a new event id. It runs.
     let res = svc
         .clone()
-        .oneshot(delivery("evt_b", "sub_1", "active", 7, "ok"))
+        .oneshot(delivery("evt_b", "sub_1", "past_due", 7, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(outcome_header(&res), None, "the handler's own response");
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    assert_eq!(store.applied_version(&entity).await.unwrap(), Some(7));
+    let res = svc
+        .clone()
+        .oneshot(delivery("evt_b", "sub_1", "past_due", 7, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(outcome_header(&res), Some("duplicate"));
+    // An older version is outdated; the outer layer still commits its key, so its
+    // duplicates are duplicates.
+    let res = svc
+        .clone()
+        .oneshot(delivery("evt_c", "sub_1", "incomplete", 6, "ok"))
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(outcome_header(&res), Some("outdated"));
-    // The more specific outcome stays; the outer layer still committed the event's key, so
-    // its duplicates are duplicates.
     assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Outdated));
     let res = svc
-        .oneshot(delivery("evt_b", "sub_1", "active", 7, "ok"))
+        .oneshot(delivery("evt_c", "sub_1", "incomplete", 6, "ok"))
         .await
         .unwrap();
     assert_eq!(outcome_header(&res), Some("duplicate"));
 
-    assert_eq!(h.business.runs(), 1);
-    assert_eq!(*h.business.applied.lock().unwrap(), [7]);
+    assert_eq!(h.business.runs(), 2);
+    assert_eq!(*h.business.applied.lock().unwrap(), [7, 7]);
+    assert_eq!(h.business.state("sub_1"), Some((7, "past_due".into())));
+    assert_eq!(store.applied_version(&entity).await.unwrap(), Some(7));
+}
+
+/// The order layer alone: an equal version runs and leaves the applied version as it was,
+/// so a redelivery of the latest version runs again (what the docs say); an older one is
+/// outdated.
+async fn equal_version_runs_with_the_guard_alone<St: VersionStore + Clone>(store: St) {
+    let ns = unique_namespace("equal-alone");
+    let h = Harness::new();
+    let svc = ordered(store.clone(), &ns, &h);
+    let entity = key_in(&ns, "sub_1");
+
+    let res = svc
+        .clone()
+        .oneshot(delivery("evt_1", "sub_1", "active", 3, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    // Two different changes with the same timestamp: both run, the later one's state stays.
+    let res = svc
+        .clone()
+        .oneshot(delivery("evt_2", "sub_1", "cancelled", 3, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    assert_eq!(outcome_header(&res), None);
+    assert_eq!(store.applied_version(&entity).await.unwrap(), Some(3));
+    assert_eq!(h.business.state("sub_1"), Some((3, "cancelled".into())));
+    // An equal version that fails applies nothing, and leaves the applied version as it was.
+    let res = svc
+        .clone()
+        .oneshot(delivery("evt_3", "sub_1", "past_due", 3, "500"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Released));
+    assert_eq!(store.applied_version(&entity).await.unwrap(), Some(3));
+    // The guard alone cannot tell a redelivery from another change: it runs again.
+    let res = svc
+        .clone()
+        .oneshot(delivery("evt_2", "sub_1", "cancelled", 3, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    // Older: outdated, not run.
+    let res = svc
+        .oneshot(delivery("evt_0", "sub_1", "incomplete", 2, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(outcome_header(&res), Some("outdated"));
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Outdated));
+
+    assert_eq!(
+        h.business.runs(),
+        4,
+        "three equal versions and the first ran"
+    );
+    assert_eq!(*h.business.applied.lock().unwrap(), [3, 3, 3]);
+    assert_eq!(h.business.state("sub_1"), Some((3, "cancelled".into())));
+    assert_eq!(store.applied_version(&entity).await.unwrap(), Some(3));
+}
+
+/// Deliveries of a version equal to the applied one still take the pending slot one at a time:
+/// while one runs, another of the same version answers 409 and does not run; it runs once the
+/// first is done.
+async fn equal_versions_take_the_pending_slot_one_at_a_time<St: VersionStore + Clone>(store: St) {
+    let ns = unique_namespace("equal-busy");
+    let mut h = Harness::new();
+    let svc = ordered(store.clone(), &ns, &h);
+    let entity = key_in(&ns, "sub_1");
+
+    let res = svc
+        .clone()
+        .oneshot(delivery("evt_1", "sub_1", "active", 5, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    let first =
+        tokio::spawn(
+            svc.clone()
+                .oneshot(delivery("evt_2", "sub_1", "cancelled", 5, "block")),
+        );
+    assert_eq!(h.started.recv().await, Some(5));
+    for event in ["evt_3", "evt_2"] {
+        let res = svc
+            .clone()
+            .oneshot(delivery(event, "sub_1", "past_due", 5, "ok"))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::CONFLICT, "{event}");
+        assert_eq!(res.headers()["retry-after"], "2");
+        assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::InFlight));
+    }
+    // An older version is outdated even while an equal one runs.
+    let res = svc
+        .clone()
+        .oneshot(delivery("evt_0", "sub_1", "incomplete", 4, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(outcome_header(&res), Some("outdated"));
+    assert_eq!(h.business.runs(), 2);
+
+    h.gate.add_permits(1);
+    let res = first.await.unwrap().unwrap();
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    let res = svc
+        .oneshot(delivery("evt_3", "sub_1", "past_due", 5, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    assert_eq!(h.business.runs(), 3);
+    assert!(!h.business.overlapped.load(Ordering::SeqCst));
+    assert_eq!(h.business.state("sub_1"), Some((5, "past_due".into())));
+    assert_eq!(store.applied_version(&entity).await.unwrap(), Some(5));
 }
 
 /// While one version of an entity is being applied, another answers 409 with `Retry-After`
@@ -418,7 +552,9 @@ async fn busy_entity_answers_409<St: VersionStore + Clone>(store: St) {
 }
 
 /// A delivery whose future is dropped mid-handler (the client went away) runs on to the end
-/// and applies its version: the retry is answered busy while it runs, outdated after.
+/// and applies its version: the retry is answered busy while it runs. After, the guard alone
+/// runs it again (an equal version runs; `IdempotencyLayer` outside would answer it
+/// `duplicate`), and an older version is outdated.
 async fn dropped_future_runs_on_and_applies<St: VersionStore + Clone>(store: St) {
     let ns = unique_namespace("dropped");
     let mut h = Harness::new();
@@ -449,12 +585,24 @@ async fn dropped_future_runs_on_and_applies<St: VersionStore + Clone>(store: St)
     }
     assert_eq!(store.applied_version(&entity).await.unwrap(), Some(1));
     assert_eq!(h.business.state("sub_1"), Some((1, "active".into())));
+    assert_eq!(h.business.runs(), 1);
     let retry = svc
+        .clone()
         .oneshot(delivery("evt_1", "sub_1", "active", 1, "ok"))
         .await
         .unwrap();
-    assert_eq!(outcome_header(&retry), Some("outdated"));
-    assert_eq!(h.business.runs(), 1);
+    assert_eq!(
+        retry.extensions().get::<Outcome>(),
+        Some(&Outcome::Processed)
+    );
+    assert_eq!(h.business.runs(), 2);
+    assert_eq!(store.applied_version(&entity).await.unwrap(), Some(1));
+    let older = svc
+        .oneshot(delivery("evt_0", "sub_1", "incomplete", 0, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(outcome_header(&older), Some("outdated"));
+    assert_eq!(h.business.runs(), 2);
 }
 
 /// 16 versions of one entity delivered at once, in random order, over several instances
@@ -507,6 +655,61 @@ async fn sixteen_versions_in_random_order<St: VersionStore + Clone>(stores: Vec<
     assert_eq!(stores[0].applied_version(&entity).await.unwrap(), Some(16));
 }
 
+/// 16 different events, two per version (two changes in the same second), delivered at once
+/// in random order over several instances, each retried until acknowledged: the handler never
+/// runs two deliveries at once, the versions it applies never go down, both changes of the
+/// newest version run, and the applied version is the newest.
+async fn pairs_of_equal_versions_in_random_order<St: VersionStore + Clone>(stores: Vec<St>) {
+    let ns = unique_namespace("random-pairs");
+    let h = Harness::new();
+    let services: Vec<_> = stores.iter().map(|s| ordered(s.clone(), &ns, &h)).collect();
+    let mut events: Vec<(i64, char)> = (1..=8).flat_map(|v| [(v, 'a'), (v, 'b')]).collect();
+    let mut rng = Shuffle::seeded();
+    let seed = rng.0;
+    rng.shuffle(&mut events);
+
+    let tasks: Vec<_> = events
+        .iter()
+        .enumerate()
+        .map(|(i, &(v, change))| {
+            let svc = services[i % services.len()].clone();
+            tokio::spawn(deliver_until_acknowledged(svc, move || {
+                delivery(
+                    &format!("evt_{v}{change}"),
+                    "sub_1",
+                    &format!("status-{v}{change}"),
+                    v,
+                    "slow",
+                )
+            }))
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+
+    let context = format!("seed {seed}, order {events:?}");
+    let applied = h.business.applied.lock().unwrap().clone();
+    assert!(
+        applied.windows(2).all(|w| w[0] <= w[1]),
+        "applied out of order: {applied:?} ({context})"
+    );
+    assert_eq!(
+        applied.iter().filter(|&&v| v == 8).count(),
+        2,
+        "both changes of the newest version ran: {applied:?} ({context})"
+    );
+    let (version, status) = h.business.state("sub_1").unwrap();
+    assert_eq!(version, 8, "{context}");
+    assert!(
+        ["status-8a", "status-8b"].contains(&status.as_str()),
+        "{status} ({context})"
+    );
+    assert!(!h.business.overlapped.load(Ordering::SeqCst), "{context}");
+    let entity = key_in(&ns, "sub_1");
+    assert_eq!(stores[0].applied_version(&entity).await.unwrap(), Some(8));
+}
+
 // ---- The store contract, once per backend ----
 
 async fn acquire_version<St: VersionStore>(
@@ -553,20 +756,51 @@ async fn version_store_contract<St: VersionStore>(store: St) {
         Err(StoreError::LeaseLost)
     ));
     assert_eq!(store.applied_version(&entity).await.unwrap(), Some(2));
-    for version in [2, 1, -5] {
+    // Only an older version is outdated.
+    for version in [1, -5] {
         assert_eq!(
             store.begin_version(&entity, version, LONG).await.unwrap(),
             VersionClaim::Outdated { applied: 2 }
         );
     }
-    let newer = acquire_version(&store, &entity, 5, LONG).await;
-    // Outdated wins over busy: a version not newer than the applied one never waits.
+    // An equal version (another change in the same second) takes the slot like a newer one,
+    // one delivery at a time: the same version again waits behind it.
+    let equal = acquire_version(&store, &entity, 2, LONG).await;
+    assert_ne!(equal.token(), again.token());
+    for version in [2, 3] {
+        match store.begin_version(&entity, version, LONG).await.unwrap() {
+            VersionClaim::Busy(PendingVersion { version: 2, .. }) => {}
+            other => panic!("expected busy for {version}, got {other:?}"),
+        }
+    }
     assert_eq!(
-        store.begin_version(&entity, 2, LONG).await.unwrap(),
+        store.begin_version(&entity, 1, LONG).await.unwrap(),
         VersionClaim::Outdated { applied: 2 }
     );
+    store.commit_version(&equal).await.unwrap();
+    assert_eq!(store.applied_version(&entity).await.unwrap(), Some(2));
+    // A released equal version leaves the applied one as it was.
+    let equal = acquire_version(&store, &entity, 2, LONG).await;
+    store.release_version(&equal).await.unwrap();
+    assert_eq!(store.applied_version(&entity).await.unwrap(), Some(2));
+
+    let newer = acquire_version(&store, &entity, 5, LONG).await;
+    // Outdated wins over busy: a version older than the applied one never waits; an equal
+    // one does.
+    assert_eq!(
+        store.begin_version(&entity, 1, LONG).await.unwrap(),
+        VersionClaim::Outdated { applied: 2 }
+    );
+    match store.begin_version(&entity, 2, LONG).await.unwrap() {
+        VersionClaim::Busy(PendingVersion { version: 5, .. }) => {}
+        other => panic!("expected busy for the applied version, got {other:?}"),
+    }
     store.commit_version(&newer).await.unwrap();
     assert_eq!(store.applied_version(&entity).await.unwrap(), Some(5));
+    assert_eq!(
+        store.begin_version(&entity, 2, LONG).await.unwrap(),
+        VersionClaim::Outdated { applied: 5 }
+    );
 
     // Other entities, and the same id in another namespace, are independent.
     acquire_version(&store, &key_in(&ns, "sub_2"), 1, LONG).await;
@@ -692,9 +926,21 @@ macro_rules! order_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn equal_version_with_a_new_key_does_not_reapply() {
+            async fn equal_version_runs_and_redeliveries_are_duplicates() {
                 let Some(store) = $make.await else { return };
-                super::equal_version_with_a_new_key_does_not_reapply(store).await;
+                super::equal_version_runs_and_redeliveries_are_duplicates(store).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn equal_version_runs_with_the_guard_alone() {
+                let Some(store) = $make.await else { return };
+                super::equal_version_runs_with_the_guard_alone(store).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn equal_versions_take_the_pending_slot_one_at_a_time() {
+                let Some(store) = $make.await else { return };
+                super::equal_versions_take_the_pending_slot_one_at_a_time(store).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -715,6 +961,14 @@ macro_rules! order_suite {
                     return;
                 };
                 super::sixteen_versions_in_random_order(stores).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn pairs_of_equal_versions_in_random_order_over_four_instances() {
+                let Some(stores) = $instances.await else {
+                    return;
+                };
+                super::pairs_of_equal_versions_in_random_order(stores).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1274,16 +1528,38 @@ macro_rules! advance_suite {
                 );
                 assert_eq!(store.applied_version(&entity).await.unwrap(), Some(2));
 
-                // The same version under a new event id: outdated, nothing written.
+                // Another change with the same version under a new event id: it applies, as
+                // the order layer runs it; the applied version stays.
                 let res = svc
                     .clone()
-                    .oneshot(delivery("evt_2b", "sub_1", "cancelled", 2, "ok"))
+                    .oneshot(delivery("evt_2b", "sub_1", "paused", 2, "ok"))
+                    .await
+                    .unwrap();
+                assert_eq!(res.status(), StatusCode::OK);
+                assert_eq!(body_text(res).await, "applied");
+                assert_eq!(
+                    business(&store, &ns, "sub_1").await,
+                    Some(("paused".into(), 2, 2))
+                );
+                assert_eq!(store.applied_version(&entity).await.unwrap(), Some(2));
+                // A redelivery of that event is the marker's duplicate: the handler does not run.
+                let res = svc
+                    .clone()
+                    .oneshot(delivery("evt_2b", "sub_1", "paused", 2, "ok"))
+                    .await
+                    .unwrap();
+                assert_eq!(res.status(), StatusCode::OK);
+                assert_eq!(outcome_header(&res), Some("duplicate"));
+                // An older version under a new event id is outdated, nothing written.
+                let res = svc
+                    .clone()
+                    .oneshot(delivery("evt_1b", "sub_1", "active", 1, "ok"))
                     .await
                     .unwrap();
                 assert_eq!(body_text(res).await, "outdated");
                 assert_eq!(
                     business(&store, &ns, "sub_1").await,
-                    Some(("cancelled".into(), 2, 1))
+                    Some(("paused".into(), 2, 2))
                 );
 
                 // A 500 after both writes: the version and the business row roll back together.
@@ -1296,7 +1572,7 @@ macro_rules! advance_suite {
                 assert_eq!(store.applied_version(&entity).await.unwrap(), Some(2));
                 assert_eq!(
                     business(&store, &ns, "sub_1").await,
-                    Some(("cancelled".into(), 2, 1))
+                    Some(("paused".into(), 2, 2))
                 );
                 // The sender's retry applies it.
                 let res = svc
@@ -1307,8 +1583,64 @@ macro_rules! advance_suite {
                 assert_eq!(store.applied_version(&entity).await.unwrap(), Some(3));
                 assert_eq!(
                     business(&store, &ns, "sub_1").await,
-                    Some(("past_due".into(), 3, 2))
+                    Some(("past_due".into(), 3, 3))
                 );
+            }
+
+            /// `advance` directly, in two transactions on the store's database: an equal
+            /// version counts as advanced, and the entity's row keeps the second transaction
+            /// waiting until the first ends; an older version is outdated.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn advance_equal_version_applies_one_transaction_at_a_time() {
+                let Some(store) = $make.await else { return };
+                let ns = unique_namespace("advance-equal");
+                let entity = key_in(&ns, "sub_1");
+
+                let mut tx = store.pool().begin().await.unwrap();
+                assert_eq!(
+                    order::advance(&mut *tx, &store, &entity, 5).await.unwrap(),
+                    Advance::Applied
+                );
+                tx.commit().await.unwrap();
+
+                let mut first = store.pool().begin().await.unwrap();
+                assert_eq!(
+                    order::advance(&mut *first, &store, &entity, 5)
+                        .await
+                        .unwrap(),
+                    Advance::Applied,
+                    "an equal version advances"
+                );
+                let (second_store, second_entity) = (store.clone(), entity.clone());
+                let mut second = tokio::spawn(async move {
+                    let mut tx = second_store.pool().begin().await.unwrap();
+                    let advanced = order::advance(&mut *tx, &second_store, &second_entity, 5)
+                        .await
+                        .unwrap();
+                    tx.commit().await.unwrap();
+                    advanced
+                });
+                assert!(
+                    tokio::time::timeout(Duration::from_millis(300), &mut second)
+                        .await
+                        .is_err(),
+                    "the second transaction waits for the entity's row"
+                );
+                first.commit().await.unwrap();
+                assert_eq!(second.await.unwrap(), Advance::Applied);
+                assert_eq!(store.applied_version(&entity).await.unwrap(), Some(5));
+
+                let mut tx = store.pool().begin().await.unwrap();
+                assert_eq!(
+                    order::advance(&mut *tx, &store, &entity, 4).await.unwrap(),
+                    Advance::Outdated { applied: 5 }
+                );
+                assert_eq!(
+                    order::advance(&mut *tx, &store, &entity, 6).await.unwrap(),
+                    Advance::Applied
+                );
+                tx.rollback().await.unwrap();
+                assert_eq!(store.applied_version(&entity).await.unwrap(), Some(5));
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -12,8 +12,12 @@ use crate::layer::HeldHook;
 use crate::store::{Pending, Stale};
 
 /// Makes an inner service apply each entity's versions in order: a delivery whose version is
-/// not newer than the entity's applied one is answered 200 (`idempotency-outcome: outdated`)
-/// without running the handler, and one version of an entity runs at a time.
+/// older than the entity's applied one is answered 200 (`idempotency-outcome: outdated`)
+/// without running the handler, and one version of an entity runs at a time. A version equal
+/// to the applied one runs (two changes within one second of a timestamp version are not
+/// lost), so used alone the layer runs a redelivery of the latest version again: stack
+/// [`IdempotencyLayer`](crate::IdempotencyLayer) outside it, and use a finer version where the
+/// sender has one (see [equal versions](crate::order#equal-versions)).
 ///
 /// Built with [`OrderLayer::new`], then [`entity`](Self::entity) and
 /// [`version`](Self::version), both required (without them the layer does not compile). See

@@ -4,7 +4,8 @@
 //! 14:00:01 and `cancelled` at 14:00:03 ends up `active` when the first delivery failed and
 //! came back five minutes later. Nothing was delivered twice, so deduplication cannot help; a
 //! monotonic guard on the *sender's* version or timestamp can. [`OrderLayer`] keeps the latest
-//! version applied per entity and answers an older delivery 200 without running the handler.
+//! version applied per entity and answers an older delivery 200 without running the handler;
+//! a delivery of the same version runs (see [equal versions](#equal-versions)).
 //!
 //! ```
 //! use std::collections::HashMap;
@@ -72,11 +73,11 @@
 //!
 //! | situation | answer | handler runs | the entity's versions afterwards |
 //! |---|---|---|---|
-//! | version newer than the applied one, nothing pending, handler answers 2xx | the handler's response | yes | applied = this version |
+//! | version newer than or equal to the applied one, nothing pending, handler answers 2xx | the handler's response | yes | applied = this version (an equal one: unchanged) |
 //! | the same, handler answers non-2xx, `Err`, or panics | the handler's response / error | yes | unchanged, pending slot released (hold policy: a panic leaves it to turn stale) |
 //! | the same, the sender hangs up while the handler runs | nobody hears it | yes, to completion | as the handler answers |
-//! | version equal to or older than the applied one (a late retry; a duplicate under a new event id) | **200**, empty body, `idempotency-outcome: outdated` | no | unchanged |
-//! | another version of the entity is being applied | **409** with `Retry-After` (outcome `in-flight`) | no | unchanged |
+//! | version older than the applied one (a late retry) | **200**, empty body, `idempotency-outcome: outdated` | no | unchanged |
+//! | another version of the entity, or another delivery of the same version, is being applied | **409** with `Retry-After` (outcome `in-flight`) | no | unchanged |
 //! | that other version is stale (its owner stopped renewing it: its process died), policy reclaim | as a first delivery | yes | as above |
 //! | that other version is stale, policy hold | **409**, a warning and the [`on_held`](OrderLayer::on_held) hook | no | held until [`VersionStore::resolve_version`] |
 //! | no entity id or no version | **400** problem+json naming what was expected (or run unordered: [`OrderLayer::missing_key`]) | no | unchanged |
@@ -88,12 +89,30 @@
 //! one finish last. The second waits; its sender retries it after `Retry-After`, by which time
 //! it is either applied in order or outdated.
 //!
+//! # Equal versions
+//!
+//! Only a version **older** than the applied one is outdated; a version **equal** to it runs,
+//! taking the pending slot like a newer one (one delivery at a time: a second delivery of that
+//! version meanwhile is answered 409). Versions are often timestamps with a resolution of a
+//! second (Stripe's `created`): two different changes of one entity within the same second
+//! carry the same version, and dropping the second as outdated would lose it for good.
+//!
+//! The price: **a version guard used alone runs a redelivery of the latest version again**
+//! (the sender's retry of an event already applied, or the same change re-sent under a new
+//! event id). Stack [`IdempotencyLayer`](crate::IdempotencyLayer) outside it
+//! ([below](#with-deduplication)) so that redeliveries of an event are answered as duplicates
+//! before they reach this layer, and write handlers so that applying the latest state twice is
+//! harmless. Where the sender has a finer version, use it: a revision counter, or a sub-second
+//! timestamp ([`version::parse_timestamp`] keeps microseconds); then equal versions are rare,
+//! and mean the same change.
+//!
 //! # With deduplication
 //!
 //! Put [`IdempotencyLayer`](crate::IdempotencyLayer) outside and `OrderLayer` inside:
 //! duplicates of an event are answered by the first, and only first deliveries take the
-//! entity's pending slot. An outdated delivery is a 2xx, so its event key is committed and its
-//! later duplicates are answered `duplicate`.
+//! entity's pending slot. This is what keeps a redelivery of the latest version from running
+//! again ([equal versions](#equal-versions) run). An outdated delivery is a 2xx, so its event
+//! key is committed and its later duplicates are answered `duplicate`.
 //!
 //! ```
 //! # use tower_idempotency::{IdempotencyLayer, key, order::{self, OrderLayer}, store::MemoryStore};
@@ -134,14 +153,17 @@
 //! [transactional mode](crate::transactional) (or any transaction on the store's database) and
 //! answers whether the delivery is newer. The version and the business write then commit or
 //! roll back together, and the entity's row stays locked until the transaction ends, so
-//! concurrent versions of one entity apply one after the other. Per backend:
+//! concurrent versions of one entity apply one after the other. As in the layer, only an older
+//! version is outdated: an equal one answers [`Advance::Applied`]. Transactional mode's marker
+//! answers a redelivery of the same event as a duplicate before the handler runs; the same
+//! version under a new event id applies again. Per backend:
 //!
 //! - PostgreSQL, SQLite: `INSERT … ON CONFLICT (namespace, entity) DO UPDATE SET
 //!   applied_version = excluded.applied_version WHERE t.applied_version IS NULL OR
-//!   t.applied_version < excluded.applied_version RETURNING applied_version`; one round trip
+//!   t.applied_version <= excluded.applied_version RETURNING applied_version`; one round trip
 //!   when it applies, a second (`SELECT`) to report the applied version when outdated.
 //! - MariaDB: `INSERT … ON DUPLICATE KEY UPDATE` that moves the version and stamps it with a
-//!   fresh token only if it is newer, `RETURNING` both; one round trip.
+//!   fresh token unless the row is at a newer version, `RETURNING` both; one round trip.
 //! - MySQL: the same upsert without `RETURNING`, then a `SELECT … FOR UPDATE` unless the row was
 //!   new; one or two round trips.
 #![cfg_attr(
@@ -203,13 +225,16 @@ let app: Router = Router::new()
 //!
 //! ```sql
 //! UPDATE subscriptions SET status = $1, updated_at = $2
-//! WHERE id = $3 AND updated_at < $2
+//! WHERE id = $3 AND updated_at <= $2
 //! ```
 //!
-//! Zero rows changed means the row is at that version or a newer one (or absent: insert it
-//! with `INSERT … ON CONFLICT (id) DO UPDATE … WHERE subscriptions.updated_at <
-//! excluded.updated_at`). `updated_at` is the sender's timestamp from the event, bound as a
-//! parameter: never `now()`.
+//! Zero rows changed means the row is at a newer version (or absent: insert it with `INSERT …
+//! ON CONFLICT (id) DO UPDATE … WHERE subscriptions.updated_at <= excluded.updated_at`).
+//! `<=`, as the layer does, applies a second change with the same timestamp instead of losing
+//! it (and applies a redelivery of the latest one again: let the marker of
+//! [transactional mode](crate::transactional) answer those). With a revision counter, which
+//! never repeats for two changes, `<` is safe and refuses a redelivery too. `updated_at` is the
+//! sender's timestamp from the event, bound as a parameter: never `now()`.
 //!
 //! # Legal transitions
 //!

@@ -31,9 +31,13 @@ use crate::store::{LeaseToken, Resolution, Stale, StoreError};
 /// // While version 2 is being applied, no other version of the entity may start.
 /// assert!(matches!(store.begin_version(&subscription, 3, stale).await?, VersionClaim::Busy(_)));
 /// store.commit_version(&lease).await?;
-/// // Version 1 arrives late: it is outdated, and so is a second delivery of version 2.
+/// // Version 1 arrives late: it is outdated.
 /// assert_eq!(store.begin_version(&subscription, 1, stale).await?, VersionClaim::Outdated { applied: 2 });
-/// assert_eq!(store.begin_version(&subscription, 2, stale).await?, VersionClaim::Outdated { applied: 2 });
+/// // Version 2 again (another change in the same second, or a redelivery): it runs.
+/// let VersionClaim::Acquired(lease) = store.begin_version(&subscription, 2, stale).await? else {
+///     panic!("an equal version is not outdated");
+/// };
+/// store.commit_version(&lease).await?;
 /// assert_eq!(store.applied_version(&subscription).await?, Some(2));
 /// # Ok(())
 /// # }
@@ -41,9 +45,10 @@ use crate::store::{LeaseToken, Resolution, Stale, StoreError};
 ///
 /// # The contract every backend keeps
 ///
-/// - [`begin_version`](Self::begin_version) is atomic. A version not newer than the applied one
-///   answers [`VersionClaim::Outdated`]. Otherwise, with no version pending, it becomes the
-///   pending one under a fresh token: [`VersionClaim::Acquired`]. With another version pending,
+/// - [`begin_version`](Self::begin_version) is atomic. A version older than the applied one
+///   answers [`VersionClaim::Outdated`]. Otherwise (newer, or equal), with no version pending,
+///   it becomes the pending one under a fresh token: [`VersionClaim::Acquired`]. With another
+///   version pending (the same version under another delivery included),
 ///   [`VersionClaim::Busy`], unless that one was not renewed for the [`Stale`] limit: then the
 ///   policy decides, acquired (reclaim) or [`VersionClaim::Held`] (hold).
 /// - [`commit_version`](Self::commit_version) sets the applied version to the greater of it
@@ -103,7 +108,7 @@ pub enum VersionClaim {
     /// This delivery's version is the entity's pending version now: run the handler, then
     /// commit or release.
     Acquired(VersionLease),
-    /// The entity is at this version or a newer one already.
+    /// The entity is at a newer version already.
     Outdated {
         /// The entity's applied version.
         applied: i64,
@@ -171,10 +176,10 @@ impl VersionLease {
 /// What [`advance`](super::advance) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Advance {
-    /// The entity's applied version is this delivery's now, within the transaction: apply the
-    /// business change in the same transaction.
+    /// The entity's applied version is this delivery's now (it was older, absent, or already
+    /// equal), within the transaction: apply the business change in the same transaction.
     Applied,
-    /// The entity is at this version or a newer one already: change nothing, answer 2xx.
+    /// The entity is at a newer version already: change nothing, answer 2xx.
     Outdated {
         /// The entity's applied version.
         applied: i64,
@@ -197,10 +202,13 @@ pub trait AdvanceVersion: crate::transactional::TransactionalStore + VersionStor
     ) -> impl Future<Output = Result<Advance, StoreError>> + Send;
 }
 
-/// Moves `entity`'s applied version to `version` inside the transaction `conn` is in, if it is
-/// newer; answers [`Advance::Outdated`] otherwise. The row stays locked until the transaction
-/// ends, so concurrent deliveries of one entity apply one after the other, and the version
-/// commits or rolls back together with the business write.
+/// Moves `entity`'s applied version to `version` inside the transaction `conn` is in, unless it
+/// is older: [`Advance::Applied`] for a newer or an equal version (as the
+/// [`OrderLayer`](super::OrderLayer) runs an equal version), [`Advance::Outdated`] for an older
+/// one. The row stays locked until the transaction ends, so concurrent deliveries of one entity
+/// apply one after the other, and the version commits or rolls back together with the business
+/// write. A redelivery of the same event is the transactional layer's duplicate, answered before
+/// the handler runs; the same version under a new event id applies again.
 ///
 /// It ignores the pending slot of the [`OrderLayer`](super::OrderLayer): use one or the other
 /// for an entity namespace.
@@ -223,8 +231,9 @@ pub async fn advance<St: AdvanceVersion>(
 
 /// The decision of a `begin_version` made from the entity's row as the claim left it.
 ///
-/// `Ok(None)`: nothing pending, not outdated, and not ours: the row changed between two
-/// statements (MySQL), and the claim should start over.
+/// Outdated means older than the applied version; an equal version is not outdated, and takes
+/// the pending slot like a newer one. `Ok(None)`: nothing pending, not outdated, and not ours:
+/// the row changed between two statements (MySQL), and the claim should start over.
 #[cfg_attr(
     not(any(
         feature = "memory",
@@ -248,7 +257,7 @@ pub(crate) fn decide(
             version,
             ours,
         ))),
-        _ if applied.is_some_and(|applied| version <= applied) => {
+        _ if applied.is_some_and(|applied| version < applied) => {
             applied.map(|applied| VersionClaim::Outdated { applied })
         }
         Some((pending, _, age)) => {
@@ -281,14 +290,35 @@ mod tests {
             decide(&e, 5, ours, hold, Some(4), Some((5, ours, young))),
             Some(VersionClaim::Acquired(l)) if l.version() == 5 && l.token() == ours
         ));
+        // Older than the applied version: outdated, whatever is pending.
         assert_eq!(
-            decide(&e, 4, ours, hold, Some(4), Some((6, other, young))),
+            decide(&e, 3, ours, hold, Some(4), Some((6, other, young))),
             Some(VersionClaim::Outdated { applied: 4 })
         );
         assert_eq!(
             decide(&e, 3, ours, hold, Some(4), None),
             Some(VersionClaim::Outdated { applied: 4 })
         );
+        // Equal to the applied version: not outdated. It runs when the slot is ours, waits
+        // behind another pending version (the same one too), and starts over when the row
+        // says nothing is pending.
+        assert!(matches!(
+            decide(&e, 4, ours, hold, Some(4), Some((4, ours, young))),
+            Some(VersionClaim::Acquired(l)) if l.version() == 4 && l.token() == ours
+        ));
+        assert_eq!(
+            decide(&e, 4, ours, hold, Some(4), Some((6, other, young))),
+            Some(VersionClaim::Busy(PendingVersion::new(6, young)))
+        );
+        assert_eq!(
+            decide(&e, 4, ours, hold, Some(4), Some((4, other, young))),
+            Some(VersionClaim::Busy(PendingVersion::new(4, young)))
+        );
+        assert_eq!(
+            decide(&e, 4, ours, hold, Some(4), Some((4, other, old))),
+            Some(VersionClaim::Held(PendingVersion::new(4, old)))
+        );
+        assert_eq!(decide(&e, 4, ours, hold, Some(4), None), None);
         assert_eq!(
             decide(&e, 5, ours, hold, Some(4), Some((6, other, young))),
             Some(VersionClaim::Busy(PendingVersion::new(6, young)))

@@ -2,7 +2,10 @@
 //!
 //! A version is an `i64` that the *sender* increases with every change of the entity: a
 //! revision counter, or the time of the change, converted to microseconds since the Unix
-//! epoch. Never the receiver's clock: a delivery that arrives late is still old.
+//! epoch. Never the receiver's clock: a delivery that arrives late is still old. Only an older
+//! version is outdated; an equal one runs, because a timestamp in whole seconds gives two
+//! changes within one second the same version. Prefer the finest version the sender offers (a
+//! revision counter, a sub-second timestamp): see [equal versions](super#equal-versions).
 //!
 //! - [`json`]: a JSON integer, or an RFC 3339 timestamp string, at a pointer in the body.
 //! - [`header`]: an integer, or an RFC 3339 timestamp, in a header.
@@ -259,8 +262,9 @@ where
 ///
 /// Strict: exactly the `date-time` of RFC 3339 section 5.6. Four-digit year, two-digit fields,
 /// `T` and `Z` (or `t` and `z`), an offset `Z` or `±hh:mm`, a real calendar date. A fraction
-/// finer than microseconds is truncated, so two changes within one microsecond compare equal;
-/// a leap second (`:60`) counts as the last microsecond of its minute.
+/// finer than microseconds is truncated, so two changes within one microsecond compare equal
+/// (and both run: only an older version is outdated); a leap second (`:60`) counts as the last
+/// microsecond of its minute.
 ///
 /// ```
 /// use tower_idempotency::order::version::parse_timestamp;

@@ -333,7 +333,9 @@ impl VersionStore for MemoryStore {
         let now = Instant::now();
         let mut map = self.inner.versions_of(entity);
         let row = map.entry(entity.clone()).or_default();
-        let newer = row.applied.is_none_or(|applied| applied < version);
+        // Only an older version is outdated: an equal one (another change in the same second)
+        // takes the slot like a newer one.
+        let not_older = row.applied.is_none_or(|applied| applied <= version);
         // A stale pending version is taken over only by itself or a newer one: its owner may
         // have written its state before it died, and an older state must not follow it.
         let free = row.pending.is_none_or(|p| {
@@ -342,7 +344,7 @@ impl VersionStore for MemoryStore {
                 && p.version <= version
         });
         let ours = LeaseToken::generate();
-        if newer && free {
+        if not_older && free {
             row.pending = Some(PendingSlot {
                 version,
                 token: ours,

@@ -117,17 +117,20 @@
 //! ```
 //!
 //! - `begin_version`: `INSERT … ON DUPLICATE KEY UPDATE deliveries = deliveries + 1,
-//!   pending_token = IF(<newer, and nothing pending or stale under reclaim>, ?, pending_token),
+//!   pending_token = IF(<not older than applied_version (applied_version <= ours), and nothing
+//!   pending or stale under reclaim>, ?, pending_token),
 //!   pending_version = IF(pending_token <=> ?, ?, pending_version), …` (left to right, as for
 //!   claims). MariaDB: with `RETURNING`, one round trip. MySQL: one for a new entity; otherwise
 //!   a `SELECT` of the row follows (two), and the claim starts over if the row changed in
 //!   between.
 //! - `commit_version`, `release_version`: one `UPDATE … WHERE … AND pending_token = ?` each.
 //! - [`order::advance`](crate::order::advance), in the caller's transaction: an upsert that
-//!   takes the row's exclusive lock at once and, only if the version is newer, moves it and
-//!   stamps `applied_token` with a fresh token (without the stamp an equal version already
-//!   applied could not be told from ours). MariaDB returns the row (one round trip); MySQL
-//!   reads it with `SELECT … FOR UPDATE` unless it was new (one or two).
+//!   takes the row's exclusive lock at once and, unless the row is at a newer version, moves
+//!   the version (an equal one advances, as the order layer runs it) and stamps
+//!   `applied_token` with a fresh token. The stamp says whether this statement advanced the
+//!   row (ours: `Applied`) or left it at a newer version (`Outdated`), whatever the versions
+//!   compare. MariaDB returns the row (one round trip); MySQL reads it with `SELECT … FOR
+//!   UPDATE` unless it was new (one or two).
 
 use std::sync::Arc;
 
@@ -390,15 +393,16 @@ fn version_queries(table: &TableName) -> (VersionQueries, Arc<str>, Arc<str>, Ar
     // Parameters: namespace, entity, version, our token, version, whether the policy reclaims,
     // the stale limit in microseconds, version, our token, our token, version, our token. The
     // assignments run left to right: the token is decided on the row as it was, then the
-    // version and the time follow it only if it is ours. Counting the delivery makes every
-    // update change the row, so an insert is told from an update by the affected rows.
+    // version and the time follow it only if it is ours. Only an older version is outdated: an
+    // equal one takes the slot like a newer one. Counting the delivery makes every update
+    // change the row, so an insert is told from an update by the affected rows.
     let begin = format!(
         r#"INSERT INTO {v} (namespace, entity, pending_version, pending_token, pending_since, deliveries, last_seen_at)
 VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), 1, UTC_TIMESTAMP(6))
 ON DUPLICATE KEY UPDATE
     deliveries = deliveries + 1,
     last_seen_at = UTC_TIMESTAMP(6),
-    pending_token = IF((applied_version IS NULL OR applied_version < ?)
+    pending_token = IF((applied_version IS NULL OR applied_version <= ?)
         AND (pending_token IS NULL OR (? AND {PENDING_AGE_US} >= ? AND pending_version <= ?)),
         ?, pending_token),
     pending_version = IF(pending_token <=> ?, ?, pending_version),
@@ -430,15 +434,17 @@ WHERE namespace = ? AND entity = ? AND pending_token IS NOT NULL"#
         "UPDATE {v} SET {clear} WHERE namespace = ? AND entity = ? AND pending_token IS NOT NULL"
     );
     // Parameters: namespace, entity, version, our token, version, our token, our token,
-    // version. A fresh token marks the row when this transaction moved the version: without
-    // it an equal version already applied could not be told from ours.
+    // version. Unless the row is at a newer version, the version is moved (an equal one to
+    // itself: it advances, as the order layer runs it) and the row stamped with a fresh token.
+    // The stamp, not a comparison of versions, says whether this statement advanced the row:
+    // ours exactly when it is our token, outdated otherwise (an older stamp, or none).
     let advance = format!(
         r#"INSERT INTO {v} (namespace, entity, applied_version, applied_token, deliveries, last_seen_at)
 VALUES (?, ?, ?, ?, 1, UTC_TIMESTAMP(6))
 ON DUPLICATE KEY UPDATE
     deliveries = deliveries + 1,
     last_seen_at = UTC_TIMESTAMP(6),
-    applied_token = IF(applied_version IS NULL OR applied_version < ?, ?, applied_token),
+    applied_token = IF(applied_version IS NULL OR applied_version <= ?, ?, applied_token),
     applied_version = IF(applied_token <=> ?, ?, applied_version)"#
     );
     let advance_returning = format!("{advance}\nRETURNING applied_version, applied_token");
@@ -786,7 +792,8 @@ impl MySqlStore {
 
 impl AdvanceVersion for MySqlStore {
     /// `INSERT … ON DUPLICATE KEY UPDATE`, which takes the row's exclusive lock at once and
-    /// stamps the row with a fresh token when it moves the version. MariaDB returns the row
+    /// stamps the row with a fresh token when it moves the version (a newer or an equal one).
+    /// MariaDB returns the row
     /// (one round trip); MySQL reads it with `SELECT … FOR UPDATE` unless the row was new.
     async fn advance_version(
         &self,
@@ -833,7 +840,7 @@ impl AdvanceVersion for MySqlStore {
             _ if stamp == Some(token) => Ok(Advance::Applied),
             Some(applied) => Ok(Advance::Outdated { applied }),
             None => Err(StoreError::backend(
-                "the versions row kept no applied version yet refused a newer one",
+                "the versions row kept no applied version yet refused this one",
             )),
         }
     }

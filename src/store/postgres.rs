@@ -108,18 +108,20 @@
 //! ```
 //!
 //! - `begin_version`: one round trip, `INSERT … ON CONFLICT (namespace, entity) DO UPDATE SET
-//!   deliveries = deliveries + 1, pending_* = CASE WHEN <newer than applied_version, and nothing
-//!   pending or the pending one stale and the policy reclaims> THEN <ours> ELSE <as was> END
-//!   RETURNING applied_version, pending_version, pending_token, <age>`; acquired if the
-//!   returned token is ours.
+//!   deliveries = deliveries + 1, pending_* = CASE WHEN <not older than applied_version
+//!   (applied_version <= ours), and nothing pending or the pending one stale and the policy
+//!   reclaims> THEN <ours> ELSE <as was> END RETURNING applied_version, pending_version,
+//!   pending_token, <age>`; acquired if the returned token is ours, outdated if the returned
+//!   applied version is newer than ours.
 //! - `commit_version`: `UPDATE … SET applied_version = GREATEST(applied_version,
 //!   pending_version), pending_* = NULL WHERE … AND pending_token = $3`; `release_version`
 //!   the same without moving `applied_version`. One round trip each.
 //! - [`order::advance`](crate::order::advance), in the caller's transaction: `INSERT … ON
 //!   CONFLICT … DO UPDATE SET applied_version = excluded.applied_version WHERE
-//!   t.applied_version IS NULL OR t.applied_version < excluded.applied_version RETURNING
-//!   applied_version`; when it returns nothing (outdated), a `SELECT` of the applied version.
-//!   The conflicting row is locked either way until the transaction ends.
+//!   t.applied_version IS NULL OR t.applied_version <= excluded.applied_version RETURNING
+//!   applied_version` (an equal version advances, as the order layer runs it); when it returns
+//!   nothing (outdated: the row is at a newer version), a `SELECT` of the applied version. The
+//!   conflicting row is locked either way until the transaction ends.
 
 use std::sync::Arc;
 
@@ -336,8 +338,9 @@ fn version_queries(table: &TableName) -> VersionQueries {
 );"#
     );
     // $1 namespace, $2 entity, $3 version, $4 our token, $5 whether the policy reclaims, $6 the
-    // stale limit in microseconds. Every SET expression sees the row as it was.
-    let acquire = "(t.applied_version IS NULL OR t.applied_version < excluded.pending_version) \
+    // stale limit in microseconds. Every SET expression sees the row as it was. Only an older
+    // version is outdated: an equal one takes the slot like a newer one.
+    let acquire = "(t.applied_version IS NULL OR t.applied_version <= excluded.pending_version) \
         AND (t.pending_token IS NULL OR ($5 AND t.pending_since <= now() - $6::bigint * interval '1 microsecond' \
             AND t.pending_version <= excluded.pending_version))";
     let begin = format!(
@@ -370,8 +373,8 @@ WHERE namespace = $1 AND entity = $2 AND pending_token IS NOT NULL"#
     let resolve_release = format!(
         "UPDATE {v} SET {clear} WHERE namespace = $1 AND entity = $2 AND pending_token IS NOT NULL"
     );
-    // $1 namespace, $2 entity, $3 version. A row whose version is not older is locked, not
-    // changed, and returns nothing.
+    // $1 namespace, $2 entity, $3 version. A row at a newer version is locked, not changed,
+    // and returns nothing; an equal one is advanced (to the same version) like an older one.
     let advance = format!(
         r#"INSERT INTO {v} AS t (namespace, entity, applied_version, deliveries, last_seen_at)
 VALUES ($1, $2, $3, 1, now())
@@ -379,7 +382,7 @@ ON CONFLICT (namespace, entity) DO UPDATE SET
     applied_version = excluded.applied_version,
     deliveries = t.deliveries + 1,
     last_seen_at = now()
-WHERE t.applied_version IS NULL OR t.applied_version < excluded.applied_version
+WHERE t.applied_version IS NULL OR t.applied_version <= excluded.applied_version
 RETURNING applied_version"#
     );
     VersionQueries {

@@ -316,7 +316,7 @@ pub(crate) struct VersionQueries {
     pub(crate) migrate: Arc<str>,
     /// Moves the pending version's heartbeat (`pending_since`) if the token holds.
     pub(crate) renew: Arc<str>,
-    /// Makes the version pending if it is newer and nothing else is pending (or that is stale
+    /// Makes the version pending if it is not older and nothing else is pending (or that is stale
     /// and the policy reclaims), counts the delivery, and (but on MySQL) returns the row.
     pub(crate) begin: Arc<str>,
     pub(crate) commit: Arc<str>,
@@ -324,7 +324,7 @@ pub(crate) struct VersionQueries {
     pub(crate) applied: Arc<str>,
     pub(crate) resolve_done: Arc<str>,
     pub(crate) resolve_release: Arc<str>,
-    /// Moves the applied version inside the caller's transaction, if it is newer.
+    /// Moves the applied version inside the caller's transaction, unless it is older.
     pub(crate) advance: Arc<str>,
 }
 
@@ -333,7 +333,7 @@ pub(crate) struct VersionQueries {
 pub(crate) type VersionRow = (Option<i64>, Option<i64>, Option<i64>, Option<i64>);
 
 /// What `begin_version` answers, from the row it left (or read). `Ok(None)`: the row says
-/// nothing is pending, the version is newer and yet it is not ours: start over.
+/// nothing is pending, the version is not older and yet it is not ours: start over.
 pub(crate) fn version_claim(
     entity: &IdempotencyKey,
     version: i64,
@@ -478,9 +478,9 @@ macro_rules! upsert_store {
         }
 
         impl $crate::order::AdvanceVersion for $store {
-            /// One statement when the version is newer (an upsert whose `WHERE` keeps older
-            /// rows as they are, and locks them either way); a second reads the applied
-            /// version when not.
+            /// One statement when the version is newer or equal (an upsert whose `WHERE` keeps
+            /// a row at a newer version as it is, and locks it either way); a second reads the
+            /// applied version when not.
             async fn advance_version(
                 &self,
                 conn: &mut $conn,
@@ -508,7 +508,7 @@ macro_rules! upsert_store {
                         .store()?;
                 let applied = applied.ok_or_else(|| {
                     $crate::store::StoreError::backend(
-                        "the versions row kept no applied version yet refused a newer one",
+                        "the versions row kept no applied version yet refused this one",
                     )
                 })?;
                 Ok($crate::order::Advance::Outdated { applied })

@@ -126,6 +126,7 @@
 //! [`order::advance`](crate::order::advance) are the statements the
 //! [PostgreSQL store](crate::store::postgres) documents, one each (`advance` adds a `SELECT`
 //! when the version is outdated), with `max(coalesce(…))` for `GREATEST` and SQLite's clock.
+//! As there, only a version older than the applied one is outdated; an equal one runs.
 
 use std::sync::Arc;
 
@@ -324,9 +325,10 @@ fn version_queries(table: &TableName) -> VersionQueries {
 );"#
     );
     // ?1 namespace, ?2 entity, ?3 version, ?4 our token, ?5 whether the policy reclaims, ?6 the
-    // stale limit in microseconds. Every SET expression sees the row as it was.
+    // stale limit in microseconds. Every SET expression sees the row as it was. Only an older
+    // version is outdated: an equal one takes the slot like a newer one.
     let acquire = format!(
-        "(t.applied_version IS NULL OR t.applied_version < excluded.pending_version) \
+        "(t.applied_version IS NULL OR t.applied_version <= excluded.pending_version) \
          AND (t.pending_token IS NULL OR (?5 AND t.pending_since <= {NOW_US} - ?6 \
              AND t.pending_version <= excluded.pending_version))"
     );
@@ -362,8 +364,8 @@ WHERE namespace = ?1 AND entity = ?2 AND pending_token IS NOT NULL"#
     let resolve_release = format!(
         "UPDATE {v} SET {clear} WHERE namespace = ?1 AND entity = ?2 AND pending_token IS NOT NULL"
     );
-    // ?1 namespace, ?2 entity, ?3 version. A row whose version is not older is left as it is
-    // and returns nothing.
+    // ?1 namespace, ?2 entity, ?3 version. A row at a newer version is left as it is and
+    // returns nothing; an equal one is advanced (to the same version) like an older one.
     let advance = format!(
         r#"INSERT INTO {v} AS t (namespace, entity, applied_version, deliveries, last_seen_at)
 VALUES (?1, ?2, ?3, 1, {NOW_US})
@@ -371,7 +373,7 @@ ON CONFLICT (namespace, entity) DO UPDATE SET
     applied_version = excluded.applied_version,
     deliveries = t.deliveries + 1,
     last_seen_at = {NOW_US}
-WHERE t.applied_version IS NULL OR t.applied_version < excluded.applied_version
+WHERE t.applied_version IS NULL OR t.applied_version <= excluded.applied_version
 RETURNING applied_version"#
     );
     VersionQueries {
