@@ -43,6 +43,9 @@ use std::fmt;
 use http::HeaderName;
 use http::request::Parts;
 
+mod scope;
+pub use scope::Scope;
+
 /// The longest key value accepted, in bytes. Every store's column is sized for it.
 pub const MAX_KEY_LEN: usize = 255;
 
@@ -734,6 +737,59 @@ fn is_json(parts: &Parts) -> bool {
 const STRIPE_SIGNATURE: HeaderName = HeaderName::from_static("stripe-signature");
 const SLACK_SIGNATURE: HeaderName = HeaderName::from_static("x-slack-signature");
 
+/// A webhook sender, as [`auto`] recognises it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sender {
+    GitHub,
+    Shopify,
+    StandardWebhooks,
+    Twilio,
+    Twitch,
+    Stripe,
+    Slack,
+}
+
+impl Sender {
+    /// The sender's name, as in messages.
+    #[cfg_attr(not(feature = "verify"), allow(dead_code))]
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::GitHub => "GitHub",
+            Self::Shopify => "Shopify",
+            Self::StandardWebhooks => "Standard Webhooks",
+            Self::Twilio => "Twilio",
+            Self::Twitch => "Twitch",
+            Self::Stripe => "Stripe",
+            Self::Slack => "Slack",
+        }
+    }
+}
+
+/// The sender whose key [`auto`] uses for this request, if any. Signature verification asks
+/// the same question, so that the key claimed always belongs to the sender verified.
+pub(crate) fn detect(parts: &Parts) -> Option<Sender> {
+    let has = |name: &str| parts.headers.contains_key(name);
+    if has("x-github-delivery") {
+        Some(Sender::GitHub)
+    } else if has("x-shopify-webhook-id") {
+        Some(Sender::Shopify)
+    } else if has("webhook-id") || has("svix-id") {
+        Some(Sender::StandardWebhooks)
+    } else if has("i-twilio-idempotency-token") {
+        Some(Sender::Twilio)
+    } else if has("twitch-eventsub-message-id") {
+        Some(Sender::Twitch)
+    } else if parts.headers.contains_key(STRIPE_SIGNATURE) {
+        Some(Sender::Stripe)
+    } else if parts.headers.contains_key(SLACK_SIGNATURE) && is_json(parts) {
+        // Slack signs its form-encoded slash commands too; only JSON Events API deliveries
+        // carry an `event_id`.
+        Some(Sender::Slack)
+    } else {
+        None
+    }
+}
+
 enum Detected<'a> {
     Header(&'a Header),
     Body(&'a Json),
@@ -742,25 +798,29 @@ enum Detected<'a> {
 
 impl Auto {
     fn detect(&self, parts: &Parts) -> Detected<'_> {
-        let (providers, generic) = self.headers.split_at(self.headers.len() - 1);
-        if let Some(header) = providers
-            .iter()
-            .find(|h| parts.headers.contains_key(&h.name))
-        {
-            return Detected::Header(header);
+        let [
+            github,
+            shopify,
+            webhook_id,
+            svix_id,
+            twilio,
+            twitch,
+            generic,
+        ] = &self.headers;
+        match detect(parts) {
+            Some(Sender::GitHub) => Detected::Header(github),
+            Some(Sender::Shopify) => Detected::Header(shopify),
+            Some(Sender::StandardWebhooks) if parts.headers.contains_key(&webhook_id.name) => {
+                Detected::Header(webhook_id)
+            }
+            Some(Sender::StandardWebhooks) => Detected::Header(svix_id),
+            Some(Sender::Twilio) => Detected::Header(twilio),
+            Some(Sender::Twitch) => Detected::Header(twitch),
+            Some(Sender::Stripe) => Detected::Body(&self.stripe),
+            Some(Sender::Slack) => Detected::Body(&self.slack),
+            None if parts.headers.contains_key(&generic.name) => Detected::Header(generic),
+            None => Detected::Nothing,
         }
-        if parts.headers.contains_key(STRIPE_SIGNATURE) {
-            return Detected::Body(&self.stripe);
-        }
-        // Slack signs its form-encoded slash commands too; only JSON Events API deliveries
-        // carry an `event_id`.
-        if parts.headers.contains_key(SLACK_SIGNATURE) && is_json(parts) {
-            return Detected::Body(&self.slack);
-        }
-        if parts.headers.contains_key(&generic[0].name) {
-            return Detected::Header(&generic[0]);
-        }
-        Detected::Nothing
     }
 }
 

@@ -1,8 +1,11 @@
-// With the SQL stores and axum, the crate documentation is the README (docs.rs builds it so);
+// With SQLite, axum and verification, the crate documentation is the README (docs.rs builds it so);
 // without them, the short version below, whose examples need no database.
-#![cfg_attr(all(feature = "sqlite", feature = "axum"), doc = include_str!("../README.md"))]
 #![cfg_attr(
-    not(all(feature = "sqlite", feature = "axum")),
+    all(feature = "sqlite", feature = "axum", feature = "verify"),
+    doc = include_str!("../README.md")
+)]
+#![cfg_attr(
+    not(all(feature = "sqlite", feature = "axum", feature = "verify")),
     doc = include_str!("../docs/crate.md")
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -22,6 +25,9 @@ pub mod store;
     doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
 )]
 pub mod transactional;
+#[cfg(feature = "verify")]
+#[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
+pub mod verify;
 
 pub use engine::{
     DEFAULT_BODY_LIMIT, Drain, DrainReport, LeaseHandle, LeftBehind, MissingKey, Stage,

@@ -70,6 +70,9 @@ pub enum Outcome {
     /// The layer is draining for shutdown ([`Drain`](crate::Drain)): answered 503 with
     /// `Retry-After`, the handler did not run.
     Draining,
+    /// The signature was missing, malformed, wrong or too old (the `verify` feature): answered
+    /// 401; nothing was claimed and the handler did not run.
+    Unverified,
 }
 
 impl Outcome {
@@ -86,6 +89,7 @@ impl Outcome {
             Self::PassedThrough => "passed-through",
             Self::Outdated => "outdated",
             Self::Draining => "draining",
+            Self::Unverified => "unverified",
         }
     }
 }
@@ -166,6 +170,23 @@ pub(crate) fn rejected<B>(error: &KeyError) -> Response<ResponseBody<B>> {
     res
 }
 
+/// A delivery whose signature did not verify: 401, the store untouched.
+#[cfg(feature = "verify")]
+pub(crate) fn unverified<B>(error: &crate::verify::VerifyError) -> Response<ResponseBody<B>> {
+    let expected = match error {
+        crate::verify::VerifyError::Missing { expected } => Some(&**expected),
+        _ => None,
+    };
+    let mut res = problem(
+        StatusCode::UNAUTHORIZED,
+        Outcome::Unverified,
+        &error.to_string(),
+        expected,
+    );
+    res.extensions_mut().insert(error.clone());
+    res
+}
+
 /// A delivery the [order layer](crate::order) cannot order: no usable entity id or version, or
 /// an unreadable body.
 pub(crate) fn unordered<B>(error: &crate::order::OrderError) -> Response<ResponseBody<B>> {
@@ -234,7 +255,10 @@ fn answer<B>(status: StatusCode, outcome: Outcome, body: Bytes) -> Response<Resp
 }
 
 fn set_retry_after<B>(res: &mut Response<B>, after: Duration) {
-    let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    // Rounded up, and never overflowing whatever the configured duration.
+    let seconds = after
+        .as_secs()
+        .saturating_add(u64::from(after.subsec_nanos() > 0));
     res.headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(seconds.max(1)));
 }

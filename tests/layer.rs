@@ -129,8 +129,12 @@ fn layer(store: MemoryStore) -> IdempotencyLayer<MemoryStore, key::Header> {
     IdempotencyLayer::new(store).key(key::header("x-event-id").namespace("test"))
 }
 
+/// The key the layer stores for a delivery of `id` to `/hook`: the route's path is its scope.
 fn test_key(id: &str) -> IdempotencyKey {
-    IdempotencyKey::new("test", id).unwrap()
+    IdempotencyKey::new("test", id)
+        .unwrap()
+        .scoped("/hook")
+        .unwrap()
 }
 
 async fn body_text(res: Res) -> String {

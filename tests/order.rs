@@ -299,7 +299,7 @@ async fn reverse_order_newer_wins<St: VersionStore + Clone>(store: St) {
         "the outdated event did not run the handler"
     );
     assert_eq!(h.business.state("sub_1"), Some((2, "cancelled".into())));
-    let entity = key_in(&ns, "sub_1");
+    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
     assert_eq!(store.applied_version(&entity).await.unwrap(), Some(2));
 
     // In order, both apply; a failure applies nothing and the retry runs.
@@ -337,7 +337,7 @@ async fn equal_version_runs_and_redeliveries_are_duplicates<St: Store + VersionS
     let svc = IdempotencyLayer::new(store.clone())
         .key(key::header("x-event-id").namespace(ns.clone()))
         .layer(order_layer(store.clone(), &ns).layer(handler(h.handler.clone())));
-    let entity = key_in(&ns, "sub_1");
+    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
 
     let res = svc
         .clone()
@@ -397,7 +397,7 @@ async fn equal_version_runs_with_the_guard_alone<St: VersionStore + Clone>(store
     let ns = unique_namespace("equal-alone");
     let h = Harness::new();
     let svc = ordered(store.clone(), &ns, &h);
-    let entity = key_in(&ns, "sub_1");
+    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
 
     let res = svc
         .clone()
@@ -458,7 +458,7 @@ async fn equal_versions_take_the_pending_slot_one_at_a_time<St: VersionStore + C
     let ns = unique_namespace("equal-busy");
     let mut h = Harness::new();
     let svc = ordered(store.clone(), &ns, &h);
-    let entity = key_in(&ns, "sub_1");
+    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
 
     let res = svc
         .clone()
@@ -576,7 +576,7 @@ async fn dropped_future_runs_on_and_applies<St: VersionStore + Clone>(store: St)
         .unwrap();
     assert_eq!(retry.status(), StatusCode::CONFLICT, "still being applied");
     h.gate.add_permits(1);
-    let entity = key_in(&ns, "sub_1");
+    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
     for _ in 0..400 {
         if store.applied_version(&entity).await.unwrap() == Some(1) {
             break;
@@ -651,7 +651,7 @@ async fn sixteen_versions_in_random_order<St: VersionStore + Clone>(stores: Vec<
     );
     assert_eq!(applied.last(), Some(&16), "{context}");
     assert!(!h.business.overlapped.load(Ordering::SeqCst), "{context}");
-    let entity = key_in(&ns, "sub_1");
+    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
     assert_eq!(stores[0].applied_version(&entity).await.unwrap(), Some(16));
 }
 
@@ -706,7 +706,7 @@ async fn pairs_of_equal_versions_in_random_order<St: VersionStore + Clone>(store
         "{status} ({context})"
     );
     assert!(!h.business.overlapped.load(Ordering::SeqCst), "{context}");
-    let entity = key_in(&ns, "sub_1");
+    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
     assert_eq!(stores[0].applied_version(&entity).await.unwrap(), Some(8));
 }
 
@@ -726,7 +726,7 @@ async fn acquire_version<St: VersionStore>(
 
 async fn version_store_contract<St: VersionStore>(store: St) {
     let ns = unique_namespace("versions");
-    let entity = key_in(&ns, "sub_1");
+    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
     assert_eq!(store.applied_version(&entity).await.unwrap(), None);
 
     let first = acquire_version(&store, &entity, 2, LONG).await;
@@ -1169,7 +1169,10 @@ async fn header_extractors_leave_the_body_alone_and_it_arrives_intact() {
         .await
         .unwrap();
     assert_eq!(outcome_header(&res), Some("outdated"));
-    let entity = IdempotencyKey::new("acme", "order_1").unwrap();
+    let entity = IdempotencyKey::new("acme", "order_1")
+        .unwrap()
+        .scoped("/")
+        .unwrap();
     assert_eq!(
         store.applied_version(&entity).await.unwrap(),
         Some(1_714_572_003_000_000)
@@ -1254,7 +1257,10 @@ async fn panic_releases_the_pending_version_under_reclaim_and_keeps_it_under_hol
         "only a person can settle it"
     );
     assert_eq!(held.load(Ordering::SeqCst), 1);
-    let entity = IdempotencyKey::new("hold", "sub_1").unwrap();
+    let entity = IdempotencyKey::new("hold", "sub_1")
+        .unwrap()
+        .scoped("/webhooks")
+        .unwrap();
     assert!(
         store
             .resolve_version(&entity, Resolution::Release)

@@ -57,7 +57,7 @@ async fn stuck_in<St: Store>(store: &St, ns: &str, older_than: Duration) -> Vec<
         .await
         .unwrap()
         .into_iter()
-        .filter(|s| s.key.namespace() == ns)
+        .filter(|s| s.key.namespace() == common::scoped_ns(ns, "/hook"))
         .map(|s| s.key)
         .collect()
 }
@@ -328,7 +328,10 @@ mod outage {
         tokio::time::sleep(OUTAGE.saturating_sub(cut.elapsed())).await;
         proxy.restore();
         let plain = service(store.clone(), ns.clone(), stale, runs.clone(), None);
-        let key = IdempotencyKey::new(ns.clone(), "evt_1").unwrap();
+        let key = IdempotencyKey::new(ns.clone(), "evt_1")
+            .unwrap()
+            .scoped("/hook")
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let res = plain.clone().oneshot(delivery("evt_1")).await.unwrap();
@@ -387,7 +390,7 @@ mod disconnect {
     const WORK: Duration = Duration::from_millis(1200);
     /// The stale limit: the heartbeat (every 100 ms) must keep the claim through the work.
     const LIMIT: Duration = Duration::from_millis(400);
-    /// How long the sender waits for an answer before it hangs up.
+    /// How long the sender waits for an answer after the handler started, before it hangs up.
     const SENDER_TIMEOUT: Duration = Duration::from_millis(150);
 
     struct Server {
@@ -465,17 +468,32 @@ mod disconnect {
         }
     }
 
-    /// The sender gives up after [`SENDER_TIMEOUT`] and retries every 100 ms: the handler
+    /// The first delivery, whose sender hangs up [`SENDER_TIMEOUT`] after the handler started
+    /// (a busy machine may take longer than that to claim: the sender's timeout then ends a
+    /// delivery that never held the claim, which is not the case under test).
+    async fn send_then_hang_up(addr: std::net::SocketAddr, started: &AtomicUsize) {
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client.write_all(REQUEST).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while started.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the handler never started");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(SENDER_TIMEOUT, client.read_to_end(&mut answer)).await;
+        assert!(
+            read.is_err(),
+            "the sender hangs up before the handler answers"
+        );
+    }
+
+    /// The sender gives up while the handler runs and retries every 100 ms: the handler
     /// started once runs to its end and commits; the retries get 409 with `Retry-After` while
     /// it runs (its claim renewed past three stale limits, never taken over), then 200.
     async fn hang_up_then_retry<St: Store + Clone>(store: St, name: &str, stale: Stale) {
         let ns = common::unique_namespace("hangup");
         let server = serve(store.clone(), &ns, stale).await;
-        let first = send(server.addr, SENDER_TIMEOUT).await;
-        assert!(
-            first.is_none(),
-            "the sender hangs up before the handler answers"
-        );
+        send_then_hang_up(server.addr, &server.started).await;
         let hung_up = Instant::now();
         assert_eq!(server.started.load(Ordering::SeqCst), 1);
 
@@ -509,7 +527,10 @@ mod disconnect {
         );
         assert_eq!(server.finished.load(Ordering::SeqCst), 1, "and finished");
 
-        let key = IdempotencyKey::new(ns.clone(), "evt_slow").unwrap();
+        let key = IdempotencyKey::new(ns.clone(), "evt_slow")
+            .unwrap()
+            .scoped("/hook")
+            .unwrap();
         let record = store.describe(&key).await.unwrap().unwrap();
         assert_eq!(record.state, tower_idempotency::store::KeyState::Done);
         assert_eq!(record.runs, 1);

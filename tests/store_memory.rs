@@ -5,6 +5,7 @@ mod common;
 use tower_idempotency::store::MemoryStore;
 
 conformance_suite!(async { Some(MemoryStore::new()) });
+trust_suite!(async { Some(MemoryStore::new()) });
 
 // In-process "instances" share one map: the race checks the locking, not a database index.
 race_suite!(async {

@@ -21,6 +21,7 @@ async fn store() -> Option<MySqlStore> {
 }
 
 conformance_suite!(store());
+trust_suite!(store());
 race_suite!(store());
 
 /// The claim as MySQL makes it (upsert, then a read), run against whatever server this is.

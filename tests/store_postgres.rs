@@ -23,6 +23,7 @@ async fn store() -> Option<PostgresStore> {
 }
 
 conformance_suite!(store());
+trust_suite!(store());
 race_suite!(store());
 
 #[tokio::test]

@@ -39,6 +39,7 @@ mod file {
     use super::file_store;
 
     crate::conformance_suite!(file_store());
+    crate::trust_suite!(file_store());
     crate::race_suite!(file_store());
 }
 

@@ -126,7 +126,7 @@ macro_rules! transactional_suite {
 
             async fn markers(app: &App) -> i64 {
                 sqlx::query_scalar($markers)
-                    .bind(&app.ns)
+                    .bind(common::scoped_ns(&app.ns, "/hook"))
                     .fetch_one(app.store.pool())
                     .await
                     .unwrap()

@@ -22,11 +22,27 @@ pub(crate) enum Keyed<B> {
     /// No key, and the layer lets such requests through unguarded.
     PassThrough(Request<RequestBody<B>>),
     /// An answer of 4xx.
-    Rejected(KeyError),
+    Rejected(Rejection),
 }
 
-/// Finds the delivery's key (buffering the body if the extractor reads it, or always when
-/// `buffer_always`) and decides what happens to a delivery without one.
+/// Why a delivery is answered 4xx before any claim.
+pub(crate) enum Rejection {
+    /// No usable key, or an unreadable body.
+    Key(KeyError),
+    /// A missing, malformed, wrong or expired signature: 401.
+    #[cfg(feature = "verify")]
+    Signature(crate::verify::VerifyError),
+}
+
+impl From<KeyError> for Rejection {
+    fn from(error: KeyError) -> Self {
+        Self::Key(error)
+    }
+}
+
+/// Finds the delivery's key (buffering the body if the extractor reads it, if the signature
+/// is verified, or always when `buffer_always`), verifies the signature, joins the scope, and
+/// decides what happens to a delivery without a key.
 pub(crate) async fn keyed<K, B>(
     extractor: &K,
     settings: &Settings,
@@ -40,18 +56,52 @@ where
 {
     let (parts, body) = req.into_parts();
     let reads = extractor.reads_body(&parts);
-    let (bytes, body) = match take_body(reads || buffer_always, &parts, body, settings).await {
+    let needed = reads || buffer_always || verifies(settings);
+    let (bytes, body) = match take_body(needed, &parts, body, settings).await {
         Ok(taken) => taken,
-        Err(error) => return Keyed::Rejected(error),
+        Err(error) => return Keyed::Rejected(error.into()),
     };
+    if let Err(refused) = verified(settings, &parts, bytes.as_deref()) {
+        return Keyed::Rejected(refused);
+    }
     let key = extractor.extract(&parts, bytes.as_deref().filter(|_| reads));
-    match check_len(key, settings) {
+    match check_len(key, settings).and_then(|key| settings.scope.apply(key, &parts)) {
         Ok(key) => Keyed::Key(key, Request::from_parts(parts, body)),
         Err(KeyError::Missing { .. }) if settings.missing_key == MissingKey::PassThrough => {
             Keyed::PassThrough(Request::from_parts(parts, body))
         }
-        Err(error) => Keyed::Rejected(error),
+        Err(error) => Keyed::Rejected(error.into()),
     }
+}
+
+/// Whether the layer verifies signatures, and so must buffer every body.
+pub(crate) fn verifies(settings: &Settings) -> bool {
+    #[cfg(feature = "verify")]
+    return settings.verify.is_some();
+    #[cfg(not(feature = "verify"))]
+    {
+        let _ = settings;
+        false
+    }
+}
+
+/// Checks the signature, if the layer verifies them; `body` was buffered when it does. The
+/// store has not been touched yet, and is not when this fails.
+pub(crate) fn verified(
+    settings: &Settings,
+    parts: &Parts,
+    body: Option<&[u8]>,
+) -> Result<(), Rejection> {
+    #[cfg(feature = "verify")]
+    if let Some(verification) = &settings.verify {
+        let body = body.unwrap_or_default();
+        return verification
+            .0
+            .verify(parts, body)
+            .map_err(Rejection::Signature);
+    }
+    let _ = (settings, parts, body);
+    Ok(())
 }
 
 /// Runs the inner service for a delivery let through without a claim.
@@ -130,9 +180,22 @@ pub(crate) fn check_len(
     Ok(key)
 }
 
-pub(crate) fn reject<B>(error: &KeyError) -> Response<ResponseBody<B>> {
-    tracing::debug!(outcome = Outcome::Rejected.as_str(), %error, "delivery rejected");
-    response::rejected(error)
+pub(crate) fn reject<B>(rejection: &Rejection) -> Response<ResponseBody<B>> {
+    match rejection {
+        Rejection::Key(error) => {
+            tracing::debug!(outcome = Outcome::Rejected.as_str(), %error, "delivery rejected");
+            response::rejected(error)
+        }
+        #[cfg(feature = "verify")]
+        Rejection::Signature(error) => {
+            tracing::warn!(
+                outcome = Outcome::Unverified.as_str(),
+                %error,
+                "delivery refused: its signature did not verify; nothing was claimed",
+            );
+            response::unverified(error)
+        }
+    }
 }
 
 /// Tags the inner service's response with the delivery's outcome, unless a layer further in

@@ -5,7 +5,7 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::Drain;
-use crate::key::MAX_KEY_LEN;
+use crate::key::{MAX_KEY_LEN, Scope};
 
 /// The default limit on a body buffered to read a key: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
@@ -32,6 +32,21 @@ pub(crate) struct Settings {
     pub(crate) missing_key: MissingKey,
     pub(crate) max_key_len: usize,
     pub(crate) drain: Drain,
+    pub(crate) scope: Scope,
+    #[cfg(feature = "verify")]
+    pub(crate) verify: Option<Verification>,
+}
+
+/// The signature check of a layer built with `.verify(..)`.
+#[cfg(feature = "verify")]
+#[derive(Clone)]
+pub(crate) struct Verification(pub(crate) std::sync::Arc<dyn crate::verify::Verify>);
+
+#[cfg(feature = "verify")]
+impl std::fmt::Debug for Verification {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Verification(..)")
+    }
 }
 
 impl Default for Settings {
@@ -46,6 +61,9 @@ impl Default for Settings {
             missing_key: MissingKey::Reject,
             max_key_len: MAX_KEY_LEN,
             drain: Drain::new(),
+            scope: Scope::default(),
+            #[cfg(feature = "verify")]
+            verify: None,
         }
     }
 }
@@ -112,6 +130,30 @@ macro_rules! shared_settings {
         /// [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN), the default.
         pub fn max_key_len(mut self, bytes: usize) -> Self {
             self.settings.max_key_len = bytes.min($crate::key::MAX_KEY_LEN);
+            self
+        }
+
+        /// Which deliveries may meet as duplicates: the scope joined to the namespace of every
+        /// key (for the version guard: of every entity), as `namespace@scope`. Default:
+        /// [`Scope::path`](crate::key::Scope::path), the request's path, so that two routes
+        /// receiving the same event id never take each other's deliveries for duplicates.
+        /// See [`Scope`](crate::key::Scope).
+        pub fn scope(mut self, scope: $crate::key::Scope) -> Self {
+            self.settings.scope = scope;
+            self
+        }
+
+        /// Verifies each delivery's signature before its key is claimed, e.g.
+        /// [`verify::stripe(secret)`](crate::verify::stripe); a missing, malformed, wrong or
+        /// expired signature is answered 401 problem+json and the store is not touched. The
+        /// body is buffered for it, through [`body_limit`](Self::body_limit) and
+        /// [`body_timeout`](Self::body_timeout). See the [`verify`](crate::verify) module.
+        #[cfg(feature = "verify")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
+        pub fn verify(mut self, verify: impl $crate::verify::Verify) -> Self {
+            self.settings.verify = Some($crate::engine::settings::Verification(
+                ::std::sync::Arc::new(verify),
+            ));
             self
         }
 

@@ -14,7 +14,9 @@ use crate::MissingKey;
 use crate::body::{RequestBody, ResponseBody};
 use crate::engine::acquire::acquire;
 use crate::engine::guard::{LeaseGuard, Leased, Owner, Settle};
-use crate::engine::prepare::{BoxError, check_len, pass_through, take_body};
+use crate::engine::prepare::{
+    self, BoxError, check_len, pass_through, take_body, verified, verifies,
+};
 use crate::engine::run::{Detach, run};
 use crate::engine::settings::Settings;
 use crate::future::ResponseFuture;
@@ -126,14 +128,18 @@ where
     let (parts, body) = req.into_parts();
     let entity_reads = shared.entity.reads_body(&parts);
     let version_reads = shared.version.reads_body(&parts);
-    let needed = entity_reads || version_reads;
+    let needed = entity_reads || version_reads || verifies(settings);
     let (bytes, body) = match take_body(needed, &parts, body, settings).await {
         Ok(taken) => taken,
         Err(error) => return Ok(reject(&OrderError::Body(error))),
     };
+    if let Err(refused) = verified(settings, &parts, bytes.as_deref()) {
+        return Ok(prepare::reject(&refused));
+    }
     let entity_body = bytes.as_deref().filter(|_| entity_reads);
     let version_body = bytes.as_deref().filter(|_| version_reads);
-    let entity = check_len(shared.entity.extract(&parts, entity_body), settings);
+    let entity = check_len(shared.entity.extract(&parts, entity_body), settings)
+        .and_then(|entity| settings.scope.apply(entity, &parts));
     let version = shared.version.extract(&parts, version_body);
     let (entity, version) = match (entity.map_err(OrderError::entity), version) {
         (Ok(entity), Ok(version)) => (entity, version),

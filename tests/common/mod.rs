@@ -737,3 +737,269 @@ pub async fn upgraded_table_keeps_its_rows<S: Store>(store: S, ns: &str) {
     let record = store.describe(&processing).await.unwrap().unwrap();
     assert_eq!((record.state, record.runs), (KeyState::Done, 3));
 }
+
+/// A store that counts every call before passing it on: a test of what happens *before* the
+/// claim asserts that the count stays zero.
+#[derive(Clone)]
+pub struct Counting<S> {
+    pub inner: S,
+    pub calls: Arc<AtomicUsize>,
+}
+
+impl<S> Counting<S> {
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            calls: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn count(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl<S: Store> Store for Counting<S> {
+    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        self.count();
+        self.inner.claim(key, stale).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.count();
+        self.inner.renew(lease).await
+    }
+    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.count();
+        self.inner.commit(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.count();
+        self.inner.release(lease).await
+    }
+    async fn describe(
+        &self,
+        key: &IdempotencyKey,
+    ) -> Result<Option<tower_idempotency::store::KeyRecord>, StoreError> {
+        self.count();
+        self.inner.describe(key).await
+    }
+    async fn stuck_claims(
+        &self,
+        older_than: Duration,
+    ) -> Result<Vec<tower_idempotency::store::StuckClaim>, StoreError> {
+        self.count();
+        self.inner.stuck_claims(older_than).await
+    }
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        resolution: Resolution,
+    ) -> Result<bool, StoreError> {
+        self.count();
+        self.inner.resolve(key, resolution).await
+    }
+    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
+        self.count();
+        self.inner.purge_completed(older_than).await
+    }
+}
+
+/// A Stripe-shaped delivery of event `id` to `path`, signed with `secret` (no signature when
+/// `None`) at the current time.
+pub fn stripe_delivery(path: &str, id: &str, secret: Option<&str>) -> Request<Full<Bytes>> {
+    let body = format!(r#"{{"id":"{id}","object":"event","type":"invoice.paid"}}"#);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let signature = match secret {
+        Some(secret) => stripe_v1(secret, now, body.as_bytes()),
+        None => "0".repeat(64),
+    };
+    Request::post(path)
+        .header("content-type", "application/json")
+        .header("stripe-signature", format!("t={now},v1={signature}"))
+        .body(Full::new(Bytes::from(body)))
+        .unwrap()
+}
+
+/// The hex `v1` signature Stripe would send: HMAC-SHA256 of `<t>.<body>`, computed here with
+/// the same RFC 2104 construction as any HMAC library, on `sha2`.
+#[cfg(feature = "verify")]
+pub fn stripe_v1(secret: &str, t: u64, body: &[u8]) -> String {
+    let mut message = format!("{t}.").into_bytes();
+    message.extend_from_slice(body);
+    hmac_sha256_hex(secret.as_bytes(), &message)
+}
+
+#[cfg(not(feature = "verify"))]
+pub fn stripe_v1(_secret: &str, _t: u64, _body: &[u8]) -> String {
+    unreachable!("signing needs the verify feature")
+}
+
+/// HMAC-SHA256 written out from RFC 2104 over `sha2`, so that the tests do not check the
+/// crate's signatures with the crate's own HMAC code.
+#[cfg(feature = "verify")]
+pub fn hmac_sha256_hex(key: &[u8], message: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut block = [0u8; 64];
+    if key.len() > 64 {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| block.iter().map(|b| b ^ byte).collect::<Vec<u8>>();
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(message)
+        .finalize();
+    let outer = Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize();
+    outer.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A forged delivery with a real event id, sent first, claims nothing (401, the store never
+/// called); the genuine delivery that follows runs, once.
+#[cfg(feature = "verify")]
+pub async fn forged_first_then_genuine_runs<St: Store + Clone>(store: St) {
+    use tower_idempotency::verify;
+    let path = format!("/{}", unique_namespace("forged"));
+    let counting = Counting::new(store);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(counting.clone())
+        .key(key::stripe())
+        .verify(verify::stripe("whsec_genuine"));
+    let svc = counting_body_service(layer, runs.clone());
+    let id = "evt_leaked_in_a_log";
+
+    for forged in [
+        stripe_delivery(&path, id, None),
+        stripe_delivery(&path, id, Some("whsec_guessed")),
+    ] {
+        let res = svc.clone().oneshot(forged).await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(res.headers()["content-type"], "application/problem+json");
+        assert_eq!(res.headers()["idempotency-outcome"], "unverified");
+    }
+    assert_eq!(
+        counting.calls(),
+        0,
+        "a forged delivery never reaches the store"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    let genuine = svc
+        .clone()
+        .oneshot(stripe_delivery(&path, id, Some("whsec_genuine")))
+        .await
+        .unwrap();
+    assert_eq!(genuine.status(), StatusCode::OK);
+    assert_eq!(genuine.headers().get("idempotency-outcome"), None);
+    let again = svc
+        .oneshot(stripe_delivery(&path, id, Some("whsec_genuine")))
+        .await
+        .unwrap();
+    assert_eq!(again.headers()["idempotency-outcome"], "duplicate");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the genuine delivery ran, once"
+    );
+}
+
+/// One event delivered to two routes on one store, both keyed by `key::stripe()`: each route
+/// runs it once, and each route's redelivery is its own duplicate.
+pub async fn two_routes_each_run_once<St: Store + Clone>(store: St) {
+    let id = format!("evt_{}", unique_namespace("two-routes"));
+    let delivery = |path: &str| {
+        let body = format!(r#"{{"id":"{id}","object":"event"}}"#);
+        Request::post(path)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    };
+    let routes = ["/webhooks/billing", "/webhooks/analytics"];
+    let runs = [Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0))];
+    let services: Vec<_> = runs
+        .iter()
+        .map(|runs| {
+            let layer = IdempotencyLayer::new(store.clone()).key(key::stripe());
+            counting_body_service(layer, runs.clone())
+        })
+        .collect();
+    // Both endpoints at once, as the sender fans out.
+    let (a, b) = tokio::join!(
+        services[0].clone().oneshot(delivery(routes[0])),
+        services[1].clone().oneshot(delivery(routes[1])),
+    );
+    for res in [a.unwrap(), b.unwrap()] {
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(
+            res.headers().get("idempotency-outcome"),
+            None,
+            "each route runs"
+        );
+    }
+    for (svc, route) in services.into_iter().zip(routes) {
+        let again = svc.oneshot(delivery(route)).await.unwrap();
+        assert_eq!(again.headers()["idempotency-outcome"], "duplicate");
+    }
+    assert_eq!(runs[0].load(Ordering::SeqCst), 1);
+    assert_eq!(runs[1].load(Ordering::SeqCst), 1);
+}
+
+/// A handler that counts its runs, behind a layer with any extractor.
+pub fn counting_body_service<St, K>(
+    layer: IdempotencyLayer<St, K>,
+    runs: Arc<AtomicUsize>,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static
+where
+    St: Store + Clone,
+    K: key::ExtractKey + Clone,
+{
+    layer.layer(service_fn(move |_req| {
+        let runs = runs.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        }
+    }))
+}
+
+/// Generates the tests of keys' trust and scope for a backend; `$make` builds its store.
+#[macro_export]
+macro_rules! trust_suite {
+    ($make:expr) => {
+        #[cfg(feature = "verify")]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn forged_first_delivery_then_the_genuine_one_runs() {
+            let _shared = $crate::common::SHARED_TABLE.read().await;
+            let Some(store) = $make.await else { return };
+            $crate::common::forged_first_then_genuine_runs(store).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn one_event_to_two_routes_runs_on_each() {
+            let _shared = $crate::common::SHARED_TABLE.read().await;
+            let Some(store) = $make.await else { return };
+            $crate::common::two_routes_each_run_once(store).await;
+        }
+    };
+}
+
+/// The namespace the layer stores for keys of `ns` delivered to `path` (the default scope).
+pub fn scoped_ns(ns: &str, path: &str) -> String {
+    key_in(ns, "x").scoped(path).unwrap().namespace().to_owned()
+}

@@ -1,0 +1,258 @@
+//! Which deliveries may meet as duplicates: the scope joined to every key's namespace.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+
+use super::{IdempotencyKey, KeyError, MAX_NAMESPACE_LEN, check_text, valid_namespace};
+
+/// Which deliveries may meet as duplicates of each other.
+///
+/// A sender delivers one event to **every** endpoint subscribed to it: two Stripe endpoints
+/// both receive `evt_123`. Were both routes to use the namespace `stripe` in one store, the
+/// second route would see the first one's claim and answer "duplicate", and its work would
+/// never run. So the layer joins a scope to the namespace of every key it finds, as
+/// `namespace@scope` (`stripe@/webhooks/billing`), and only keys of the same scope meet.
+///
+/// - [`Scope::path`], the default: the request's path, without the query. That is the URL
+///   registered with the sender, so each endpoint is a scope of its own.
+/// - [`Scope::named`]: a name chosen once, which survives moving the route to another path.
+///   Two routes given the same name share their keys on purpose.
+/// - [`Scope::from_fn`]: computed from the request head, e.g. per tenant.
+/// - [`Scope::shared`]: no scope, the namespace alone: every route with the same namespace
+///   shares its keys (the behaviour, and the stored keys, of releases before the scope).
+///
+/// A scoped namespace longer than [`MAX_NAMESPACE_LEN`] is cut and ends in `#` and 16 hex
+/// digits of a hash of the whole, so that long paths still tell apart.
+///
+/// ```
+/// use http::{Request, Response, StatusCode};
+/// use tower::{ServiceBuilder, ServiceExt, service_fn};
+/// use tower_idempotency::{IdempotencyKey, IdempotencyLayer, key::{self, Scope}, store::MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = MemoryStore::new();
+/// let route = |scope: Scope| {
+///     ServiceBuilder::new()
+///         .layer(IdempotencyLayer::new(store.clone()).key(key::github()).scope(scope))
+///         .service(service_fn(|_req| async { Ok::<_, std::convert::Infallible>(Response::new(String::new())) }))
+/// };
+/// let delivery = |path: &str| Request::post(path).header("x-github-delivery", "d-1").body(String::new()).unwrap();
+///
+/// // The same delivery id on two paths: two events for two endpoints, both run.
+/// let first = route(Scope::path()).oneshot(delivery("/hooks/ci")).await.unwrap();
+/// let other = route(Scope::path()).oneshot(delivery("/hooks/deploys")).await.unwrap();
+/// assert_eq!(first.headers().get("idempotency-outcome"), None);
+/// assert_eq!(other.headers().get("idempotency-outcome"), None);
+/// assert_eq!(
+///     first.extensions().get::<IdempotencyKey>().unwrap().namespace(),
+///     "github@/hooks/ci",
+/// );
+///
+/// // A name shared on purpose: the second route sees the first one's key.
+/// let a = route(Scope::named("ci")).oneshot(delivery("/v1/hooks")).await.unwrap();
+/// let b = route(Scope::named("ci")).oneshot(delivery("/v2/hooks")).await.unwrap();
+/// assert_eq!(a.status(), StatusCode::OK);
+/// assert_eq!(b.headers()["idempotency-outcome"], "duplicate");
+/// # }
+/// ```
+#[derive(Clone, Default)]
+pub struct Scope(Kind);
+
+#[derive(Clone, Default)]
+enum Kind {
+    #[default]
+    Path,
+    Named(Cow<'static, str>),
+    Shared,
+    FromFn(Arc<dyn Fn(&Parts) -> String + Send + Sync>),
+}
+
+impl Scope {
+    /// The request's path, without the query: one scope per endpoint. The default.
+    pub fn path() -> Self {
+        Self(Kind::Path)
+    }
+
+    /// A fixed name. Routes given the same name share their keys.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is empty, has leading or trailing whitespace or control characters, or is
+    /// longer than [`MAX_NAMESPACE_LEN`]: a configuration mistake, caught when the layer is
+    /// built.
+    pub fn named(name: impl Into<Cow<'static, str>>) -> Self {
+        Self(Kind::Named(valid_namespace(name.into())))
+    }
+
+    /// No scope: keys are the extractor's namespace and value alone, shared by every route
+    /// that uses the same namespace in the same store.
+    pub fn shared() -> Self {
+        Self(Kind::Shared)
+    }
+
+    /// A scope computed from the request head, e.g. the tenant a route serves. A request for
+    /// which `f` answers an empty string is rejected with 400.
+    ///
+    /// ```
+    /// use tower_idempotency::key::Scope;
+    ///
+    /// // Tenants share one route; their senders' ids never meet.
+    /// let per_tenant = Scope::from_fn(|parts| {
+    ///     let tenant = parts.headers.get("x-tenant").and_then(|v| v.to_str().ok());
+    ///     format!("{}:{}", parts.uri.path(), tenant.unwrap_or_default())
+    /// });
+    /// # let _ = per_tenant;
+    /// ```
+    pub fn from_fn<F>(f: F) -> Self
+    where
+        F: Fn(&Parts) -> String + Send + Sync + 'static,
+    {
+        Self(Kind::FromFn(Arc::new(f)))
+    }
+
+    /// Joins this scope to the namespace of `key`.
+    pub(crate) fn apply(
+        &self,
+        key: IdempotencyKey,
+        parts: &Parts,
+    ) -> Result<IdempotencyKey, KeyError> {
+        let scope: Cow<'_, str> = match &self.0 {
+            Kind::Shared => return Ok(key),
+            Kind::Path => Cow::Borrowed(parts.uri.path()),
+            Kind::Named(name) => Cow::Borrowed(name),
+            Kind::FromFn(f) => Cow::Owned(f(parts)),
+        };
+        join(key, &scope)
+    }
+}
+
+/// Joins `scope` to the namespace of `key`, checking the result.
+fn join(key: IdempotencyKey, scope: &str) -> Result<IdempotencyKey, KeyError> {
+    if scope.is_empty() {
+        return Err(KeyError::invalid("the key's scope is empty"));
+    }
+    let namespace = scoped(key.namespace(), scope);
+    check_text("scoped namespace", &namespace, MAX_NAMESPACE_LEN)?;
+    Ok(IdempotencyKey {
+        namespace: Cow::Owned(namespace),
+        value: key.value,
+    })
+}
+
+impl IdempotencyKey {
+    /// This key as a layer with a scope of `scope` stores it: what to give
+    /// [`Store::describe`](crate::store::Store::describe) or
+    /// [`Store::resolve`](crate::store::Store::resolve) for a key a route claimed. Under the
+    /// default [`Scope::path`], `scope` is the route's path.
+    ///
+    /// ```
+    /// use tower_idempotency::IdempotencyKey;
+    ///
+    /// let sent = IdempotencyKey::new("stripe", "evt_1").unwrap();
+    /// let stored = sent.scoped("/webhooks/stripe").unwrap();
+    /// assert_eq!(stored.namespace(), "stripe@/webhooks/stripe");
+    /// assert_eq!(stored.value(), "evt_1");
+    /// ```
+    pub fn scoped(&self, scope: &str) -> Result<IdempotencyKey, KeyError> {
+        join(self.clone(), scope)
+    }
+}
+
+/// `namespace@scope`, cut to [`MAX_NAMESPACE_LEN`] with a hash of the whole when longer.
+fn scoped(namespace: &str, scope: &str) -> String {
+    let mut full = String::with_capacity(namespace.len() + 1 + scope.len());
+    full.push_str(namespace);
+    full.push('@');
+    full.push_str(scope);
+    if full.len() <= MAX_NAMESPACE_LEN {
+        return full;
+    }
+    let digest = fnv1a(full.as_bytes());
+    let mut cut = MAX_NAMESPACE_LEN - 17;
+    while !full.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    full.truncate(cut);
+    full.push_str(&format!("#{digest:016x}"));
+    full
+}
+
+/// 64-bit FNV-1a: stable across releases and platforms, which stored keys need.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Kind::Path => f.write_str("Scope::path()"),
+            Kind::Named(name) => write!(f, "Scope::named({name:?})"),
+            Kind::Shared => f.write_str("Scope::shared()"),
+            Kind::FromFn(_) => f.write_str("Scope::from_fn(..)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(uri: &str) -> Parts {
+        http::Request::post(uri).body(()).unwrap().into_parts().0
+    }
+
+    fn key() -> IdempotencyKey {
+        IdempotencyKey::new("stripe", "evt_1").unwrap()
+    }
+
+    #[test]
+    fn path_scope_ignores_the_query() {
+        let scoped = Scope::path()
+            .apply(key(), &parts("/hooks/stripe?attempt=2"))
+            .unwrap();
+        assert_eq!(scoped.namespace(), "stripe@/hooks/stripe");
+        assert_eq!(scoped.value(), "evt_1");
+    }
+
+    #[test]
+    fn shared_scope_keeps_the_key() {
+        let scoped = Scope::shared().apply(key(), &parts("/a")).unwrap();
+        assert_eq!(scoped, key());
+    }
+
+    #[test]
+    fn long_scopes_are_cut_with_a_hash_that_tells_them_apart() {
+        let long = format!("/{}", "a".repeat(100));
+        let a = Scope::path()
+            .apply(key(), &parts(&format!("{long}/x")))
+            .unwrap();
+        let b = Scope::path()
+            .apply(key(), &parts(&format!("{long}/y")))
+            .unwrap();
+        assert_eq!(a.namespace().len(), MAX_NAMESPACE_LEN);
+        assert_ne!(a.namespace(), b.namespace());
+        assert!(a.namespace().starts_with("stripe@/aaaa"));
+        // Stable: the same input gives the same stored namespace in every release.
+        assert_eq!(scoped("ns", &"é".repeat(40)), scoped("ns", &"é".repeat(40)));
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn computed_scopes_are_checked() {
+        let empty = Scope::from_fn(|_| String::new());
+        assert!(empty.apply(key(), &parts("/")).is_err());
+        let control = Scope::from_fn(|_| "a\u{7}b".to_owned());
+        assert!(control.apply(key(), &parts("/")).is_err());
+        let tenant = Scope::from_fn(|p| format!("t-{}", p.uri.path().len()));
+        assert_eq!(
+            tenant.apply(key(), &parts("/ab")).unwrap().namespace(),
+            "stripe@t-3"
+        );
+    }
+}

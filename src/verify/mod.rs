@@ -1,0 +1,504 @@
+//! Verifying the sender's signature **before** the claim.
+//!
+//! A key is only as trustworthy as the request that carries it. Event ids leak (logs,
+//! dashboards, a support ticket); an unsigned request sent first with a real id would claim
+//! it, and the genuine delivery would then be answered "duplicate" and never run. With
+//! [`verify`](crate::IdempotencyLayer::verify) set, the layer checks the signature through the
+//! same body buffering the key extractors use (its limit and time limit), and answers a
+//! missing, malformed, wrong or expired signature **401** problem+json without touching the
+//! store: a forged request never claims a key.
+//!
+//! ```
+//! use http::{Request, Response, StatusCode};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//! use tower_idempotency::{IdempotencyLayer, key, store::MemoryStore, verify};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // The example of docs.github.com, "Validating webhook deliveries".
+//! let secret = "It's a Secret to Everybody";
+//! let signature = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+//! let svc = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::new(MemoryStore::new())
+//!         .key(key::github())
+//!         .verify(verify::github(secret)))
+//!     .service(service_fn(|_req| async { Ok::<_, std::convert::Infallible>(Response::new(String::new())) }));
+//! let delivery = |signature: &str| {
+//!     Request::post("/webhooks/github")
+//!         .header("x-github-delivery", "d-1")
+//!         .header("x-hub-signature-256", signature)
+//!         .body("Hello, World!".to_owned())
+//!         .unwrap()
+//! };
+//!
+//! // A forgery with the real delivery id is refused, and claims nothing...
+//! let forged = svc.clone().oneshot(delivery("sha256=00")).await.unwrap();
+//! assert_eq!(forged.status(), StatusCode::UNAUTHORIZED);
+//! assert_eq!(forged.headers()["content-type"], "application/problem+json");
+//! // ...so the genuine delivery still runs.
+//! let genuine = svc.oneshot(delivery(signature)).await.unwrap();
+//! assert_eq!(genuine.status(), StatusCode::OK);
+//! assert_eq!(genuine.headers().get("idempotency-outcome"), None);
+//! # }
+//! ```
+//!
+//! # Providers, and what their signatures cover
+//!
+//! Each provider's function takes its secrets: one, or several while a secret is rotated (a
+//! signature made with any of them passes). Signatures are compared in constant time.
+//!
+//! | provider | headers | the signature covers | timestamp tolerance |
+//! |---|---|---|---|
+//! | [`stripe`] | `Stripe-Signature` (`t=`, one or more `v1=`) | timestamp and body (the event id is in the body) | 5 minutes |
+//! | [`github`] | `X-Hub-Signature-256` | the body only | none: not signed |
+//! | [`shopify`] | `X-Shopify-Hmac-Sha256` | the body only | none: not signed |
+//! | [`standard_webhooks`] | `webhook-id`, `webhook-timestamp`, `webhook-signature`, or the same with `svix-` | message id, timestamp and body | 5 minutes |
+//! | [`slack`] | `X-Slack-Signature`, `X-Slack-Request-Timestamp` | timestamp and body (`event_id` is in the body) | 5 minutes |
+//! | [`twitch`] | `Twitch-Eventsub-Message-Signature`, `-Id`, `-Timestamp` | message id, timestamp and body | 10 minutes |
+//! | [`twilio`] | `X-Twilio-Signature` | the full URL and the POST parameters (or, for JSON, the URL with its `bodySHA256`) | none: not signed |
+//!
+//! **Unsigned delivery ids.** GitHub, Shopify and Twilio do not sign the header their key
+//! presets read (`X-GitHub-Delivery`, `X-Shopify-Webhook-Id`, `I-Twilio-Idempotency-Token`),
+//! and sign no timestamp. Whoever captured one genuine delivery can send it again, at any
+//! time, with a fresh id: both checks pass and the handler runs again. Verification still
+//! stops forged content and stolen ids; against replays, key on something the signature
+//! covers — a synthetic key from body fields
+//! ([`key::json_fields`](crate::key::json_fields), e.g. Shopify's `/id` with
+//! `/updated_at`, or a form field such as Twilio's `MessageSid` with
+//! [`key::from_body_fn`](crate::key::from_body_fn)) — or put the
+//! [version guard](crate::order) behind the layer, which answers an older copy `outdated`.
+//! Stripe, Standard Webhooks, Slack and Twitch sign their ids (or carry them in the signed
+//! body) and a timestamp, so a replay is a duplicate of the same key, or too old.
+//!
+//! **Timestamps and clocks.** A timestamp is taken from the signed content and compared with
+//! this machine's clock; it may be off by the tolerance in either direction, which absorbs the
+//! clock skew between the sender and this machine (keep the clock synchronised: NTP). Change it
+//! with [`Verifier::tolerance`].
+//!
+//! **Twilio behind a proxy.** Twilio signs the URL it requested, scheme, host and port
+//! included. By default the layer rebuilds it as `https://` + the `Host` header + the path and
+//! query; behind a proxy that rewrites the host or the path, give the public URL's base with
+//! [`Verifier::public_url`].
+//!
+//! **Standard Webhooks `v1a`** (asymmetric, ed25519) signatures are not checked: a header that
+//! carries only `v1a` signatures is refused as malformed. Use the endpoint's symmetric
+//! (`whsec_`) secret.
+//!
+//! # With the `auto` extractor
+//!
+//! [`key::auto`](crate::key::auto) picks the sender by its headers; verification picks the
+//! sender by the same rule, so the key claimed always belongs to the sender whose signature
+//! passed. Configure every sender the route accepts with [`Verifier::or`]: a request that
+//! looks like a sender without a configured secret is refused (401), never let through
+//! unverified.
+//!
+//! ```
+//! use tower_idempotency::{IdempotencyLayer, store::MemoryStore, verify};
+//!
+//! let layer = IdempotencyLayer::new(MemoryStore::new()).verify(
+//!     verify::stripe(["whsec_current", "whsec_previous"])
+//!         .or(verify::github("github secret"))
+//!         .or(verify::standard_webhooks("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")),
+//! );
+//! # let _ = layer;
+//! ```
+
+mod providers;
+mod twilio;
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::request::Parts;
+
+use crate::key::{Sender, detect};
+
+/// Checks a delivery before the layer claims its key.
+///
+/// Implemented by [`Verifier`] (the providers of this module) and by every closure
+/// `Fn(&http::request::Parts, &[u8]) -> Result<(), VerifyError>`, for a sender this module
+/// does not know. `body` is the whole buffered body.
+pub trait Verify: Send + Sync + 'static {
+    /// `Ok` when the delivery is genuine; the error is answered 401.
+    fn verify(&self, parts: &Parts, body: &[u8]) -> Result<(), VerifyError>;
+}
+
+impl<F> Verify for F
+where
+    F: Fn(&Parts, &[u8]) -> Result<(), VerifyError> + Send + Sync + 'static,
+{
+    fn verify(&self, parts: &Parts, body: &[u8]) -> Result<(), VerifyError> {
+        self(parts, body)
+    }
+}
+
+/// Why a delivery's signature was refused. Each is answered 401 problem+json.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum VerifyError {
+    /// The delivery carries no signature, or lacks a header the signature needs.
+    #[error("the request is not signed: expected {expected}")]
+    Missing {
+        /// What was expected, e.g. ``header `x-hub-signature-256` ``.
+        expected: Cow<'static, str>,
+    },
+    /// A signature header is there but cannot be read.
+    #[error("the signature header is malformed: {reason}")]
+    Malformed {
+        /// What is wrong with it.
+        reason: Cow<'static, str>,
+    },
+    /// No signature matches the content with any configured secret.
+    #[error("the signature does not match the request")]
+    Mismatch,
+    /// The signed timestamp is further from this machine's clock than the tolerance.
+    #[error(
+        "the signature's timestamp is {skew_secs} s away from now; at most {tolerance_secs} s are allowed"
+    )]
+    Expired {
+        /// How far the timestamp is from now, in seconds, in either direction.
+        skew_secs: u64,
+        /// The tolerance, in seconds.
+        tolerance_secs: u64,
+    },
+    /// The delivery looks like one of a sender for which no secret is configured.
+    #[error("the request looks like a {sender} delivery, and no {sender} secret is configured")]
+    NoSecret {
+        /// The sender's name, e.g. `Stripe`.
+        sender: &'static str,
+    },
+}
+
+impl VerifyError {
+    /// A [`VerifyError::Missing`] naming what was expected.
+    pub fn missing(expected: impl Into<Cow<'static, str>>) -> Self {
+        Self::Missing {
+            expected: expected.into(),
+        }
+    }
+
+    /// A [`VerifyError::Malformed`] with the reason.
+    pub fn malformed(reason: impl Into<Cow<'static, str>>) -> Self {
+        Self::Malformed {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// One or more secrets of a sender: several while one is rotated.
+///
+/// Made from a string, or an array or `Vec` of them. [`Debug`] never shows them.
+#[derive(Clone)]
+pub struct Secrets(Vec<Box<[u8]>>);
+
+impl Secrets {
+    fn into_keys(self, sender: Sender) -> Arc<[Box<[u8]>]> {
+        assert!(
+            !self.0.is_empty() && self.0.iter().all(|s| !s.is_empty()),
+            "{} verification needs at least one secret, and no empty one",
+            sender.name()
+        );
+        self.0.into()
+    }
+}
+
+impl fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secrets({} redacted)", self.0.len())
+    }
+}
+
+impl From<&str> for Secrets {
+    fn from(secret: &str) -> Self {
+        Self(vec![secret.as_bytes().into()])
+    }
+}
+
+impl From<String> for Secrets {
+    fn from(secret: String) -> Self {
+        Self(vec![secret.into_bytes().into()])
+    }
+}
+
+impl From<&String> for Secrets {
+    fn from(secret: &String) -> Self {
+        Self::from(secret.as_str())
+    }
+}
+
+impl<S: AsRef<str>, const N: usize> From<[S; N]> for Secrets {
+    fn from(secrets: [S; N]) -> Self {
+        Self(
+            secrets
+                .iter()
+                .map(|s| s.as_ref().as_bytes().into())
+                .collect(),
+        )
+    }
+}
+
+impl<S: AsRef<str>> From<Vec<S>> for Secrets {
+    fn from(secrets: Vec<S>) -> Self {
+        Self(
+            secrets
+                .iter()
+                .map(|s| s.as_ref().as_bytes().into())
+                .collect(),
+        )
+    }
+}
+
+/// Verifies the signatures of one or more senders. Made by the functions of this module and
+/// joined with [`or`](Verifier::or).
+#[derive(Clone)]
+#[must_use]
+pub struct Verifier {
+    checks: Vec<Check>,
+}
+
+#[derive(Clone)]
+struct Check {
+    sender: Sender,
+    keys: Arc<[Box<[u8]>]>,
+    tolerance: Duration,
+    public_url: Option<Arc<str>>,
+}
+
+impl Verifier {
+    fn single(sender: Sender, keys: Arc<[Box<[u8]>]>, tolerance: Duration) -> Self {
+        Self {
+            checks: vec![Check {
+                sender,
+                keys,
+                tolerance,
+                public_url: None,
+            }],
+        }
+    }
+
+    /// Also accepts the senders of `other`. A request is checked by the sender it looks like
+    /// (the rule of [`key::auto`](crate::key::auto)); a sender configured twice is checked by
+    /// its first configuration, so give all of one sender's secrets in one call.
+    pub fn or(mut self, other: Verifier) -> Self {
+        self.checks.extend(other.checks);
+        self
+    }
+
+    /// How far a signed timestamp may be from this machine's clock, in either direction, for
+    /// the senders configured so far. Senders that sign no timestamp ignore it.
+    pub fn tolerance(mut self, tolerance: Duration) -> Self {
+        for check in &mut self.checks {
+            check.tolerance = tolerance;
+        }
+        self
+    }
+
+    /// The public base URL Twilio posts to (`https://hooks.example.com`, or with a path
+    /// prefix a proxy removes), for the Twilio senders configured so far. The URL Twilio
+    /// signed is this base followed by the request's path and query.
+    ///
+    /// # Panics
+    ///
+    /// If `base` does not start with `https://` or `http://`.
+    pub fn public_url(mut self, base: impl Into<String>) -> Self {
+        let base = base.into();
+        assert!(
+            base.starts_with("https://") || base.starts_with("http://"),
+            "a public URL starts with https:// or http://, got {base:?}"
+        );
+        let base: Arc<str> = base.trim_end_matches('/').into();
+        for check in &mut self.checks {
+            if check.sender == Sender::Twilio {
+                check.public_url = Some(base.clone());
+            }
+        }
+        self
+    }
+
+    /// Verifies a delivery as if the clock read `now`: what [`Verify::verify`] does with the
+    /// current time. For tests against a sender's published examples.
+    pub fn verify_at(
+        &self,
+        parts: &Parts,
+        body: &[u8],
+        now: SystemTime,
+    ) -> Result<(), VerifyError> {
+        let check = match detect(parts) {
+            Some(sender) => self
+                .checks
+                .iter()
+                .find(|check| check.sender == sender)
+                .ok_or(VerifyError::NoSecret {
+                    sender: sender.name(),
+                })?,
+            // No key preset's headers: whichever configured sender signed it. No key can be
+            // claimed for another sender then, since `auto` finds none.
+            None => match self
+                .checks
+                .iter()
+                .find(|c| providers::signed_by(c.sender, parts))
+            {
+                Some(check) => check,
+                None => return Err(self.unsigned(parts)),
+            },
+        };
+        providers::check(check, parts, body, now)
+    }
+
+    fn unsigned(&self, parts: &Parts) -> VerifyError {
+        if let Some(sender) = providers::ALL
+            .iter()
+            .find(|s| providers::signed_by(**s, parts))
+        {
+            return VerifyError::NoSecret {
+                sender: sender.name(),
+            };
+        }
+        let expected: Vec<_> = self
+            .checks
+            .iter()
+            .map(|c| format!("header `{}`", providers::signature_header(c.sender)))
+            .collect();
+        VerifyError::missing(expected.join(" or "))
+    }
+}
+
+impl Verify for Verifier {
+    fn verify(&self, parts: &Parts, body: &[u8]) -> Result<(), VerifyError> {
+        self.verify_at(parts, body, SystemTime::now())
+    }
+}
+
+impl fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut list = f.debug_list();
+        for check in &self.checks {
+            list.entry(&format_args!(
+                "{} ({} secrets, tolerance {:?})",
+                check.sender.name(),
+                check.keys.len(),
+                check.tolerance
+            ));
+        }
+        list.finish()
+    }
+}
+
+const FIVE_MINUTES: Duration = Duration::from_secs(5 * 60);
+
+/// Stripe: `Stripe-Signature: t=<unix seconds>,v1=<hex>[,v1=<hex>…]`, HMAC-SHA256 of
+/// `<t>.<body>` keyed with the endpoint's signing secret (`whsec_…`, used as it is). Any `v1`
+/// matching any secret passes; other schemes (`v0`) are ignored. Tolerance: 5 minutes, as
+/// Stripe's libraries. Pair it with [`key::stripe`](crate::key::stripe).
+///
+/// Source: docs.stripe.com/webhooks ("Verify webhook signatures manually").
+///
+/// # Panics
+///
+/// If no secret, or an empty one, is given.
+pub fn stripe(secrets: impl Into<Secrets>) -> Verifier {
+    let keys = secrets.into().into_keys(Sender::Stripe);
+    Verifier::single(Sender::Stripe, keys, FIVE_MINUTES)
+}
+
+/// GitHub: `X-Hub-Signature-256: sha256=<hex>`, HMAC-SHA256 of the body keyed with the
+/// webhook's secret. The delivery id is not signed: see the [module docs](self). Pair it with
+/// [`key::github`](crate::key::github).
+///
+/// Source: docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries.
+///
+/// # Panics
+///
+/// If no secret, or an empty one, is given.
+pub fn github(secrets: impl Into<Secrets>) -> Verifier {
+    let keys = secrets.into().into_keys(Sender::GitHub);
+    Verifier::single(Sender::GitHub, keys, Duration::ZERO)
+}
+
+/// Shopify: `X-Shopify-Hmac-Sha256: <base64>`, HMAC-SHA256 of the body keyed with the app's
+/// client secret. The webhook id is not signed: see the [module docs](self). Pair it with
+/// [`key::shopify`](crate::key::shopify).
+///
+/// Source: shopify.dev/docs/apps/build/webhooks/subscribe/https ("Verify the webhook").
+///
+/// # Panics
+///
+/// If no secret, or an empty one, is given.
+pub fn shopify(secrets: impl Into<Secrets>) -> Verifier {
+    let keys = secrets.into().into_keys(Sender::Shopify);
+    Verifier::single(Sender::Shopify, keys, Duration::ZERO)
+}
+
+/// Standard Webhooks and Svix: `webhook-id`, `webhook-timestamp` and `webhook-signature:
+/// v1,<base64> [v1,<base64>…]` (or the same headers with `svix-`), HMAC-SHA256 of
+/// `<id>.<timestamp>.<body>` keyed with the secret's bytes: the base64 after `whsec_`. Any
+/// `v1` matching any secret passes. Tolerance: 5 minutes, as the specification. Pair it with
+/// [`key::standard_webhooks`](crate::key::standard_webhooks).
+///
+/// Source: the Standard Webhooks specification (github.com/standard-webhooks,
+/// `spec/standard-webhooks.md`, "Verifying webhook authenticity") and
+/// docs.svix.com/receiving/verifying-payloads/how-manual.
+///
+/// # Panics
+///
+/// If no secret is given, or one is not base64 after its optional `whsec_` prefix.
+#[doc(alias = "svix")]
+pub fn standard_webhooks(secrets: impl Into<Secrets>) -> Verifier {
+    let Secrets(secrets) = secrets.into();
+    let decoded = secrets
+        .iter()
+        .map(|secret| providers::webhook_secret(secret))
+        .collect();
+    let keys = Secrets(decoded).into_keys(Sender::StandardWebhooks);
+    Verifier::single(Sender::StandardWebhooks, keys, FIVE_MINUTES)
+}
+
+/// Slack: `X-Slack-Signature: v0=<hex>` and `X-Slack-Request-Timestamp`, HMAC-SHA256 of
+/// `v0:<timestamp>:<body>` keyed with the app's signing secret. Tolerance: 5 minutes, as
+/// Slack advises. Pair it with [`key::slack`](crate::key::slack).
+///
+/// Source: api.slack.com/authentication/verifying-requests-from-slack.
+///
+/// # Panics
+///
+/// If no secret, or an empty one, is given.
+pub fn slack(secrets: impl Into<Secrets>) -> Verifier {
+    let keys = secrets.into().into_keys(Sender::Slack);
+    Verifier::single(Sender::Slack, keys, FIVE_MINUTES)
+}
+
+/// Twitch EventSub: `Twitch-Eventsub-Message-Signature: sha256=<hex>`, HMAC-SHA256 of the
+/// message id, the timestamp (RFC 3339, as sent) and the body, keyed with the subscription's
+/// secret. Tolerance: 10 minutes, as Twitch advises. Pair it with
+/// [`key::twitch`](crate::key::twitch).
+///
+/// Source: dev.twitch.tv/docs/eventsub/handling-webhook-events ("Verifying the event
+/// message").
+///
+/// # Panics
+///
+/// If no secret, or an empty one, is given.
+pub fn twitch(secrets: impl Into<Secrets>) -> Verifier {
+    let keys = secrets.into().into_keys(Sender::Twitch);
+    Verifier::single(Sender::Twitch, keys, Duration::from_secs(10 * 60))
+}
+
+/// Twilio: `X-Twilio-Signature: <base64>`, HMAC-SHA1 keyed with the account's auth token of
+/// the full URL followed by the POST parameters sorted by name, each name then its value. A
+/// JSON body is signed through the URL's `bodySHA256` parameter instead, which must be the
+/// SHA-256 of the body. The URL is checked with and without the default port, as Twilio's
+/// libraries do. See the [module docs](self) for the URL behind a proxy
+/// ([`Verifier::public_url`]) and for the unsigned idempotency token. Pair it with
+/// [`key::twilio`](crate::key::twilio).
+///
+/// Source: twilio.com/docs/usage/webhooks/webhooks-security.
+///
+/// # Panics
+///
+/// If no auth token, or an empty one, is given.
+pub fn twilio(auth_tokens: impl Into<Secrets>) -> Verifier {
+    let keys = auth_tokens.into().into_keys(Sender::Twilio);
+    Verifier::single(Sender::Twilio, keys, Duration::ZERO)
+}

@@ -1,0 +1,183 @@
+//! Twilio's scheme: the URL it requested, and the POST parameters or the body's digest.
+
+use hmac::{Hmac, KeyInit, Mac};
+use http::request::Parts;
+use sha1::Sha1;
+use sha2::{Digest, Sha256};
+
+use super::providers::{from_base64, from_hex, header};
+use super::{Check, VerifyError};
+
+pub(super) fn check(check: &Check, parts: &Parts, body: &[u8]) -> Result<(), VerifyError> {
+    let signature = from_base64(header(parts, "x-twilio-signature")?)?;
+    let url = url(check, parts)?;
+    let query = parts.uri.query().unwrap_or_default();
+    let digest = pairs(query.as_bytes()).find(|(name, _)| name == b"bodySHA256");
+    let params = match digest {
+        // A JSON (or other non-form) body: the URL alone is signed, and names the body's
+        // SHA-256.
+        Some((_, expected)) => {
+            let expected = from_hex(&String::from_utf8_lossy(&expected))?;
+            if Sha256::digest(body).as_slice() != expected.as_slice() {
+                return Err(VerifyError::Mismatch);
+            }
+            Vec::new()
+        }
+        None if is_form(parts) => {
+            let mut params: Vec<_> = pairs(body).collect();
+            params.sort();
+            params.dedup();
+            params
+        }
+        None => Vec::new(),
+    };
+    let matched = variants(&url).iter().any(|url| {
+        check.keys.iter().any(|key| {
+            let mut mac = Hmac::<Sha1>::new_from_slice(key).expect("HMAC takes keys of any length");
+            mac.update(url.as_bytes());
+            for (name, value) in &params {
+                mac.update(name);
+                mac.update(value);
+            }
+            mac.verify_slice(&signature).is_ok()
+        })
+    });
+    if matched {
+        Ok(())
+    } else {
+        Err(VerifyError::Mismatch)
+    }
+}
+
+/// The URL Twilio requested: the configured public base, or `https://` and the `Host`
+/// header, followed by the path and query.
+fn url(check: &Check, parts: &Parts) -> Result<String, VerifyError> {
+    let path = parts.uri.path_and_query().map_or("/", |path| path.as_str());
+    if let Some(base) = &check.public_url {
+        return Ok(format!("{base}{path}"));
+    }
+    let host = match parts.uri.authority() {
+        Some(authority) => authority.as_str(),
+        None => header(parts, "host").map_err(|_| {
+            VerifyError::missing("a `Host` header, or a public URL (Verifier::public_url)")
+        })?,
+    };
+    Ok(format!("https://{host}{path}"))
+}
+
+/// The URL as given, without its port, and with the scheme's default port: Twilio's own
+/// libraries accept any of them, since Twilio does not always sign the port it used.
+fn variants(url: &str) -> Vec<String> {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("https", url));
+    let (authority, path) = rest
+        .find(['/', '?'])
+        .map_or((rest, ""), |at| rest.split_at(at));
+    let host = match authority.rfind(':') {
+        Some(colon) if !authority[colon..].contains(']') => &authority[..colon],
+        _ => authority,
+    };
+    let port = if scheme == "http" { "80" } else { "443" };
+    let mut urls = vec![
+        url.to_owned(),
+        format!("{scheme}://{host}{path}"),
+        format!("{scheme}://{host}:{port}{path}"),
+    ];
+    urls.dedup();
+    if urls.len() == 3 && urls[0] == urls[2] {
+        urls.pop();
+    }
+    urls
+}
+
+fn is_form(parts: &Parts) -> bool {
+    parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/x-www-form-urlencoded")
+        })
+}
+
+/// `application/x-www-form-urlencoded` pairs, decoded.
+fn pairs(encoded: &[u8]) -> impl Iterator<Item = (Vec<u8>, Vec<u8>)> + '_ {
+    encoded
+        .split(|&b| b == b'&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let mut split = pair.splitn(2, |&b| b == b'=');
+            let name = decode(split.next().unwrap_or_default());
+            let value = decode(split.next().unwrap_or_default());
+            (name, value)
+        })
+}
+
+fn decode(encoded: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(encoded.len());
+    let mut i = 0;
+    while i < encoded.len() {
+        match encoded[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < encoded.len() => match (hex(encoded[i + 1]), hex(encoded[i + 2])) {
+                (Some(high), Some(low)) => {
+                    out.push(high << 4 | low);
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            byte => out.push(byte),
+        }
+        i += 1;
+    }
+    out
+}
+
+fn hex(b: u8) -> Option<u8> {
+    char::from(b).to_digit(16).map(|d| d as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn form_decoding() {
+        let decoded: Vec<_> = pairs(b"a=1+2&b=%2B%41&c&d=%zz&e=%4").collect();
+        assert_eq!(
+            decoded,
+            [
+                (b"a".to_vec(), b"1 2".to_vec()),
+                (b"b".to_vec(), b"+A".to_vec()),
+                (b"c".to_vec(), b"".to_vec()),
+                (b"d".to_vec(), b"%zz".to_vec()),
+                (b"e".to_vec(), b"%4".to_vec()),
+            ]
+        );
+    }
+
+    #[test]
+    fn port_variants() {
+        assert_eq!(
+            variants("https://example.com/a?b=1"),
+            ["https://example.com/a?b=1", "https://example.com:443/a?b=1"]
+        );
+        assert_eq!(
+            variants("https://example.com:443/a"),
+            ["https://example.com:443/a", "https://example.com/a"]
+        );
+        assert_eq!(
+            variants("http://example.com:8080/a"),
+            [
+                "http://example.com:8080/a",
+                "http://example.com/a",
+                "http://example.com:80/a"
+            ]
+        );
+        assert_eq!(
+            variants("https://[::1]/a"),
+            ["https://[::1]/a", "https://[::1]:443/a"]
+        );
+    }
+}
