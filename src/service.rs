@@ -156,7 +156,7 @@ where
     let settings = &shared.settings;
     let mut claimed = claim(shared, key).await;
     if let (Ok(Answer::InFlight(_)), Some(wait)) = (&claimed, shared.claims.wait_in_flight) {
-        let until = tokio::time::Instant::now() + wait;
+        let until = crate::engine::later(tokio::time::Instant::now(), wait);
         let (stale, timeout) = (shared.claims.stale, settings.store_timeout);
         if wait::settled(&shared.store, &settings.drain, key, stale, timeout, until).await {
             claimed = claim(shared, key).await;

@@ -435,6 +435,36 @@ async fn short_handler_pays_no_renewal() {
     assert_eq!(store.renewals.load(Ordering::SeqCst), 2, "every 10 s");
 }
 
+/// Durations too long for an instant mean "never", not a panic: a `Retry-After`, a stale
+/// limit (and so a heartbeat interval), a wait for the first delivery and a drain deadline of
+/// `Duration::MAX`.
+#[tokio::test]
+async fn huge_durations_do_not_overflow() {
+    let mut h = Harness::new();
+    let store = MemoryStore::new();
+    let configured = layer(store)
+        .retry_after(Duration::MAX)
+        .stale(Stale::hold_after(Duration::MAX));
+    let drain = configured.drain_handle();
+    let svc = h.service(configured.clone());
+    let first = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
+    h.started.recv().await.unwrap();
+    let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(res.headers()["retry-after"], u64::MAX.to_string());
+
+    let waiting = h.service(configured.wait_in_flight(Duration::MAX));
+    let second = tokio::spawn(waiting.oneshot(delivery("e1", "ok")));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    h.gate.add_permits(1);
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+    let second = second.await.unwrap().unwrap();
+    assert_eq!(second.headers()["idempotency-outcome"], "duplicate");
+    let report = drain.drain(Duration::MAX).await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(h.runs(), 1);
+}
+
 #[tokio::test]
 async fn in_flight_duplicate_gets_409_with_retry_after() {
     let mut h = Harness::new();

@@ -436,7 +436,7 @@ impl<O: Owner> Drop for LeaseGuard<O> {
 async fn heartbeat<O: Owner>(owner: Arc<O>, state: Arc<LeaseState<O::Lease>>) {
     let every = owner.stale().renew_interval();
     let bound = owner.settings().store_timeout.min(every);
-    let mut next = tokio::time::Instant::now() + every;
+    let mut next = super::later(tokio::time::Instant::now(), every);
     loop {
         let stopped = state.stop.notified();
         let mut stopped = std::pin::pin!(stopped);
@@ -450,7 +450,7 @@ async fn heartbeat<O: Owner>(owner: Arc<O>, state: Arc<LeaseState<O::Lease>>) {
         {
             return;
         }
-        next += every;
+        next = super::later(next, every);
         let result = bounded(owner.renew(state.lease()), bound).await;
         // Once the settlement has begun, a renewal has nothing left to say: the commit or the
         // release it raced may have changed the row already.
