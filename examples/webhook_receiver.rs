@@ -16,8 +16,11 @@
 //! `Retry-After`, the deliveries in flight finish and commit (handlers whose sender already
 //! hung up included), then the receiver prints what the drain saw and exits.
 //!
-//! Signatures are not checked here, to keep the example short. A real receiver verifies them
-//! before this layer, so that forged requests cannot claim keys.
+//! Set `STRIPE_WEBHOOK_SECRET`, `GITHUB_WEBHOOK_SECRET`, `SHOPIFY_WEBHOOK_SECRET` or
+//! `STANDARD_WEBHOOK_SECRET` (a `whsec_…` secret) and that route verifies the sender's
+//! signature before it claims the key: a forgery gets 401 and claims nothing. Without them
+//! the routes take unsigned deliveries, which the curl demo below sends; a real receiver sets
+//! every secret.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -31,7 +34,7 @@ use axum::{Extension, Json, Router};
 use http::StatusCode;
 use tower_idempotency::store::{MySqlStore, PostgresStore, SqliteStore, StoreError};
 use tower_idempotency::transactional::{TransactionalLayer, TransactionalStore, Tx};
-use tower_idempotency::{Drain, IdempotencyKey, IdempotencyLayer, Outcome, Stale, key};
+use tower_idempotency::{Drain, IdempotencyKey, IdempotencyLayer, Outcome, Stale, key, verify};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -62,58 +65,66 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-/// Builds the routes, one per sender, each with its own key and stale policy, all tracked by
-/// one drain.
+/// A route's signing secret, from the environment.
+fn secret(var: &str) -> Option<String> {
+    std::env::var(var).ok().filter(|secret| !secret.is_empty())
+}
+
+/// Builds the routes, one per sender, each with its own key and stale policy (and, where its
+/// secret is set, its signature check), all tracked by one drain.
 fn app<B: Backend>(store: B, drain: &Drain) -> Router {
+    // Stripe: the work is a database write (the order is paid), so it runs in the marker's
+    // transaction: all or nothing, and a crash leaves no stale claim to decide.
+    let stripe_layer = TransactionalLayer::new(store.clone())
+        .key(key::stripe())
+        .drain(drain);
+    let stripe_layer = match secret("STRIPE_WEBHOOK_SECRET") {
+        Some(secret) => stripe_layer.verify(verify::stripe(secret)),
+        None => stripe_layer,
+    };
+    // GitHub: a notification goes out, which no transaction can take back. A claim whose
+    // process died (no heartbeat for 30 s) is reclaimed: a possible duplicate message beats a
+    // missing one.
+    let github_layer = IdempotencyLayer::new(store.clone())
+        .key(key::github())
+        .stale(Stale::reclaim_after(Duration::from_secs(30)))
+        .drain(drain);
+    let github_layer = match secret("GITHUB_WEBHOOK_SECRET") {
+        Some(secret) => github_layer.verify(verify::github(secret)),
+        None => github_layer,
+    };
+    // Shopify: a fulfilment ships goods. A claim whose process died is held for a person (see
+    // GET /stuck); shipping twice costs more than a late shipment.
+    let shopify_layer = IdempotencyLayer::new(store.clone())
+        .key(key::shopify())
+        .stale(Stale::hold_after(Duration::from_secs(30)))
+        .on_held(|key, pending| {
+            println!(
+                "ALERT    {key} has not been renewed for {:?}",
+                pending.since_renewal
+            );
+        })
+        .drain(drain);
+    let shopify_layer = match secret("SHOPIFY_WEBHOOK_SECRET") {
+        Some(secret) => shopify_layer.verify(verify::shopify(secret)),
+        None => shopify_layer,
+    };
+    // A Standard Webhooks sender: a cache refresh, harmless to repeat: reclaim soon.
+    let standard_layer = IdempotencyLayer::new(store.clone())
+        .key(key::standard_webhooks())
+        .stale(Stale::reclaim_after(Duration::from_secs(10)))
+        .drain(drain);
+    let standard_layer = match secret("STANDARD_WEBHOOK_SECRET") {
+        Some(secret) => standard_layer.verify(verify::standard_webhooks(secret)),
+        None => standard_layer,
+    };
     Router::new()
-        // Stripe: the work is a database write (the order is paid), so it runs in the
-        // marker's transaction: all or nothing, and a crash leaves no stale claim to decide.
-        .route(
-            "/webhooks/stripe",
-            post(stripe::<B>).layer(
-                TransactionalLayer::new(store.clone())
-                    .key(key::stripe())
-                    .drain(drain),
-            ),
-        )
-        // GitHub: a notification goes out, which no transaction can take back. A claim whose
-        // process died (no heartbeat for 30 s) is reclaimed: a possible duplicate message
-        // beats a missing one.
-        .route(
-            "/webhooks/github",
-            post(github::<B>).layer(
-                IdempotencyLayer::new(store.clone())
-                    .key(key::github())
-                    .stale(Stale::reclaim_after(Duration::from_secs(30)))
-                    .drain(drain),
-            ),
-        )
-        // Shopify: a fulfilment ships goods. A claim whose process died is held for a person
-        // (see GET /stuck); shipping twice costs more than a late shipment.
-        .route(
-            "/webhooks/shopify",
-            post(shopify::<B>).layer(
-                IdempotencyLayer::new(store.clone())
-                    .key(key::shopify())
-                    .stale(Stale::hold_after(Duration::from_secs(30)))
-                    .on_held(|key, pending| {
-                        println!(
-                            "ALERT    {key} has not been renewed for {:?}",
-                            pending.since_renewal
-                        );
-                    })
-                    .drain(drain),
-            ),
-        )
-        // A Standard Webhooks sender: a cache refresh, harmless to repeat: reclaim soon.
+        .route("/webhooks/stripe", post(stripe::<B>).layer(stripe_layer))
+        .route("/webhooks/github", post(github::<B>).layer(github_layer))
+        .route("/webhooks/shopify", post(shopify::<B>).layer(shopify_layer))
         .route(
             "/webhooks/standard",
-            post(standard::<B>).layer(
-                IdempotencyLayer::new(store.clone())
-                    .key(key::standard_webhooks())
-                    .stale(Stale::reclaim_after(Duration::from_secs(10)))
-                    .drain(drain),
-            ),
+            post(standard::<B>).layer(standard_layer),
         )
         // One log line per delivery, whatever answered it.
         .route_layer(middleware::from_fn(log_delivery))
@@ -136,6 +147,19 @@ async fn serve<B: Backend>(
     println!("  POST /webhooks/shopify   key: X-Shopify-Webhook-Id    hold after 30 s silent");
     println!("  POST /webhooks/standard  key: webhook-id / svix-id    reclaim after 10 s silent");
     println!("  GET  /side-effects, GET /stuck");
+    let signed: Vec<_> = [
+        ("stripe", "STRIPE_WEBHOOK_SECRET"),
+        ("github", "GITHUB_WEBHOOK_SECRET"),
+        ("shopify", "SHOPIFY_WEBHOOK_SECRET"),
+        ("standard", "STANDARD_WEBHOOK_SECRET"),
+    ]
+    .into_iter()
+    .map(|(route, var)| match secret(var) {
+        Some(_) => format!("{route}: verified"),
+        None => format!("{route}: unsigned accepted ({var} not set)"),
+    })
+    .collect();
+    println!("  signatures: {}", signed.join(", "));
     println!();
     println!("Send the same GitHub event twice; it is processed once:");
     println!(
@@ -236,8 +260,8 @@ async fn github<B: Backend>(State(store): State<B>, headers: http::HeaderMap) ->
     let kind = headers
         .get("x-github-event")
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("event");
-    let effect = format!("notification sent for a {kind} event");
+        .map_or_else(|| "an event".to_owned(), |kind| format!("a {kind} event"));
+    let effect = format!("notification sent for {kind}");
     store.record("github", id, &effect).await.map_err(failed)?;
     Ok((Extension(SideEffect(effect)), "noted"))
 }
