@@ -221,8 +221,9 @@ pub trait ExtractKey: Send + Sync + 'static {
     ///
     /// # Panics
     ///
-    /// If `namespace` is not a valid namespace (empty, longer than [`MAX_NAMESPACE_LEN`], or
-    /// holding control characters): a configuration mistake, caught when the layer is built.
+    /// If `namespace` is not a valid namespace (empty, longer than [`MAX_NAMESPACE_LEN`],
+    /// holding control characters or `@`, which separates it from its [`Scope`]): a
+    /// configuration mistake, caught when the layer is built.
     fn namespace(self, namespace: impl Into<Cow<'static, str>>) -> Namespaced<Self>
     where
         Self: Sized,
@@ -259,6 +260,12 @@ fn valid_namespace(namespace: Cow<'static, str>) -> Cow<'static, str> {
     if let Err(err) = check_text("namespace", &namespace, MAX_NAMESPACE_LEN) {
         panic!("invalid idempotency key namespace {namespace:?}: {err}");
     }
+    // The first `@` of a stored namespace ends the extractor's part and begins the scope:
+    // `a@b` scoped `c` would meet `a` scoped `b@c`.
+    assert!(
+        !namespace.contains('@'),
+        "invalid idempotency key namespace {namespace:?}: `@` separates a namespace from its scope"
+    );
     namespace
 }
 
@@ -700,8 +707,11 @@ pub struct Auto {
 /// Recognises, in this order: GitHub (`X-GitHub-Delivery`), Shopify (`X-Shopify-Webhook-Id`),
 /// Standard Webhooks (`webhook-id`, `svix-id`), Twilio (`I-Twilio-Idempotency-Token`), Twitch
 /// (`Twitch-Eventsub-Message-Id`), Stripe (a `Stripe-Signature` header: the key is the body's
-/// `/id`), Slack (an `X-Slack-Signature` header on a JSON body: the body's `/event_id`), and a
-/// plain `Idempotency-Key` header. The body is read only for Stripe and Slack.
+/// `/id`), Slack (an `X-Slack-Signature` header: the JSON body's `/event_id`; a slash command's
+/// form body has none), then a sender by its signature header alone (its key is then
+/// missing), and last a plain `Idempotency-Key` header. The body is read only for Stripe and
+/// Slack. A request that carries a sender's id or signature header never falls back to
+/// `Idempotency-Key`.
 ///
 /// Slack's one-time `url_verification` handshake carries no `event_id`: answer it before this
 /// layer, or let key-less requests through with
@@ -721,21 +731,6 @@ pub fn auto() -> Auto {
         slack: slack(),
     }
 }
-
-fn is_json(parts: &Parts) -> bool {
-    parts
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.trim_start()
-                .to_ascii_lowercase()
-                .starts_with("application/json")
-        })
-}
-
-const STRIPE_SIGNATURE: HeaderName = HeaderName::from_static("stripe-signature");
-const SLACK_SIGNATURE: HeaderName = HeaderName::from_static("x-slack-signature");
 
 /// A webhook sender, as [`auto`] recognises it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -767,27 +762,34 @@ impl Sender {
 
 /// The sender whose key [`auto`] uses for this request, if any. Signature verification asks
 /// the same question, so that the key claimed always belongs to the sender verified.
+///
+/// A sender's id header names it first, in a fixed order; then its signature header. A
+/// request that carries a sender's signature is that sender's, so that a signed delivery
+/// stripped of its id header cannot fall through to the generic `Idempotency-Key`.
 pub(crate) fn detect(parts: &Parts) -> Option<Sender> {
-    let has = |name: &str| parts.headers.contains_key(name);
-    if has("x-github-delivery") {
-        Some(Sender::GitHub)
-    } else if has("x-shopify-webhook-id") {
-        Some(Sender::Shopify)
-    } else if has("webhook-id") || has("svix-id") {
-        Some(Sender::StandardWebhooks)
-    } else if has("i-twilio-idempotency-token") {
-        Some(Sender::Twilio)
-    } else if has("twitch-eventsub-message-id") {
-        Some(Sender::Twitch)
-    } else if parts.headers.contains_key(STRIPE_SIGNATURE) {
-        Some(Sender::Stripe)
-    } else if parts.headers.contains_key(SLACK_SIGNATURE) && is_json(parts) {
-        // Slack signs its form-encoded slash commands too; only JSON Events API deliveries
-        // carry an `event_id`.
-        Some(Sender::Slack)
-    } else {
-        None
-    }
+    const BY_HEADER: [(&str, Sender); 12] = [
+        ("x-github-delivery", Sender::GitHub),
+        ("x-shopify-webhook-id", Sender::Shopify),
+        ("webhook-id", Sender::StandardWebhooks),
+        ("svix-id", Sender::StandardWebhooks),
+        ("i-twilio-idempotency-token", Sender::Twilio),
+        ("twitch-eventsub-message-id", Sender::Twitch),
+        ("stripe-signature", Sender::Stripe),
+        ("x-slack-signature", Sender::Slack),
+        ("x-hub-signature-256", Sender::GitHub),
+        ("x-shopify-hmac-sha256", Sender::Shopify),
+        ("twitch-eventsub-message-signature", Sender::Twitch),
+        ("x-twilio-signature", Sender::Twilio),
+    ];
+    let signed_webhook = || {
+        parts.headers.contains_key("webhook-signature")
+            || parts.headers.contains_key("svix-signature")
+    };
+    BY_HEADER
+        .iter()
+        .find(|(name, _)| parts.headers.contains_key(*name))
+        .map(|(_, sender)| *sender)
+        .or_else(|| signed_webhook().then_some(Sender::StandardWebhooks))
 }
 
 enum Detected<'a> {
@@ -832,6 +834,15 @@ impl ExtractKey for Auto {
     fn extract(&self, parts: &Parts, body: Option<&[u8]>) -> Result<IdempotencyKey, KeyError> {
         match self.detect(parts) {
             Detected::Header(header) => header.extract(parts, None),
+            // Slack signs its form-encoded slash commands too; they carry no event id.
+            Detected::Body(json) if std::ptr::eq(json, &self.slack) => {
+                match json.extract(parts, body) {
+                    Err(KeyError::NotJson { .. }) => Err(KeyError::missing(
+                        "a Slack Events API body with an `event_id` (this body is not JSON)",
+                    )),
+                    other => other,
+                }
+            }
             Detected::Body(json) => json.extract(parts, body),
             Detected::Nothing => Err(KeyError::missing(
                 "a webhook id header (X-GitHub-Delivery, X-Shopify-Webhook-Id, webhook-id, \
@@ -1230,17 +1241,28 @@ mod tests {
     }
 
     #[test]
-    fn auto_leaves_slack_forms_alone() {
+    fn auto_keys_slack_by_its_signature_and_leaves_forms_keyless() {
         let ex = auto();
         let form = parts(&[
             ("x-slack-signature", "v0=abc"),
             ("content-type", "application/x-www-form-urlencoded"),
         ]);
-        assert!(!ex.reads_body(&form));
+        // A signed Slack request is Slack's whatever its content type says: its body is read,
+        // and a slash command's form has no event id (missing, not 400 "not JSON").
+        assert!(ex.reads_body(&form));
         assert!(matches!(
-            ex.extract(&form, None),
+            ex.extract(&form, Some(b"token=x&command=%2Fdeploy")),
             Err(KeyError::Missing { .. })
         ));
+        let relabelled = parts(&[
+            ("x-slack-signature", "v0=abc"),
+            ("content-type", "text/plain"),
+        ]);
+        assert_eq!(
+            ex.extract(&relabelled, Some(br#"{"event_id":"Ev1"}"#))
+                .unwrap(),
+            key("slack", "Ev1")
+        );
     }
 
     #[test]

@@ -664,3 +664,179 @@ async fn transactional_mode_verifies_before_it_begins() {
     assert!(store.describe(&stored).await.unwrap().is_some());
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// Standard Webhooks: a captured Svix-headed delivery with a `webhook-id` added cannot claim
+/// that id: the signature is read from the family of the id the key uses.
+#[test]
+fn standard_webhooks_checks_the_headers_of_the_id_it_keys_on() {
+    let v = verify::standard_webhooks(SVIX_SECRET);
+    let smuggled = parts(
+        "/",
+        &[
+            ("webhook-id", "msg_victim"),
+            ("svix-id", "msg_p5jXN8AQM9LWM0D4loKWxJek"),
+            ("svix-timestamp", "1614265330"),
+            ("svix-signature", SVIX_SIGNATURE),
+        ],
+    );
+    assert!(matches!(
+        v.verify_at(&smuggled, SVIX_BODY, at(1_614_265_330)),
+        Err(VerifyError::Missing { .. })
+    ));
+    let key = key::ExtractKey::extract(&key::standard_webhooks(), &smuggled, None).unwrap();
+    assert_eq!(
+        key.value(),
+        "msg_victim",
+        "the id the key would have claimed"
+    );
+}
+
+/// Twilio signs only the URL of a request whose body is neither a form nor named by its
+/// `bodySHA256`: such a body would be unsigned, and is refused.
+#[test]
+fn twilio_refuses_a_body_it_did_not_sign() {
+    let url_only = hmac_sha1_base64(b"12345", b"https://mycompany.com/status?CallSid=CA1");
+    let headers = [
+        ("host", "mycompany.com"),
+        ("content-type", "application/json"),
+        ("x-twilio-signature", url_only.as_str()),
+    ];
+    let v = verify::twilio("12345");
+    let now = SystemTime::now();
+    assert_eq!(
+        v.verify_at(&parts("/status?CallSid=CA1", &headers), b"", now),
+        Ok(())
+    );
+    assert!(matches!(
+        v.verify_at(
+            &parts("/status?CallSid=CA1", &headers),
+            br#"{"any":"thing"}"#,
+            now
+        ),
+        Err(VerifyError::Malformed { .. })
+    ));
+}
+
+fn hmac_sha1_base64(key: &[u8], message: &[u8]) -> String {
+    use base64::Engine;
+    use hmac::{Hmac, KeyInit, Mac};
+    let mut mac = Hmac::<sha1::Sha1>::new_from_slice(key).unwrap();
+    mac.update(message);
+    base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+}
+
+fn signed_slack(
+    body: &'static [u8],
+    content_type: &str,
+    extra: Option<(&str, &str)>,
+) -> Request<Full<Bytes>> {
+    let ts = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let mut message = format!("v0:{ts}:").into_bytes();
+    message.extend_from_slice(body);
+    let signature = format!("v0={}", hmac_sha256_hex(b"slack secret", &message));
+    let mut req = Request::post("/slack")
+        .header("content-type", content_type)
+        .header("x-slack-request-timestamp", ts)
+        .header("x-slack-signature", signature);
+    if let Some((name, value)) = extra {
+        req = req.header(name, value);
+    }
+    req.body(Full::new(Bytes::from_static(body))).unwrap()
+}
+
+/// A signed Slack event re-sent with another content type, or with an `Idempotency-Key`
+/// added, is still Slack's event: keyed by its signed `event_id`, so a replay is a
+/// duplicate, even with key-less requests let through. A slash command (a form) has no key
+/// and passes through.
+#[tokio::test]
+async fn a_signed_delivery_is_keyed_by_its_sender_however_it_is_dressed() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .missing_key(tower_idempotency::MissingKey::PassThrough)
+        .verify(verify::slack("slack secret"));
+    let svc = counting_body_service(layer, runs.clone());
+    let event: &[u8] = br#"{"type":"event_callback","event_id":"Ev1","event":{}}"#;
+    let first = svc
+        .clone()
+        .oneshot(signed_slack(event, "application/json", None))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    for (content_type, extra) in [
+        ("text/plain", None),
+        ("application/vnd.x+json", None),
+        ("application/json", Some(("idempotency-key", "fresh"))),
+    ] {
+        let replay = svc
+            .clone()
+            .oneshot(signed_slack(event, content_type, extra))
+            .await
+            .unwrap();
+        assert_eq!(
+            replay.headers()["idempotency-outcome"],
+            "duplicate",
+            "{content_type} {extra:?}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let command: &[u8] = b"token=x&command=%2Fdeploy&text=now";
+    let res = svc
+        .oneshot(signed_slack(
+            command,
+            "application/x-www-form-urlencoded",
+            None,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        res.extensions().get::<tower_idempotency::Outcome>(),
+        Some(&tower_idempotency::Outcome::PassedThrough)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A GitHub-signed body without its delivery id does not fall back to a client's
+/// `Idempotency-Key`: it has no key (400), and claims nothing.
+#[tokio::test]
+async fn a_signature_without_its_id_does_not_borrow_another_key() {
+    let store = Counting::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(store.clone()).verify(verify::github("g"));
+    let svc = counting_body_service(layer, runs.clone());
+    let body: &[u8] = b"{}";
+    let req = Request::post("/hooks")
+        .header(
+            "x-hub-signature-256",
+            format!("sha256={}", hmac_sha256_hex(b"g", body)),
+        )
+        .header("idempotency-key", "chosen-by-whoever-replays-it")
+        .body(Full::new(Bytes::from_static(body)))
+        .unwrap();
+    let res = svc.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(store.calls(), 0);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// Equivalent spellings of one path are one scope: a replay to `/hooks/%67ithub` is a
+/// duplicate of the delivery to `/hooks/github`.
+#[tokio::test]
+async fn equivalent_paths_are_one_scope() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(MemoryStore::new()).key(key::github());
+    let svc = counting_body_service(layer, runs.clone());
+    let to = |path: &str| {
+        Request::post(path)
+            .header("x-github-delivery", "d-1")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    svc.clone().oneshot(to("/hooks/github")).await.unwrap();
+    let again = svc.oneshot(to("/hooks/%67ith%75b")).await.unwrap();
+    assert_eq!(again.headers()["idempotency-outcome"], "duplicate");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

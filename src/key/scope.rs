@@ -5,8 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::request::Parts;
+use sha2::{Digest, Sha256};
 
-use super::{IdempotencyKey, KeyError, MAX_NAMESPACE_LEN, check_text, valid_namespace};
+use super::{IdempotencyKey, KeyError, MAX_NAMESPACE_LEN, check_text};
 
 /// Which deliveries may meet as duplicates of each other.
 ///
@@ -25,7 +26,14 @@ use super::{IdempotencyKey, KeyError, MAX_NAMESPACE_LEN, check_text, valid_names
 ///   shares its keys (the behaviour, and the stored keys, of releases before the scope).
 ///
 /// A scoped namespace longer than [`MAX_NAMESPACE_LEN`] is cut and ends in `#` and 16 hex
-/// digits of a hash of the whole, so that long paths still tell apart.
+/// digits of its SHA-256, so that long paths still tell apart.
+///
+/// **The path is what this layer sees.** Equivalent spellings of one path are one scope
+/// (`/hooks/%67ithub` is `/hooks/github`). Under axum's `Router::nest`, a layer inside the
+/// nested router sees the path without the prefix, so two nested copies of one router
+/// (`/billing/hook` and `/analytics/hook`, both `/hook` inside) share a scope: layer the
+/// outer routes instead, or give each copy a [`Scope::named`]. A name is also what keeps
+/// stored keys when a route moves.
 ///
 /// ```
 /// use http::{Request, Response, StatusCode};
@@ -85,7 +93,11 @@ impl Scope {
     /// longer than [`MAX_NAMESPACE_LEN`]: a configuration mistake, caught when the layer is
     /// built.
     pub fn named(name: impl Into<Cow<'static, str>>) -> Self {
-        Self(Kind::Named(valid_namespace(name.into())))
+        let name = name.into();
+        if let Err(err) = check_text("scope", &name, MAX_NAMESPACE_LEN) {
+            panic!("invalid scope {name:?}: {err}");
+        }
+        Self(Kind::Named(name))
     }
 
     /// No scope: keys are the extractor's namespace and value alone, shared by every route
@@ -122,7 +134,7 @@ impl Scope {
     ) -> Result<IdempotencyKey, KeyError> {
         let scope: Cow<'_, str> = match &self.0 {
             Kind::Shared => return Ok(key),
-            Kind::Path => Cow::Borrowed(parts.uri.path()),
+            Kind::Path => normalized(parts.uri.path()),
             Kind::Named(name) => Cow::Borrowed(name),
             Kind::FromFn(f) => Cow::Owned(f(parts)),
         };
@@ -162,7 +174,7 @@ impl IdempotencyKey {
     }
 }
 
-/// `namespace@scope`, cut to [`MAX_NAMESPACE_LEN`] with a hash of the whole when longer.
+/// `namespace@scope`, cut to [`MAX_NAMESPACE_LEN`] with a digest of the whole when longer.
 fn scoped(namespace: &str, scope: &str) -> String {
     let mut full = String::with_capacity(namespace.len() + 1 + scope.len());
     full.push_str(namespace);
@@ -171,21 +183,56 @@ fn scoped(namespace: &str, scope: &str) -> String {
     if full.len() <= MAX_NAMESPACE_LEN {
         return full;
     }
-    let digest = fnv1a(full.as_bytes());
+    // 64 bits of SHA-256: stable across releases and platforms, as stored keys need, and
+    // not to be matched by a path chosen to collide with another route's.
+    let digest = Sha256::digest(full.as_bytes());
     let mut cut = MAX_NAMESPACE_LEN - 17;
     while !full.is_char_boundary(cut) {
         cut -= 1;
     }
     full.truncate(cut);
-    full.push_str(&format!("#{digest:016x}"));
+    full.push('#');
+    for byte in &digest[..8] {
+        full.push_str(&format!("{byte:02x}"));
+    }
     full
 }
 
-/// 64-bit FNV-1a: stable across releases and platforms, which stored keys need.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+/// A path as scope: `/` for none (a `CONNECT` request), and percent-encoded unreserved
+/// characters decoded (RFC 3986, section 6.2.2.2), so that `/hooks/%67ithub` and
+/// `/hooks/github` are one endpoint; other escapes keep their meaning, in upper case.
+fn normalized(path: &str) -> Cow<'_, str> {
+    if path.is_empty() {
+        return Cow::Borrowed("/");
+    }
+    if !path.contains('%') {
+        return Cow::Borrowed(path);
+    }
+    let hex = |b: u8| char::from(b).to_digit(16);
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escape = match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&high), Some(&low)) => {
+                hex(high).zip(hex(low)).map(|(h, l)| (h * 16 + l) as u8)
+            }
+            _ => None,
+        };
+        match escape {
+            Some(byte) if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) => out.push(byte),
+            Some(byte) => out.extend_from_slice(format!("%{byte:02X}").as_bytes()),
+            // `%` without two hex digits, and every other byte, stay as they are.
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+                continue;
+            }
+        }
+        i += 3;
+    }
+    // Only ASCII escapes were replaced, by ASCII: still the UTF-8 the path was.
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 impl fmt::Debug for Scope {
@@ -221,6 +268,22 @@ mod tests {
     }
 
     #[test]
+    fn equivalent_paths_are_one_scope() {
+        let scope = |uri: &str| Scope::path().apply(key(), &parts(uri)).unwrap();
+        assert_eq!(scope("/hooks/%67ithub"), scope("/hooks/github"));
+        assert_eq!(scope("/a%2fb").namespace(), "stripe@/a%2Fb");
+        assert_eq!(scope("/a%2Fb"), scope("/a%2fb"));
+        assert_ne!(
+            scope("/a%2Fb"),
+            scope("/a/b"),
+            "an escaped slash is not a slash"
+        );
+        assert_eq!(scope("/100%").namespace(), "stripe@/100%");
+        assert_eq!(scope("/%4").namespace(), "stripe@/%4");
+        assert_eq!(normalized(""), "/");
+    }
+
+    #[test]
     fn shared_scope_keeps_the_key() {
         let scoped = Scope::shared().apply(key(), &parts("/a")).unwrap();
         assert_eq!(scoped, key());
@@ -239,8 +302,13 @@ mod tests {
         assert_ne!(a.namespace(), b.namespace());
         assert!(a.namespace().starts_with("stripe@/aaaa"));
         // Stable: the same input gives the same stored namespace in every release.
-        assert_eq!(scoped("ns", &"é".repeat(40)), scoped("ns", &"é".repeat(40)));
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        let cut = scoped("ns", &"é".repeat(40));
+        assert_eq!(cut, scoped("ns", &"é".repeat(40)));
+        assert!(cut.len() <= MAX_NAMESPACE_LEN);
+        assert_eq!(
+            scoped("stripe", &format!("/{}", "a".repeat(60))),
+            "stripe@/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa#eea73871f16349c6"
+        );
     }
 
     #[test]

@@ -55,7 +55,7 @@
 //! | [`standard_webhooks`] | `webhook-id`, `webhook-timestamp`, `webhook-signature`, or the same with `svix-` | message id, timestamp and body | 5 minutes |
 //! | [`slack`] | `X-Slack-Signature`, `X-Slack-Request-Timestamp` | timestamp and body (`event_id` is in the body) | 5 minutes |
 //! | [`twitch`] | `Twitch-Eventsub-Message-Signature`, `-Id`, `-Timestamp` | message id, timestamp and body | 10 minutes |
-//! | [`twilio`] | `X-Twilio-Signature` | the full URL and the POST parameters (or, for JSON, the URL with its `bodySHA256`) | none: not signed |
+//! | [`twilio`] | `X-Twilio-Signature` | the full URL and the POST parameters (or, for JSON, the URL with its `bodySHA256`; any other body is refused) | none: not signed |
 //!
 //! **Unsigned delivery ids.** GitHub, Shopify and Twilio do not sign the header their key
 //! presets read (`X-GitHub-Delivery`, `X-Shopify-Webhook-Id`, `I-Twilio-Idempotency-Token`),
@@ -75,10 +75,16 @@
 //! clock skew between the sender and this machine (keep the clock synchronised: NTP). Change it
 //! with [`Verifier::tolerance`].
 //!
-//! **Twilio behind a proxy.** Twilio signs the URL it requested, scheme, host and port
-//! included. By default the layer rebuilds it as `https://` + the `Host` header + the path and
-//! query; behind a proxy that rewrites the host or the path, give the public URL's base with
-//! [`Verifier::public_url`].
+//! **Twilio's URL.** Twilio signs the URL it requested, scheme, host and port included. Give
+//! its public base with [`Verifier::public_url`] (`https://hooks.example.com`, with the path
+//! prefix a proxy removes): then the URL checked is that base and the request's path and
+//! query. Without it, the layer rebuilds the URL as `https://` + the request's `Host` header +
+//! the path and query, which works without a proxy but trusts the `Host` the client sent: a
+//! request Twilio signed for another application of the same account (another host, the same
+//! auth token) would pass here. Twilio's scheme also joins parameter names and values without
+//! a separator, so `MessageSid=SM1&NumMedia=0` and `MessageSid=SM1N&umMedia=0` carry the same
+//! signature: a key read from a form field should check the value's shape (Twilio's SIDs are
+//! two letters and 32 hex digits).
 //!
 //! **Standard Webhooks `v1a`** (asymmetric, ed25519) signatures are not checked: a header that
 //! carries only `v1a` signatures is refused as malformed. Use the endpoint's symmetric
@@ -88,9 +94,13 @@
 //!
 //! [`key::auto`](crate::key::auto) picks the sender by its headers; verification picks the
 //! sender by the same rule, so the key claimed always belongs to the sender whose signature
-//! passed. Configure every sender the route accepts with [`Verifier::or`]: a request that
+//! passed: a sender's id header names it, else its signature header (a signed delivery
+//! stripped of its id is still that sender's, and never falls back to `Idempotency-Key`).
+//! Standard Webhooks' signature is read from the same header family (`webhook-` or `svix-`)
+//! as its id. Configure every sender the route accepts with [`Verifier::or`]: a request that
 //! looks like a sender without a configured secret is refused (401), never let through
-//! unverified.
+//! unverified. With an explicit key extractor, pair each verifier with its sender's preset:
+//! a key read from somewhere the sender does not sign is only as good as that header.
 //!
 //! ```
 //! use tower_idempotency::{IdempotencyLayer, store::MemoryStore, verify};
@@ -325,43 +335,22 @@ impl Verifier {
         body: &[u8],
         now: SystemTime,
     ) -> Result<(), VerifyError> {
-        let check = match detect(parts) {
-            Some(sender) => self
+        let Some(sender) = detect(parts) else {
+            let expected: Vec<_> = self
                 .checks
                 .iter()
-                .find(|check| check.sender == sender)
-                .ok_or(VerifyError::NoSecret {
-                    sender: sender.name(),
-                })?,
-            // No key preset's headers: whichever configured sender signed it. No key can be
-            // claimed for another sender then, since `auto` finds none.
-            None => match self
-                .checks
-                .iter()
-                .find(|c| providers::signed_by(c.sender, parts))
-            {
-                Some(check) => check,
-                None => return Err(self.unsigned(parts)),
-            },
+                .map(|c| format!("header `{}`", providers::signature_header(c.sender)))
+                .collect();
+            return Err(VerifyError::missing(expected.join(" or ")));
         };
-        providers::check(check, parts, body, now)
-    }
-
-    fn unsigned(&self, parts: &Parts) -> VerifyError {
-        if let Some(sender) = providers::ALL
-            .iter()
-            .find(|s| providers::signed_by(**s, parts))
-        {
-            return VerifyError::NoSecret {
-                sender: sender.name(),
-            };
-        }
-        let expected: Vec<_> = self
+        let check = self
             .checks
             .iter()
-            .map(|c| format!("header `{}`", providers::signature_header(c.sender)))
-            .collect();
-        VerifyError::missing(expected.join(" or "))
+            .find(|check| check.sender == sender)
+            .ok_or(VerifyError::NoSecret {
+                sender: sender.name(),
+            })?;
+        providers::check(check, parts, body, now)
     }
 }
 
@@ -376,10 +365,11 @@ impl fmt::Debug for Verifier {
         let mut list = f.debug_list();
         for check in &self.checks {
             list.entry(&format_args!(
-                "{} ({} secrets, tolerance {:?})",
+                "{} ({} secrets, tolerance {:?}, public URL {:?})",
                 check.sender.name(),
                 check.keys.len(),
-                check.tolerance
+                check.tolerance,
+                check.public_url
             ));
         }
         list.finish()
