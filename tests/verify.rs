@@ -840,3 +840,119 @@ async fn equivalent_paths_are_one_scope() {
     assert_eq!(again.headers()["idempotency-outcome"], "duplicate");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// Through the layer, every refusal is a 401 problem+json that never reaches the store: a
+/// wrong secret, a tampered body, an old timestamp, a missing header, for each sender (with
+/// `key::auto()`, the default extractor). The published examples of the senders that sign no
+/// time still pass.
+#[tokio::test]
+async fn every_refusal_is_a_401_that_never_reaches_the_store() {
+    let twilio_form = "CallSid=CA1234567890ABCDE&Caller=%2B14158675309&Digits=1234&From=%2B14158675309&To=%2B18005551212";
+    let slack_form = "token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&team_domain=testteamnow&channel_id=G8PSS9T3V&channel_name=foobar&user_id=U2CERLKJA&user_name=roadrunner&command=%2Fwebhook-collect&text=&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZRskXaIFfN&trigger_id=398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c";
+    // (verifier, uri, headers, body, whether the published example itself passes today)
+    type Case<'a> = (Verifier, &'a str, Vec<(&'a str, &'a str)>, &'a str, bool);
+    let cases: Vec<Case<'_>> = vec![
+        (
+            verify::github("It's a Secret to Everybody"),
+            "/gh",
+            vec![
+                ("x-github-delivery", "d-1"),
+                (
+                    "x-hub-signature-256",
+                    "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17",
+                ),
+            ],
+            "Hello, World!",
+            true,
+        ),
+        (
+            verify::shopify("hush"),
+            "/shop",
+            vec![
+                ("x-shopify-webhook-id", "w-1"),
+                (
+                    "x-shopify-hmac-sha256",
+                    "fp5HwmAHEVGQQwJU1KRpk57Ts2YHF6/TLOCczCtB5bs=",
+                ),
+            ],
+            r#"{"id":820982911946154508,"email":"jon@doe.ca"}"#,
+            true,
+        ),
+        (
+            verify::twilio("12345"),
+            "/myapp.php?foo=1&bar=2",
+            vec![
+                ("host", "mycompany.com"),
+                ("i-twilio-idempotency-token", "tok-1"),
+                ("content-type", "application/x-www-form-urlencoded"),
+                ("x-twilio-signature", "RSOYDt4T1cUTdK1PDd93/VVr8B8="),
+            ],
+            twilio_form,
+            true,
+        ),
+        (
+            verify::standard_webhooks(SVIX_SECRET),
+            "/std",
+            vec![
+                ("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek"),
+                ("webhook-timestamp", "1614265330"),
+                ("webhook-signature", SVIX_SIGNATURE),
+            ],
+            r#"{"test": 2432232314}"#,
+            false,
+        ),
+        (
+            verify::slack("8f742231b10e8888abcd99yyyzzz85a5"),
+            "/slack",
+            vec![
+                ("x-slack-request-timestamp", "1531420618"),
+                (
+                    "x-slack-signature",
+                    "v0=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503",
+                ),
+            ],
+            slack_form,
+            false,
+        ),
+    ];
+    for (verifier, uri, headers, body, passes) in cases {
+        let store = Counting::new(MemoryStore::new());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let layer = IdempotencyLayer::new(store.clone())
+            .missing_key(tower_idempotency::MissingKey::PassThrough)
+            .verify(verifier);
+        let svc = counting_body_service(layer, runs.clone());
+        let send = |headers: &[(&str, &str)], body: String| {
+            let mut req = Request::post(uri);
+            for (name, value) in headers {
+                req = req.header(*name, *value);
+            }
+            svc.clone()
+                .oneshot(req.body(Full::new(Bytes::from(body))).unwrap())
+        };
+        let signature = headers.len() - 1;
+        let mut wrong = headers.clone();
+        wrong[signature].1 = "sha256=00";
+        let spoiled = [
+            (headers.clone(), format!("{body} ")),
+            (headers[..signature].to_vec(), body.to_owned()),
+            (wrong, body.to_owned()),
+        ];
+        for (headers, body) in spoiled {
+            let res = send(&headers, body).await.unwrap();
+            assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{uri}");
+            assert_eq!(res.headers()["content-type"], "application/problem+json");
+        }
+        assert_eq!(store.calls(), 0, "{uri}: no refusal reached the store");
+        let res = send(&headers, body.to_owned()).await.unwrap();
+        if passes {
+            assert_eq!(res.status(), StatusCode::OK, "{uri}");
+            assert_eq!(store.calls(), 2, "{uri}: one claim, one commit");
+        } else {
+            // Signed years ago: too old today.
+            assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{uri}");
+            assert_eq!(store.calls(), 0, "{uri}");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), usize::from(passes), "{uri}");
+    }
+}

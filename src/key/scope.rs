@@ -109,13 +109,19 @@ impl Scope {
     /// A scope computed from the request head, e.g. the tenant a route serves. A request for
     /// which `f` answers an empty string is rejected with 400.
     ///
+    /// Compute it from what the application trusts (a value an authentication layer put in
+    /// the extensions, a path the router matched), not from a header any client can set.
+    ///
     /// ```
     /// use tower_idempotency::key::Scope;
     ///
-    /// // Tenants share one route; their senders' ids never meet.
+    /// /// Put in the extensions by the layer that authenticates the tenant's endpoint.
+    /// #[derive(Clone)]
+    /// struct Tenant(String);
+    ///
+    /// // Tenants share one route; their senders' ids never meet. No tenant: rejected (400).
     /// let per_tenant = Scope::from_fn(|parts| {
-    ///     let tenant = parts.headers.get("x-tenant").and_then(|v| v.to_str().ok());
-    ///     format!("{}:{}", parts.uri.path(), tenant.unwrap_or_default())
+    ///     parts.extensions.get::<Tenant>().map(|t| format!("tenant={}", t.0)).unwrap_or_default()
     /// });
     /// # let _ = per_tenant;
     /// ```
