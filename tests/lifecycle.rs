@@ -284,7 +284,7 @@ lifecycle_tests!(mysql, "mysql", common::db::mysql_store().await);
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mode_honours_the_drain() {
-    use tower_idempotency::order::{self, OrderLayer};
+    use tower_idempotency::order::{self, VersionGuardLayer};
     use tower_idempotency::transactional::TransactionalLayer;
 
     let store = common::db::sqlite_file_store("lifecycle").await.unwrap();
@@ -298,7 +298,7 @@ async fn every_mode_honours_the_drain() {
         .key(key::header("x-event-id").namespace(ns.clone()))
         .drain(&drain)
         .layer(service_fn(ok));
-    let ordered = OrderLayer::new(store.clone())
+    let ordered = VersionGuardLayer::new(store.clone())
         .entity(key::header("x-entity").namespace(ns.clone()))
         .version(order::version::header("x-version"))
         .drain(&drain)

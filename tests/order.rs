@@ -29,7 +29,8 @@ use tokio::sync::{Semaphore, mpsc};
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_idempotency::body::{RequestBody, ResponseBody};
 use tower_idempotency::order::{
-    self, OrderError, OrderLayer, PendingVersion, VersionClaim, VersionLease, VersionStore,
+    self, PendingVersion, VersionClaim, VersionGuardError, VersionGuardLayer, VersionLease,
+    VersionStore,
 };
 use tower_idempotency::store::{MemoryStore, Resolution, Stale, Store, StoreError};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MissingKey, Outcome, key};
@@ -177,8 +178,8 @@ type OrderedRes = Response<ResponseBody<Full<Bytes>>>;
 fn order_layer<St: VersionStore + Clone>(
     store: St,
     ns: &str,
-) -> OrderLayer<St, key::Json, order::version::Json> {
-    OrderLayer::new(store)
+) -> VersionGuardLayer<St, key::Json, order::version::Json> {
+    VersionGuardLayer::new(store)
         .entity(key::json("/data/object/id").namespace(ns.to_owned()))
         .version(order::version::json("/data/object/version"))
         .retry_after(Duration::from_secs(2))
@@ -1090,7 +1091,7 @@ async fn missing_or_invalid_entity_and_version_are_400() {
         let res = svc.clone().oneshot(raw(body)).await.unwrap();
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{body}");
         assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Rejected));
-        assert!(res.extensions().get::<OrderError>().is_some());
+        assert!(res.extensions().get::<VersionGuardError>().is_some());
         let problem = problem(res).await;
         let got = problem["detail"].as_str().unwrap();
         assert!(got.contains(detail), "{body}: {got}");
@@ -1147,7 +1148,7 @@ async fn header_extractors_leave_the_body_alone_and_it_arrives_intact() {
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
         }
     });
-    let headers = OrderLayer::new(store.clone())
+    let headers = VersionGuardLayer::new(store.clone())
         .entity(key::header("x-entity").namespace("acme"))
         .version(order::version::header("x-version"))
         .layer(echo.clone());
@@ -1723,3 +1724,36 @@ advance_suite!(advance_mysql_two_step, "mysql", tower_idempotency::store::MySqlS
              ON DUPLICATE KEY UPDATE status = VALUES(status), version = VALUES(version), \
              writes = writes + 1",
     select: "SELECT status, version, writes FROM order_subscriptions WHERE id = ?");
+
+/// The version guard's former names still build the same layer, for one release.
+#[tokio::test]
+#[allow(deprecated)]
+async fn former_names_still_work() {
+    use tower_idempotency::order::{Order, OrderError, OrderLayer};
+    let store = MemoryStore::new();
+    let svc: Order<_, _, _, _> = OrderLayer::new(store.clone())
+        .entity(key::header("x-entity").namespace("acme"))
+        .version(order::version::header("x-version"))
+        .layer(service_fn(
+            |_req: Request<RequestBody<Full<Bytes>>>| async {
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+            },
+        ));
+    let send = |version: &str| {
+        Request::post("/")
+            .header("x-entity", "order_1")
+            .header("x-version", version)
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    assert_eq!(
+        svc.clone().oneshot(send("2")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let older = svc.clone().oneshot(send("1")).await.unwrap();
+    assert_eq!(older.headers()["idempotency-outcome"], "outdated");
+    let refused = svc.oneshot(Request::post("/").body(Full::new(Bytes::new())).unwrap());
+    let refused = refused.await.unwrap();
+    let error: Option<&OrderError> = refused.extensions().get();
+    assert!(error.is_some_and(|e| e.is_missing()));
+}

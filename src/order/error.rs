@@ -4,11 +4,11 @@ use http::StatusCode;
 
 use crate::key::KeyError;
 
-/// Why the [`OrderLayer`](super::OrderLayer) could not order a delivery. Each is a 4xx answer
+/// Why the [`VersionGuardLayer`](super::VersionGuardLayer) could not order a delivery. Each is a 4xx answer
 /// (problem+json), found in the response extensions.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum OrderError {
+pub enum VersionGuardError {
     /// The delivery does not carry the entity id the extractor looks for.
     #[error("no entity id found: expected {expected}")]
     MissingEntity {
@@ -38,7 +38,7 @@ pub enum OrderError {
     Body(KeyError),
 }
 
-impl OrderError {
+impl VersionGuardError {
     /// Files an entity extractor's error.
     pub(crate) fn entity(error: KeyError) -> Self {
         match error {

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::service::{Order, OrderShared};
+use super::service::{OrderShared, VersionGuard};
 use super::store::VersionStore;
 use super::version::ExtractVersion;
 use crate::engine::settings::{Settings, shared_settings};
@@ -19,22 +19,22 @@ use crate::store::{Pending, Stale};
 /// [`IdempotencyLayer`](crate::IdempotencyLayer) outside it, and use a finer version where the
 /// sender has one (see [equal versions](crate::order#equal-versions)).
 ///
-/// Built with [`OrderLayer::new`], then [`entity`](Self::entity) and
+/// Built with [`VersionGuardLayer::new`], then [`entity`](Self::entity) and
 /// [`version`](Self::version), both required (without them the layer does not compile). See
 /// the [module documentation](crate::order) for what each delivery gets.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency::{Stale, key, order::{self, OrderLayer}, store::MemoryStore};
+/// use tower_idempotency::{Stale, key, order::{self, VersionGuardLayer}, store::MemoryStore};
 ///
-/// let layer = OrderLayer::new(MemoryStore::new())
+/// let layer = VersionGuardLayer::new(MemoryStore::new())
 ///     .entity(key::json("/data/object/id").namespace("stripe-subscription"))
 ///     .version(order::version::json("/data/object/updated"))
 ///     .stale(Stale::reclaim_after(Duration::from_secs(60)));
 /// # let _ = layer;
 /// ```
 #[must_use]
-pub struct OrderLayer<St, E = Unset, V = Unset> {
+pub struct VersionGuardLayer<St, E = Unset, V = Unset> {
     store: St,
     entity: E,
     version: V,
@@ -43,12 +43,12 @@ pub struct OrderLayer<St, E = Unset, V = Unset> {
     on_held: Option<HeldHook>,
 }
 
-/// The entity or version extractor of an [`OrderLayer`] that was not set yet. It extracts
+/// The entity or version extractor of a [`VersionGuardLayer`] that was not set yet. It extracts
 /// nothing: the layer is usable only once both are set.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Unset;
 
-impl<St> OrderLayer<St> {
+impl<St> VersionGuardLayer<St> {
     /// A layer that keeps versions in `store`. Set [`entity`](Self::entity) and
     /// [`version`](Self::version) before use.
     ///
@@ -69,12 +69,12 @@ impl<St> OrderLayer<St> {
     }
 }
 
-impl<St, E, V> OrderLayer<St, E, V> {
+impl<St, E, V> VersionGuardLayer<St, E, V> {
     /// Finds the entity a delivery is about, e.g.
     /// `key::json("/data/object/id").namespace("stripe-subscription")`. The namespace keeps
     /// entities of different kinds (or senders) with the same id apart.
-    pub fn entity<E2: ExtractKey>(self, entity: E2) -> OrderLayer<St, E2, V> {
-        OrderLayer {
+    pub fn entity<E2: ExtractKey>(self, entity: E2) -> VersionGuardLayer<St, E2, V> {
+        VersionGuardLayer {
             store: self.store,
             entity,
             version: self.version,
@@ -86,8 +86,8 @@ impl<St, E, V> OrderLayer<St, E, V> {
 
     /// Finds the delivery's version of the entity: the sender's revision or change time, never
     /// the receiver's clock. See [`version`](crate::order::version).
-    pub fn version<V2: ExtractVersion>(self, version: V2) -> OrderLayer<St, E, V2> {
-        OrderLayer {
+    pub fn version<V2: ExtractVersion>(self, version: V2) -> VersionGuardLayer<St, E, V2> {
+        VersionGuardLayer {
             store: self.store,
             entity: self.entity,
             version,
@@ -124,16 +124,16 @@ impl<St, E, V> OrderLayer<St, E, V> {
     }
 }
 
-impl<S, St, E, V> Layer<S> for OrderLayer<St, E, V>
+impl<S, St, E, V> Layer<S> for VersionGuardLayer<St, E, V>
 where
     St: VersionStore + Clone,
     E: ExtractKey + Clone,
     V: ExtractVersion + Clone,
 {
-    type Service = Order<S, St, E, V>;
+    type Service = VersionGuard<S, St, E, V>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Order::new(
+        VersionGuard::new(
             inner,
             Arc::new(OrderShared {
                 store: self.store.clone(),
@@ -147,7 +147,7 @@ where
     }
 }
 
-impl<St: Clone, E: Clone, V: Clone> Clone for OrderLayer<St, E, V> {
+impl<St: Clone, E: Clone, V: Clone> Clone for VersionGuardLayer<St, E, V> {
     fn clone(&self) -> Self {
         Self {
             store: self.store.clone(),
@@ -160,9 +160,9 @@ impl<St: Clone, E: Clone, V: Clone> Clone for OrderLayer<St, E, V> {
     }
 }
 
-impl<St: fmt::Debug, E: fmt::Debug, V: fmt::Debug> fmt::Debug for OrderLayer<St, E, V> {
+impl<St: fmt::Debug, E: fmt::Debug, V: fmt::Debug> fmt::Debug for VersionGuardLayer<St, E, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OrderLayer")
+        f.debug_struct("VersionGuardLayer")
             .field("store", &self.store)
             .field("entity", &self.entity)
             .field("version", &self.version)

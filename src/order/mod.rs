@@ -3,7 +3,7 @@
 //! Retries with backoff let event #2 overtake event #1. A subscription set `active` at
 //! 14:00:01 and `cancelled` at 14:00:03 ends up `active` when the first delivery failed and
 //! came back five minutes later. Nothing was delivered twice, so deduplication cannot help; a
-//! monotonic guard on the *sender's* version or timestamp can. [`OrderLayer`] keeps the latest
+//! monotonic guard on the *sender's* version or timestamp can. [`VersionGuardLayer`] keeps the latest
 //! version applied per entity and answers an older delivery 200 without running the handler;
 //! a delivery of the same version runs (see [equal versions](#equal-versions)).
 //!
@@ -16,7 +16,7 @@
 //! use http_body_util::{BodyExt, Full};
 //! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 //! use tower_idempotency::body::RequestBody;
-//! use tower_idempotency::{key, order::{self, OrderLayer}, store::MemoryStore};
+//! use tower_idempotency::{key, order::{self, VersionGuardLayer}, store::MemoryStore};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -25,7 +25,7 @@
 //! let db = statuses.clone();
 //! let mut svc = ServiceBuilder::new()
 //!     .layer(
-//!         OrderLayer::new(MemoryStore::new())
+//!         VersionGuardLayer::new(MemoryStore::new())
 //!             .entity(key::json("/data/object/id").namespace("subscription"))
 //!             .version(order::version::json("/data/object/updated_at")),
 //!     )
@@ -79,8 +79,8 @@
 //! | version older than the applied one (a late retry) | **200**, empty body, `idempotency-outcome: outdated` | no | unchanged |
 //! | another version of the entity, or another delivery of the same version, is being applied | **409** with `Retry-After` (outcome `in-flight`) | no | unchanged |
 //! | that other version is stale (its owner stopped renewing it: its process died), policy reclaim | as a first delivery | yes | as above |
-//! | that other version is stale, policy hold | **409**, a warning and the [`on_held`](OrderLayer::on_held) hook | no | held until [`VersionStore::resolve_version`] |
-//! | no entity id or no version | **400** problem+json naming what was expected (or run unordered: [`OrderLayer::missing_key`]) | no | unchanged |
+//! | that other version is stale, policy hold | **409**, a warning and the [`on_held`](VersionGuardLayer::on_held) hook | no | held until [`VersionStore::resolve_version`] |
+//! | no entity id or no version | **400** problem+json naming what was expected (or run unordered: [`VersionGuardLayer::missing_key`]) | no | unchanged |
 //! | invalid entity id or version, body not JSON | **400** | no | unchanged |
 //! | body over the limit / too slow (body extractors only) | **413** / **408** | no | unchanged |
 //! | store failing, or the layer draining | **503** with `Retry-After` | no | unchanged |
@@ -108,19 +108,19 @@
 //!
 //! # With deduplication
 //!
-//! Put [`IdempotencyLayer`](crate::IdempotencyLayer) outside and `OrderLayer` inside:
+//! Put [`IdempotencyLayer`](crate::IdempotencyLayer) outside and `VersionGuardLayer` inside:
 //! duplicates of an event are answered by the first, and only first deliveries take the
 //! entity's pending slot. This is what keeps a redelivery of the latest version from running
 //! again ([equal versions](#equal-versions) run). An outdated delivery is a 2xx, so its event
 //! key is committed and its later duplicates are answered `duplicate`.
 //!
 //! ```
-//! # use tower_idempotency::{IdempotencyLayer, key, order::{self, OrderLayer}, store::MemoryStore};
+//! # use tower_idempotency::{IdempotencyLayer, key, order::{self, VersionGuardLayer}, store::MemoryStore};
 //! # let store = MemoryStore::new();
 //! let stack = tower::ServiceBuilder::new()
 //!     .layer(IdempotencyLayer::new(store.clone()).key(key::stripe()))
 //!     .layer(
-//!         OrderLayer::new(store)
+//!         VersionGuardLayer::new(store)
 //!             .entity(key::json("/data/object/id").namespace("stripe-subscription"))
 //!             .version(order::version::json("/data/object/updated_at")),
 //!     );
@@ -134,7 +134,7 @@
 //!
 //! - With body extractors in both layers, the body is buffered twice (once by each layer, each
 //!   through its own limit); the handler still receives it intact.
-//! - The response's extensions keep the [`Outcome`](crate::Outcome) `OrderLayer` gave
+//! - The response's extensions keep the [`Outcome`](crate::Outcome) `VersionGuardLayer` gave
 //!   (`Outdated`, `InFlight`, ...): the more specific answer. The outer layer still commits the
 //!   key of an outdated delivery, so its retries are duplicates.
 //!
@@ -251,10 +251,22 @@ mod service;
 mod store;
 pub mod version;
 
-pub use error::OrderError;
-pub use layer::{OrderLayer, Unset};
+pub use error::VersionGuardError;
+pub use layer::{Unset, VersionGuardLayer};
+
+/// The version guard's layer under its former name.
+#[deprecated(since = "0.2.0", note = "renamed `VersionGuardLayer`")]
+pub type OrderLayer<St, E = Unset, V = Unset> = VersionGuardLayer<St, E, V>;
+
+/// The version guard's service under its former name.
+#[deprecated(since = "0.2.0", note = "renamed `VersionGuard`")]
+pub type Order<S, St, E, V> = VersionGuard<S, St, E, V>;
+
+/// The version guard's error under its former name.
+#[deprecated(since = "0.2.0", note = "renamed `VersionGuardError`")]
+pub type OrderError = VersionGuardError;
 pub use lifecycle::{IllegalTransition, Lifecycle};
-pub use service::Order;
+pub use service::VersionGuard;
 #[cfg(any(
     feature = "memory",
     feature = "postgres",

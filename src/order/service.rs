@@ -7,7 +7,7 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::error::OrderError;
+use super::error::VersionGuardError;
 use super::store::{PendingVersion, VersionClaim, VersionLease, VersionStore};
 use super::version::ExtractVersion;
 use crate::MissingKey;
@@ -25,12 +25,12 @@ use crate::layer::HeldHook;
 use crate::response::{self, Outcome};
 use crate::store::{LeaseToken, Pending, Stale, StoreError};
 
-/// The service made by [`OrderLayer`](super::OrderLayer): begin the entity's version, run the
+/// The service made by [`VersionGuardLayer`](super::VersionGuardLayer): begin the entity's version, run the
 /// inner service, then commit or release it.
 ///
 /// The inner service receives `Request<RequestBody<B>>` and its error type is kept: the
 /// layer's own outcomes (outdated, busy, bad entity or version, store down) are responses.
-pub struct Order<S, St, E, V> {
+pub struct VersionGuard<S, St, E, V> {
     inner: S,
     shared: Arc<OrderShared<St, E, V>>,
 }
@@ -44,7 +44,7 @@ pub(crate) struct OrderShared<St, E, V> {
     pub(crate) on_held: Option<HeldHook>,
 }
 
-impl<S, St, E, V> Order<S, St, E, V> {
+impl<S, St, E, V> VersionGuard<S, St, E, V> {
     pub(crate) fn new(inner: S, shared: Arc<OrderShared<St, E, V>>) -> Self {
         Self { inner, shared }
     }
@@ -55,7 +55,7 @@ impl<S, St, E, V> Order<S, St, E, V> {
     }
 }
 
-impl<S: Clone, St, E, V> Clone for Order<S, St, E, V> {
+impl<S: Clone, St, E, V> Clone for VersionGuard<S, St, E, V> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -65,10 +65,10 @@ impl<S: Clone, St, E, V> Clone for Order<S, St, E, V> {
 }
 
 impl<S: fmt::Debug, St: fmt::Debug, E: fmt::Debug, V: fmt::Debug> fmt::Debug
-    for Order<S, St, E, V>
+    for VersionGuard<S, St, E, V>
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Order")
+        f.debug_struct("VersionGuard")
             .field("inner", &self.inner)
             .field("store", &self.shared.store)
             .field("entity", &self.shared.entity)
@@ -79,7 +79,7 @@ impl<S: fmt::Debug, St: fmt::Debug, E: fmt::Debug, V: fmt::Debug> fmt::Debug
     }
 }
 
-impl<S, St, E, V, ReqB, ResB> Service<Request<ReqB>> for Order<S, St, E, V>
+impl<S, St, E, V, ReqB, ResB> Service<Request<ReqB>> for VersionGuard<S, St, E, V>
 where
     S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -131,7 +131,7 @@ where
     let needed = entity_reads || version_reads || verifies(settings);
     let (bytes, body) = match take_body(needed, &parts, body, settings).await {
         Ok(taken) => taken,
-        Err(error) => return Ok(reject(&OrderError::Body(error))),
+        Err(error) => return Ok(reject(&VersionGuardError::Body(error))),
     };
     if let Err(refused) = verified(settings, &parts, bytes.as_deref()) {
         return Ok(prepare::reject(&refused));
@@ -141,10 +141,10 @@ where
     let entity = check_len(shared.entity.extract(&parts, entity_body), settings)
         .and_then(|entity| settings.scope.apply(entity, &parts));
     let version = shared.version.extract(&parts, version_body);
-    let (entity, version) = match (entity.map_err(OrderError::entity), version) {
+    let (entity, version) = match (entity.map_err(VersionGuardError::entity), version) {
         (Ok(entity), Ok(version)) => (entity, version),
         (entity, version) => {
-            let errors = [entity.err(), version.err().map(OrderError::version)];
+            let errors = [entity.err(), version.err().map(VersionGuardError::version)];
             let mut errors = errors.into_iter().flatten();
             let first = errors.next().expect("one of them failed");
             let error = match errors.next() {
@@ -236,7 +236,7 @@ enum Begun<St: VersionStore, E: ExtractKey, V: ExtractVersion> {
     Held(PendingVersion),
 }
 
-fn reject<B>(error: &OrderError) -> Response<ResponseBody<B>> {
+fn reject<B>(error: &VersionGuardError) -> Response<ResponseBody<B>> {
     tracing::debug!(outcome = Outcome::Rejected.as_str(), %error, "delivery rejected");
     response::unordered(error)
 }

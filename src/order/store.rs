@@ -7,7 +7,7 @@ use crate::key::IdempotencyKey;
 use crate::store::{LeaseToken, Resolution, Stale, StoreError};
 
 /// Keeps, per entity (`(namespace, entity id)`), the latest version applied and the one version
-/// being applied right now: the store side of the [`OrderLayer`](super::OrderLayer).
+/// being applied right now: the store side of the [`VersionGuardLayer`](super::VersionGuardLayer).
 ///
 /// Implemented by `MemoryStore`, `SqliteStore`, `PostgresStore` and `MySqlStore`; the SQL
 /// stores keep a row per entity in the table `<table>_versions`, created by their `migrate()`.
@@ -204,13 +204,13 @@ pub trait AdvanceVersion: crate::transactional::TransactionalStore + VersionStor
 
 /// Moves `entity`'s applied version to `version` inside the transaction `conn` is in, unless it
 /// is older: [`Advance::Applied`] for a newer or an equal version (as the
-/// [`OrderLayer`](super::OrderLayer) runs an equal version), [`Advance::Outdated`] for an older
+/// [`VersionGuardLayer`](super::VersionGuardLayer) runs an equal version), [`Advance::Outdated`] for an older
 /// one. The row stays locked until the transaction ends, so concurrent deliveries of one entity
 /// apply one after the other, and the version commits or rolls back together with the business
 /// write. A redelivery of the same event is the transactional layer's duplicate, answered before
 /// the handler runs; the same version under a new event id applies again.
 ///
-/// It ignores the pending slot of the [`OrderLayer`](super::OrderLayer): use one or the other
+/// It ignores the pending slot of the [`VersionGuardLayer`](super::VersionGuardLayer): use one or the other
 /// for an entity namespace.
 ///
 /// See [the module documentation](super#ordering-in-transactional-mode) for an example, the SQL
