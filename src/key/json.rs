@@ -1,0 +1,447 @@
+//! Keys in a JSON body: [`Json`] (one field, found by an RFC 6901 pointer) and
+//! [`JsonFields`] (a synthetic key of several fields), with the pointer and the streaming
+//! walker that finds a field without building a tree.
+
+use std::borrow::Cow;
+
+use http::request::Parts;
+
+use super::{
+    DEFAULT_NAMESPACE, ExtractKey, IdempotencyKey, KeyError, MAX_KEY_LEN, check_text,
+    valid_namespace,
+};
+
+/// The key in a field of a JSON body, found by an RFC 6901 pointer. Built by [`json`].
+#[derive(Debug, Clone)]
+pub struct Json {
+    pointer: Pointer,
+    namespace: Cow<'static, str>,
+}
+
+/// The key is the JSON string or integer at `pointer` (RFC 6901, e.g. `"/id"` or
+/// `"/event/id"`) in the request body. An integer becomes its decimal text. The body is
+/// buffered through the layer's limit and passed on intact.
+///
+/// # Panics
+///
+/// If `pointer` is neither empty nor starts with `/`.
+pub fn json(pointer: &str) -> Json {
+    Json {
+        pointer: Pointer::parse(pointer),
+        namespace: Cow::Borrowed(DEFAULT_NAMESPACE),
+    }
+}
+
+impl Json {
+    pub(super) fn preset(pointer: &str, namespace: &'static str) -> Self {
+        Self {
+            pointer: Pointer::parse(pointer),
+            namespace: Cow::Borrowed(namespace),
+        }
+    }
+
+    /// Like [`ExtractKey::namespace`], without wrapping the extractor in another type.
+    pub fn namespace(mut self, namespace: impl Into<Cow<'static, str>>) -> Self {
+        self.namespace = valid_namespace(namespace.into());
+        self
+    }
+}
+
+impl ExtractKey for Json {
+    fn reads_body(&self, _parts: &Parts) -> bool {
+        true
+    }
+
+    fn extract(&self, _parts: &Parts, body: Option<&[u8]>) -> Result<IdempotencyKey, KeyError> {
+        let body = body.unwrap_or_default();
+        let value = json_seek::find(body, &self.pointer)?;
+        IdempotencyKey::new(self.namespace.clone(), value)
+    }
+}
+
+/// A synthetic key made of several JSON fields. Built by [`json_fields`].
+#[derive(Debug, Clone)]
+pub struct JsonFields {
+    pointers: Vec<Pointer>,
+    namespace: Cow<'static, str>,
+}
+
+/// A synthetic key for senders that give no event id: the JSON strings or integers at each of
+/// `pointers`, written as a JSON array (so `["a:b", "c"]` and `["a", "b:c"]` stay distinct).
+///
+/// Choose fields that really are unique per event (an order number, not an amount), and say
+/// why in a comment where you build the layer.
+///
+/// ```
+/// use tower_idempotency::key::{self, ExtractKey};
+///
+/// // The legacy sender has no event id, but an order number is unique per customer.
+/// let extractor = key::json_fields(["/customer", "/order_number"]).namespace("legacy");
+/// let (parts, ()) = http::Request::new(()).into_parts();
+/// let body = br#"{"customer": "cus_9", "order_number": 1001, "amount": 500}"#;
+/// let key = extractor.extract(&parts, Some(body)).unwrap();
+/// assert_eq!(key.value(), r#"["cus_9","1001"]"#);
+/// ```
+///
+/// # Panics
+///
+/// If a pointer is neither empty nor starts with `/`, or `pointers` is empty.
+pub fn json_fields<I, P>(pointers: I) -> JsonFields
+where
+    I: IntoIterator<Item = P>,
+    P: AsRef<str>,
+{
+    let pointers: Vec<Pointer> = pointers
+        .into_iter()
+        .map(|p| Pointer::parse(p.as_ref()))
+        .collect();
+    assert!(
+        !pointers.is_empty(),
+        "json_fields needs at least one pointer"
+    );
+    JsonFields {
+        pointers,
+        namespace: Cow::Borrowed(DEFAULT_NAMESPACE),
+    }
+}
+
+impl JsonFields {
+    /// Like [`ExtractKey::namespace`], without wrapping the extractor in another type.
+    pub fn namespace(mut self, namespace: impl Into<Cow<'static, str>>) -> Self {
+        self.namespace = valid_namespace(namespace.into());
+        self
+    }
+}
+
+impl ExtractKey for JsonFields {
+    fn reads_body(&self, _parts: &Parts) -> bool {
+        true
+    }
+
+    fn extract(&self, _parts: &Parts, body: Option<&[u8]>) -> Result<IdempotencyKey, KeyError> {
+        let body = body.unwrap_or_default();
+        let document: serde_json::Value =
+            serde_json::from_slice(body).map_err(|err| KeyError::NotJson {
+                detail: err.to_string(),
+            })?;
+        let parts = self
+            .pointers
+            .iter()
+            .map(|pointer| {
+                let field = document
+                    .pointer(&pointer.source)
+                    .ok_or_else(|| KeyError::missing(pointer.expected()))?;
+                let text = json_seek::key_text(field, pointer)?;
+                // Each part is checked like a key of its own: an empty order number must not
+                // merge every such event into one.
+                check_text("key", &text, MAX_KEY_LEN)
+                    .map_err(|err| KeyError::invalid(format!("{}: {err}", pointer.expected())))?;
+                Ok(text)
+            })
+            .collect::<Result<Vec<String>, KeyError>>()?;
+        // Serialising a list of strings cannot fail.
+        let value = serde_json::to_string(&parts).unwrap_or_default();
+        IdempotencyKey::new(self.namespace.clone(), value)
+    }
+}
+
+/// An RFC 6901 JSON pointer, split into its unescaped tokens.
+#[derive(Debug, Clone)]
+struct Pointer {
+    source: String,
+    tokens: Vec<String>,
+}
+
+impl Pointer {
+    fn parse(source: &str) -> Self {
+        assert!(
+            source.is_empty() || source.starts_with('/'),
+            "a JSON pointer is empty or starts with `/`, got {source:?}"
+        );
+        let tokens = source
+            .split('/')
+            .skip(1)
+            .map(|t| t.replace("~1", "/").replace("~0", "~"))
+            .collect();
+        Self {
+            source: source.to_owned(),
+            tokens,
+        }
+    }
+
+    fn expected(&self) -> String {
+        format!("JSON field `{}`", self.source)
+    }
+}
+
+/// Finds one field in a JSON document in a single pass, skipping everything else without
+/// building a tree, and checks that the whole document is valid JSON.
+mod json_seek {
+    use std::fmt;
+
+    use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+    use super::{KeyError, Pointer};
+
+    enum Found {
+        Absent,
+        Text(String),
+        Other(&'static str),
+    }
+
+    pub(super) fn find(body: &[u8], pointer: &Pointer) -> Result<String, KeyError> {
+        let not_json = |err: serde_json::Error| KeyError::NotJson {
+            detail: err.to_string(),
+        };
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let found = Seek(&pointer.tokens)
+            .deserialize(&mut de)
+            .map_err(not_json)?;
+        de.end().map_err(not_json)?;
+        match found {
+            Found::Text(text) => Ok(text),
+            Found::Absent => Err(KeyError::missing(pointer.expected())),
+            Found::Other(kind) => Err(wrong_type(pointer, kind)),
+        }
+    }
+
+    pub(super) fn key_text(
+        value: &serde_json::Value,
+        pointer: &Pointer,
+    ) -> Result<String, KeyError> {
+        use serde_json::Value;
+        match value {
+            Value::String(s) => Ok(s.clone()),
+            Value::Number(n) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
+            Value::Number(_) => Err(wrong_type(pointer, "a fractional number")),
+            Value::Null => Err(wrong_type(pointer, "null")),
+            Value::Bool(_) => Err(wrong_type(pointer, "a boolean")),
+            Value::Array(_) => Err(wrong_type(pointer, "an array")),
+            Value::Object(_) => Err(wrong_type(pointer, "an object")),
+        }
+    }
+
+    fn wrong_type(pointer: &Pointer, kind: &str) -> KeyError {
+        KeyError::invalid(format!(
+            "{} is {kind}; expected a string or an integer",
+            pointer.expected()
+        ))
+    }
+
+    /// Walks `tokens` down the document; at the end of the path, reads the value.
+    struct Seek<'p>(&'p [String]);
+
+    impl<'de> DeserializeSeed<'de> for Seek<'_> {
+        type Value = Found;
+
+        fn deserialize<D: de::Deserializer<'de>>(self, de: D) -> Result<Found, D::Error> {
+            de.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Seek<'_> {
+        type Value = Found;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON value")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Found, E> {
+            Ok(self.leaf(|| Found::Text(v.to_owned())))
+        }
+
+        fn visit_string<E: de::Error>(self, v: String) -> Result<Found, E> {
+            Ok(self.leaf(|| Found::Text(v)))
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Found, E> {
+            Ok(self.leaf(|| Found::Text(v.to_string())))
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Found, E> {
+            Ok(self.leaf(|| Found::Text(v.to_string())))
+        }
+
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Found, E> {
+            Ok(self.leaf(|| Found::Other("a fractional number")))
+        }
+
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Found, E> {
+            Ok(self.leaf(|| Found::Other("a boolean")))
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Found, E> {
+            Ok(self.leaf(|| Found::Other("null")))
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
+            let Some((token, rest)) = self.0.split_first() else {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                return Ok(Found::Other("an object"));
+            };
+            // Like most JSON readers, the last of duplicated names wins.
+            let mut found = Found::Absent;
+            while let Some(matches) = map.next_key_seed(NameIs(token))? {
+                if matches {
+                    found = map.next_value_seed(Seek(rest))?;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Found, A::Error> {
+            let Some((token, rest)) = self.0.split_first() else {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                return Ok(Found::Other("an array"));
+            };
+            // RFC 6901: an array index is `0` or digits without a leading zero (no sign,
+            // which `usize::from_str` would accept).
+            let digits = !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit());
+            let index = (digits && (token == "0" || !token.starts_with('0')))
+                .then(|| token.parse::<usize>().ok())
+                .flatten();
+            let mut found = Found::Absent;
+            let mut at = 0usize;
+            loop {
+                if Some(at) == index {
+                    match seq.next_element_seed(Seek(rest))? {
+                        Some(value) => found = value,
+                        None => break,
+                    }
+                } else if seq.next_element::<IgnoredAny>()?.is_none() {
+                    break;
+                }
+                at += 1;
+            }
+            Ok(found)
+        }
+    }
+
+    impl Seek<'_> {
+        /// A scalar: the answer if the path ends here, absent if it goes deeper.
+        fn leaf(&self, found: impl FnOnce() -> Found) -> Found {
+            if self.0.is_empty() {
+                found()
+            } else {
+                Found::Absent
+            }
+        }
+    }
+
+    /// Compares an object member's name to one token without allocating.
+    struct NameIs<'t>(&'t str);
+
+    impl<'de> DeserializeSeed<'de> for NameIs<'_> {
+        type Value = bool;
+
+        fn deserialize<D: de::Deserializer<'de>>(self, de: D) -> Result<bool, D::Error> {
+            de.deserialize_str(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for NameIs<'_> {
+        type Value = bool;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an object member name")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
+            Ok(v == self.0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::tests::parts;
+
+    #[test]
+    fn json_pointer_lookup() {
+        let p = parts(&[]);
+        let body = br#"{"type":"x","data":{"object":{"id":"in_1"}},"list":[{"id":7},{"id":"b"}],"id":"evt_1","a/b":{"m~n":"esc"}}"#;
+        let find = |ptr: &str| json(ptr).extract(&p, Some(body));
+        assert_eq!(find("/id").unwrap().value(), "evt_1");
+        assert_eq!(find("/data/object/id").unwrap().value(), "in_1");
+        assert_eq!(find("/list/0/id").unwrap().value(), "7");
+        assert_eq!(find("/list/1/id").unwrap().value(), "b");
+        assert_eq!(find("/a~1b/m~0n").unwrap().value(), "esc");
+        assert!(matches!(find("/nope"), Err(KeyError::Missing { .. })));
+        assert!(matches!(find("/list/2/id"), Err(KeyError::Missing { .. })));
+        assert!(matches!(find("/list/01/id"), Err(KeyError::Missing { .. })));
+        assert!(matches!(find("/data"), Err(KeyError::Invalid { .. })));
+        assert!(matches!(find("/list"), Err(KeyError::Invalid { .. })));
+        assert!(matches!(
+            find("/type/deeper"),
+            Err(KeyError::Missing { .. })
+        ));
+    }
+
+    #[test]
+    fn json_rejects_bad_documents_and_types() {
+        let p = parts(&[]);
+        let ex = json("/id");
+        for body in [
+            &b"not json"[..],
+            b"{\"id\":\"a\"",
+            b"{\"id\":\"a\"} trailing",
+            b"",
+        ] {
+            let err = ex.extract(&p, Some(body)).unwrap_err();
+            assert!(matches!(err, KeyError::NotJson { .. }), "{body:?}: {err:?}");
+        }
+        for body in [
+            &br#"{"id":null}"#[..],
+            br#"{"id":true}"#,
+            br#"{"id":1.5}"#,
+            br#"{"id":""}"#,
+        ] {
+            let err = ex.extract(&p, Some(body)).unwrap_err();
+            assert!(matches!(err, KeyError::Invalid { .. }), "{body:?}: {err:?}");
+        }
+        assert_eq!(
+            ex.extract(&p, Some(br#"{"id":-42}"#)).unwrap().value(),
+            "-42"
+        );
+        assert_eq!(
+            ex.extract(&p, Some(br#"{"id":"a","id":"b"}"#))
+                .unwrap()
+                .value(),
+            "b",
+            "the last duplicate wins, as in serde_json::Value"
+        );
+        assert_eq!(
+            ex.extract(&p, Some(br#"{"id":"\u00e9v\"t"}"#))
+                .unwrap()
+                .value(),
+            "év\"t"
+        );
+    }
+
+    #[test]
+    fn json_fields_is_unambiguous() {
+        let p = parts(&[]);
+        let ex = json_fields(["/a", "/b"]);
+        let one = ex.extract(&p, Some(br#"{"a":"x:y","b":"z"}"#)).unwrap();
+        let two = ex.extract(&p, Some(br#"{"a":"x","b":"y:z"}"#)).unwrap();
+        assert_ne!(one, two);
+        let missing = ex.extract(&p, Some(br#"{"a":"x"}"#)).unwrap_err();
+        assert_eq!(missing, KeyError::missing("JSON field `/b`"));
+    }
+
+    #[test]
+    fn json_fields_checks_each_part() {
+        let ex = json_fields(["/customer", "/order"]);
+        let p = parts(&[]);
+        for body in [
+            &br#"{"customer":"c1","order":""}"#[..],
+            br#"{"customer":"c1","order":"a\u0000"}"#,
+        ] {
+            let err = ex.extract(&p, Some(body)).unwrap_err();
+            assert!(matches!(err, KeyError::Invalid { .. }), "{err:?}");
+        }
+    }
+}

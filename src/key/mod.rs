@@ -1,0 +1,269 @@
+//! Idempotency keys and the extractors that find them in a delivery.
+//!
+//! A key is the id the *sender* gave an event, paired with a namespace naming the sender:
+//! [`IdempotencyKey`]. An extractor ([`ExtractKey`]) pulls it out of a request. Header
+//! extractors never touch the body; JSON extractors ask the layer to buffer the body (through
+//! its size limit) and hand it back to the inner service intact.
+//!
+//! ```
+//! use http::{Request, Response, StatusCode};
+//! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+//! use tower_idempotency::{IdempotencyLayer, key, store::MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // Deliveries carry their id in `X-Event-Id`; the namespace keeps them apart from other senders.
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()).key(key::header("x-event-id").namespace("acme")))
+//!     .service(service_fn(|_req| async { Ok::<_, std::convert::Infallible>(Response::new(String::new())) }));
+//!
+//! let delivery = || Request::post("/").header("x-event-id", "evt_1").body(String::new()).unwrap();
+//! let first = svc.ready().await.unwrap().call(delivery()).await.unwrap();
+//! let again = svc.ready().await.unwrap().call(delivery()).await.unwrap();
+//! assert_eq!(first.status(), StatusCode::OK);
+//! assert_eq!(again.headers()["idempotency-outcome"], "duplicate");
+//!
+//! // No key at all: a 400 naming the key that was expected.
+//! let anonymous = Request::post("/").body(String::new()).unwrap();
+//! let rejected = svc.ready().await.unwrap().call(anonymous).await.unwrap();
+//! assert_eq!(rejected.status(), StatusCode::BAD_REQUEST);
+//! # }
+//! ```
+//!
+//! # Never a hash of the body
+//!
+//! Two genuinely different events (the same customer, the same amount, a second apart) can be
+//! byte for byte identical; deduplicating on a hash of the body would drop the second one. When
+//! a sender gives no id, build a synthetic key from business fields that really are unique
+//! ([`json_fields`]) and say why in a comment.
+
+use std::borrow::Cow;
+use std::fmt;
+
+mod extract;
+mod header;
+mod json;
+mod providers;
+mod scope;
+
+pub use extract::{ExtractKey, FromBodyFn, FromFn, Namespaced, Or, from_body_fn, from_fn};
+pub use header::{Header, header};
+pub use json::{Json, JsonFields, json, json_fields};
+pub use providers::{
+    Auto, auto, github, idempotency_key, shopify, slack, standard_webhooks, stripe, twilio, twitch,
+};
+#[cfg(feature = "verify")]
+pub(crate) use providers::{Sender, detect};
+pub use scope::Scope;
+
+/// The longest key value accepted, in bytes. Every store's column is sized for it.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// The longest namespace accepted, in bytes.
+pub const MAX_NAMESPACE_LEN: usize = 64;
+
+/// The namespace of keys whose extractor was given none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// Who sent an event, and the id the sender gave it.
+///
+/// Both parts are non-empty visible text (no control characters); the value is at most
+/// [`MAX_KEY_LEN`] bytes, the namespace at most [`MAX_NAMESPACE_LEN`].
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdempotencyKey {
+    namespace: Cow<'static, str>,
+    value: String,
+}
+
+impl IdempotencyKey {
+    /// Builds a key, checking both parts.
+    ///
+    /// ```
+    /// use tower_idempotency::IdempotencyKey;
+    ///
+    /// let key = IdempotencyKey::new("github", "72d3162e-cc78-11e3-81ab-4c9367dc0958").unwrap();
+    /// assert_eq!(key.namespace(), "github");
+    /// assert!(IdempotencyKey::new("github", "").is_err());
+    /// assert!(IdempotencyKey::new("github", "evt\n1").is_err());
+    /// ```
+    pub fn new(
+        namespace: impl Into<Cow<'static, str>>,
+        value: impl Into<String>,
+    ) -> Result<Self, KeyError> {
+        let namespace = namespace.into();
+        let value = value.into();
+        check_text("namespace", &namespace, MAX_NAMESPACE_LEN)?;
+        check_text("key", &value, MAX_KEY_LEN)?;
+        Ok(Self { namespace, value })
+    }
+
+    /// The sender's namespace, such as `stripe`.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The sender's id for the event.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IdempotencyKey({self})")
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.value)
+    }
+}
+
+fn check_text(what: &'static str, text: &str, max: usize) -> Result<(), KeyError> {
+    if text.trim().is_empty() {
+        return Err(KeyError::invalid(format!("the {what} is empty")));
+    }
+    if text.len() > max {
+        return Err(KeyError::invalid(format!(
+            "the {what} is {} bytes long; at most {max} are allowed",
+            text.len()
+        )));
+    }
+    if text.trim() != text {
+        // Some databases compare text ignoring trailing spaces: `evt_1 ` would meet `evt_1`.
+        return Err(KeyError::invalid(format!(
+            "the {what} has leading or trailing whitespace"
+        )));
+    }
+    if text.chars().any(char::is_control) {
+        return Err(KeyError::invalid(format!(
+            "the {what} contains control characters"
+        )));
+    }
+    Ok(())
+}
+
+fn valid_namespace(namespace: Cow<'static, str>) -> Cow<'static, str> {
+    if let Err(err) = check_text("namespace", &namespace, MAX_NAMESPACE_LEN) {
+        panic!("invalid idempotency key namespace {namespace:?}: {err}");
+    }
+    // The first `@` of a stored namespace ends the extractor's part and begins the scope:
+    // `a@b` scoped `c` would meet `a` scoped `b@c`.
+    assert!(
+        !namespace.contains('@'),
+        "invalid idempotency key namespace {namespace:?}: `@` separates a namespace from its scope"
+    );
+    namespace
+}
+
+/// Why no usable key came out of a delivery. Each maps to a 4xx answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The delivery does not carry the key the extractor looks for.
+    #[error("no idempotency key found: expected {expected}")]
+    Missing {
+        /// Where the key was expected, e.g. ``header `x-github-delivery` ``.
+        expected: Cow<'static, str>,
+    },
+    /// A key was found but is empty, too long, or not visible text.
+    #[error("invalid idempotency key: {reason}")]
+    Invalid {
+        /// What is wrong with it.
+        reason: Cow<'static, str>,
+    },
+    /// The body the key is read from is not valid JSON.
+    #[error("the request body is not valid JSON: {detail}")]
+    NotJson {
+        /// The parser's message.
+        detail: String,
+    },
+    /// The body is larger than the layer's limit.
+    #[error("the request body is larger than the limit of {limit} bytes")]
+    BodyTooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The body did not arrive completely within the layer's time limit.
+    #[error("the request body did not arrive in time")]
+    BodyTimeout,
+    /// The body could not be read (the client went away, or sent a malformed stream).
+    #[error("the request body could not be read: {detail}")]
+    BodyUnreadable {
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+impl KeyError {
+    /// A [`KeyError::Missing`] naming where the key was expected.
+    pub fn missing(expected: impl Into<Cow<'static, str>>) -> Self {
+        Self::Missing {
+            expected: expected.into(),
+        }
+    }
+
+    /// A [`KeyError::Invalid`] with the reason.
+    pub fn invalid(reason: impl Into<Cow<'static, str>>) -> Self {
+        Self::Invalid {
+            reason: reason.into(),
+        }
+    }
+
+    /// The status the layer answers this error with: 413 for an oversized body, 408 for a body
+    /// that never finished, 400 otherwise.
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            Self::BodyTooLarge { .. } => http::StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout => http::StatusCode::REQUEST_TIMEOUT,
+            _ => http::StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::request::Parts;
+
+    use super::*;
+
+    pub(super) fn parts(headers: &[(&str, &str)]) -> Parts {
+        let mut builder = http::Request::post("/");
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    pub(super) fn key(ns: &str, value: &str) -> IdempotencyKey {
+        IdempotencyKey::new(ns.to_owned(), value).unwrap()
+    }
+
+    #[test]
+    fn key_validation() {
+        assert!(IdempotencyKey::new("ns", "evt_1").is_ok());
+        assert!(IdempotencyKey::new("ns", "a".repeat(MAX_KEY_LEN)).is_ok());
+        let too_long = IdempotencyKey::new("ns", "a".repeat(MAX_KEY_LEN + 1)).unwrap_err();
+        assert!(too_long.to_string().contains("at most 255"), "{too_long}");
+        assert!(IdempotencyKey::new("ns", "").is_err());
+        assert!(IdempotencyKey::new("ns", "   ").is_err());
+        assert!(
+            IdempotencyKey::new("ns", "evt_1 ").is_err(),
+            "would equal `evt_1` in MySQL"
+        );
+        assert!(IdempotencyKey::new("ns", " evt_1").is_err());
+        assert!(IdempotencyKey::new("ns", "a\u{7}b").is_err());
+        assert!(IdempotencyKey::new("", "evt").is_err());
+        assert!(
+            IdempotencyKey::new("ns", "ключ 1").is_ok(),
+            "visible unicode is text"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "invalid idempotency key namespace")]
+    fn empty_namespace_is_a_configuration_error() {
+        let _ = header("x").namespace("");
+    }
+}
