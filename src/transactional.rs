@@ -495,6 +495,9 @@ where
         slot: Arc::new(Mutex::new(Some(tx))),
     };
     request.extensions_mut().insert(handle.clone());
+    request
+        .extensions_mut()
+        .insert(TxDatabase(std::any::type_name::<St::Database>()));
     // Should this run be dropped after all (the runtime shuts down), the handle's last clone
     // drops the transaction, and sqlx rolls an unfinished transaction back.
     let res = match call(inner, request).await {
@@ -509,7 +512,7 @@ where
         }
     };
     open.state.set_stage(Stage::Settling);
-    if !(settings.commit_when)(res.status()) {
+    if !settings.commit_when.commits(res.status()) {
         handle.roll_back(&key).await;
         record(&key, Outcome::Released);
         return Ok(Ok(with_outcome(res, Outcome::Released)));
@@ -573,6 +576,12 @@ fn store_failed<B>(
     );
     response::store_unavailable(settings.retry_after)
 }
+
+/// The database of the transaction in a request's extensions, named for the error of a
+/// handler that asks for another one.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "axum"), allow(dead_code))]
+struct TxDatabase(&'static str);
 
 /// The delivery's open transaction, in the request extensions of the inner service.
 ///
@@ -674,21 +683,46 @@ mod extract {
     use http::StatusCode;
     use http::request::Parts;
 
-    use super::{Database, Tx, TxHandle};
+    use super::{Database, Tx, TxDatabase, TxHandle};
 
-    /// Why a [`Tx`] could not be extracted: the route has no transactional layer, or the
-    /// handler asked for the transaction twice.
+    /// Why a [`Tx`] could not be extracted: the route has no transactional layer, its
+    /// transaction is on another database than the one asked for (`Tx<Sqlite>` under a
+    /// PostgreSQL store), or the handler asked for the transaction twice. Answered 500
+    /// problem+json, whose detail says which.
     #[derive(Debug)]
-    pub struct MissingTransaction;
+    pub struct MissingTransaction {
+        detail: String,
+    }
+
+    impl MissingTransaction {
+        /// What went wrong, as the problem's detail says it.
+        pub fn detail(&self) -> &str {
+            &self.detail
+        }
+    }
+
+    impl std::fmt::Display for MissingTransaction {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.detail)
+        }
+    }
+
+    impl std::error::Error for MissingTransaction {}
 
     impl IntoResponse for MissingTransaction {
         fn into_response(self) -> Response {
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the delivery's transaction is not available: the route has no transactional \
-                 idempotency layer, or the handler holds it already",
-            )
-                .into_response()
+            let status = StatusCode::INTERNAL_SERVER_ERROR;
+            let body = serde_json::json!({
+                "title": status.canonical_reason().unwrap_or_default(),
+                "status": status.as_u16(),
+                "detail": self.detail,
+            });
+            let mut res = (status, body.to_string()).into_response();
+            res.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/problem+json"),
+            );
+            res
         }
     }
 
@@ -699,12 +733,25 @@ mod extract {
             parts: &mut Parts,
             _state: &S,
         ) -> Result<Self, Self::Rejection> {
-            let handle = parts
-                .extensions
-                .get::<TxHandle<DB>>()
-                .ok_or(MissingTransaction)?
-                .clone();
-            handle.lock().ok_or(MissingTransaction)
+            let wanted = std::any::type_name::<DB>();
+            let missing = |detail: String| MissingTransaction { detail };
+            let Some(handle) = parts.extensions.get::<TxHandle<DB>>() else {
+                return Err(missing(match parts.extensions.get::<TxDatabase>() {
+                    Some(TxDatabase(present)) => format!(
+                        "the handler asks for Tx<{wanted}>, but the route's transaction is on \
+                         {present}: use the database of the route's store"
+                    ),
+                    None => format!(
+                        "the handler asks for Tx<{wanted}>, but the route has no transactional \
+                         idempotency layer (TransactionalLayer)"
+                    ),
+                }));
+            };
+            handle.clone().lock().ok_or_else(|| {
+                missing(format!(
+                    "the handler asks for Tx<{wanted}> a second time; the first holds it"
+                ))
+            })
         }
     }
 }

@@ -1168,3 +1168,26 @@ async fn header_key_with_body_fallback_does_not_buffer_when_the_header_is_there(
     );
     assert_eq!(h.runs(), 1);
 }
+
+/// `commit_when` takes any closure, one that captures state included: here a handler's 409
+/// ("applied already") commits.
+#[tokio::test]
+async fn commit_when_takes_a_capturing_closure() {
+    let store = MemoryStore::new();
+    let done_anyway = [StatusCode::CONFLICT];
+    let svc = layer(store.clone())
+        .commit_when(move |status| status.is_success() || done_anyway.contains(&status))
+        .layer(service_fn(|_req: Req| async {
+            let mut res = Response::new(Full::new(Bytes::new()));
+            *res.status_mut() = StatusCode::CONFLICT;
+            Ok::<_, Infallible>(res)
+        }));
+    let first = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CONFLICT);
+    assert_eq!(
+        first.extensions().get::<Outcome>(),
+        Some(&Outcome::Processed)
+    );
+    let again = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(again.headers()["idempotency-outcome"], "duplicate");
+}

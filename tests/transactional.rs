@@ -333,9 +333,64 @@ async fn axum_handler_writes_through_the_tx_extractor() {
         .unwrap();
     assert_eq!(count, 1);
 
-    // A route that asks for the transaction without the layer is a server error, not a panic.
+    // A route that asks for the transaction without the layer is a server error, not a panic,
+    // and says so.
     let res = app.oneshot(send("/unguarded")).await.unwrap();
     assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    let problem = problem_detail(res).await;
+    assert!(problem.contains("no transactional"), "{problem}");
+}
+
+async fn problem_detail(res: axum::response::Response) -> String {
+    use http_body_util::BodyExt;
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    problem["detail"].as_str().unwrap().to_owned()
+}
+
+/// A handler that asks for a transaction on another database than the route's store gets a
+/// problem+json 500 naming both, and the delivery is released, not committed.
+#[cfg(all(feature = "sqlite", feature = "postgres", feature = "axum"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_of_another_database_is_named_in_the_500() {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::routing::post;
+    use tower_idempotency::transactional::Tx;
+
+    async fn wrong(_tx: Tx<sqlx::Postgres>) -> &'static str {
+        "unreachable"
+    }
+
+    let store = common::db::sqlite_file_store("transactional")
+        .await
+        .unwrap();
+    let app = Router::new().route(
+        "/hook",
+        post(wrong).layer(
+            TransactionalLayer::new(store.clone())
+                .key(key::header("x-event-id").namespace("tx-db")),
+        ),
+    );
+    let id = common::unique_namespace("evt");
+    let send = || {
+        Request::post("/hook")
+            .header("x-event-id", id.as_str())
+            .body(Body::empty())
+            .unwrap()
+    };
+    let res = app.clone().oneshot(send()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    let detail = problem_detail(res).await;
+    assert!(
+        detail.contains("Postgres") && detail.contains("Sqlite"),
+        "{detail}"
+    );
+    // Not committed: the retry is not a duplicate.
+    let again = app.oneshot(send()).await.unwrap();
+    assert_eq!(again.status(), StatusCode::INTERNAL_SERVER_ERROR);
 }
 
 /// A handler that swallows a failed statement and answers 200 leaves an aborted transaction,

@@ -102,10 +102,9 @@ where
     guard.start();
     req.extensions_mut().insert(guard.handle());
     let result = heartbeat(&mut guard, pin!(call(inner, req))).await;
-    let commit_when = guard.owner().settings().commit_when;
     match result {
         Ok(Ok(res)) => {
-            let action = if commit_when(res.status()) {
+            let action = if guard.owner().settings().commit_when.commits(res.status()) {
                 Settle::Commit
             } else {
                 Settle::Release

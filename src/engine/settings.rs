@@ -28,13 +28,29 @@ pub(crate) struct Settings {
     pub(crate) body_timeout: Duration,
     pub(crate) retry_after: Duration,
     pub(crate) store_timeout: Duration,
-    pub(crate) commit_when: fn(StatusCode) -> bool,
+    pub(crate) commit_when: CommitWhen,
     pub(crate) missing_key: MissingKey,
     pub(crate) max_key_len: usize,
     pub(crate) drain: Drain,
     pub(crate) scope: Scope,
     #[cfg(feature = "verify")]
     pub(crate) verify: Option<Verification>,
+}
+
+/// Which inner responses commit: a predicate on the status.
+#[derive(Clone)]
+pub(crate) struct CommitWhen(pub(crate) std::sync::Arc<dyn Fn(StatusCode) -> bool + Send + Sync>);
+
+impl CommitWhen {
+    pub(crate) fn commits(&self, status: StatusCode) -> bool {
+        (self.0)(status)
+    }
+}
+
+impl std::fmt::Debug for CommitWhen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommitWhen(..)")
+    }
 }
 
 /// The signature check of a layer built with `.verify(..)`.
@@ -57,7 +73,9 @@ impl Default for Settings {
             body_timeout: Duration::from_secs(30),
             retry_after: Duration::from_secs(5),
             store_timeout: Duration::from_secs(5),
-            commit_when: |status| status.is_success(),
+            commit_when: CommitWhen(std::sync::Arc::new(|status: StatusCode| {
+                status.is_success()
+            })),
             missing_key: MissingKey::Reject,
             max_key_len: MAX_KEY_LEN,
             drain: Drain::new(),
@@ -104,18 +122,28 @@ macro_rules! shared_settings {
         }
 
         /// Which inner responses count as success and commit; the others release. Default:
-        /// 2xx.
+        /// 2xx. Any `Fn(StatusCode) -> bool` will do, a closure that captures what it needs
+        /// included.
         ///
         /// ```
+        /// use http::StatusCode;
         /// use tower_idempotency::{IdempotencyLayer, store::MemoryStore};
         ///
         /// // This sender treats 2xx and 3xx as delivered.
         /// let layer = IdempotencyLayer::new(MemoryStore::new())
         ///     .commit_when(|status| status.is_success() || status.is_redirection());
+        ///
+        /// // A 409 of our own means "already applied": keep the event done.
+        /// let done_anyway = [StatusCode::CONFLICT];
+        /// let layer = layer.commit_when(move |status| status.is_success() || done_anyway.contains(&status));
         /// # let _ = layer;
         /// ```
-        pub fn commit_when(mut self, predicate: fn(::http::StatusCode) -> bool) -> Self {
-            self.settings.commit_when = predicate;
+        pub fn commit_when<F>(mut self, predicate: F) -> Self
+        where
+            F: Fn(::http::StatusCode) -> bool + Send + Sync + 'static,
+        {
+            self.settings.commit_when =
+                $crate::engine::settings::CommitWhen(::std::sync::Arc::new(predicate));
             self
         }
 
