@@ -26,12 +26,32 @@ const SHARDS: usize = 16;
 /// concurrent deliveries of different keys rarely wait on each other. Time is
 /// [`tokio::time::Instant`], so tests can move it with `tokio::time::advance`.
 ///
-/// ```
-/// use tower_idempotency::{IdempotencyLayer, store::MemoryStore};
+/// # Memory grows with every new key
 ///
-/// let layer = IdempotencyLayer::new(MemoryStore::new());
-/// # let _ = layer;
+/// The store keeps one entry per key it has seen, `done` and `released` ones included, and
+/// never forgets one by itself: without purging, its memory grows with every event ever
+/// delivered, without bound. A long-running service purges it with [`spawn_purge`], which
+/// calls [`purge_completed`](Store::purge_completed) periodically, as for the SQL stores
+/// (`processing` entries stay until they are settled or [resolved](Store::resolve)). The
+/// entity versions of the [order layer](crate::order) are one entry per entity and are not
+/// purged.
+///
 /// ```
+/// use std::time::Duration;
+/// use tower_idempotency::{IdempotencyLayer, store::{DEFAULT_RETENTION, MemoryStore, spawn_purge}};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = MemoryStore::new();
+/// // Forget done keys once they are older than any sender retries, checking every hour.
+/// let purge = spawn_purge(store.clone(), Duration::from_secs(60 * 60), DEFAULT_RETENTION);
+/// let layer = IdempotencyLayer::new(store);
+/// # let _ = layer;
+/// # purge.stop().await;
+/// # }
+/// ```
+///
+/// [`spawn_purge`]: crate::store::spawn_purge
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     inner: Arc<Shards>,

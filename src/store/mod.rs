@@ -67,6 +67,11 @@
 //! The SQL stores take time from the database, never from the application's clock, so app
 //! instances with skewed clocks agree on which claims are stale.
 //!
+//! No store forgets a key by itself: every table, and the [`MemoryStore`]'s map, grows with
+//! every new event until [`purge_completed`](Store::purge_completed) deletes settled keys past
+//! their retention. For the `MemoryStore` that growth is the process's memory, without bound:
+//! a long-running service runs [`spawn_purge`] next to it.
+//!
 //! Every store also keeps entity versions for the [order layer](crate::order):
 //! [`VersionStore`](crate::order::VersionStore), in the table `<table>_versions` on the SQL
 //! stores.
