@@ -203,3 +203,54 @@ async fn migrate_upgrades_a_table_of_the_first_release() {
         .await
         .unwrap();
 }
+
+/// A `processing` row whose namespace or key is no valid `IdempotencyKey` (written by hand or
+/// by other code) is skipped by `stuck_claims`, which still lists the valid stuck claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_claims_skip_a_row_that_is_no_valid_key() {
+    // Alone: until they are deleted, the rows are in every listing of the shared table.
+    let _alone = common::SHARED_TABLE.write().await;
+    let Some(store) = store().await else { return };
+    let ns = common::unique_namespace("undecodable");
+    let (older, newer) = (common::key_in(&ns, "evt_a"), common::key_in(&ns, "evt_b"));
+    common::acquire(&store, &older, common::LONG).await;
+    common::acquire(&store, &newer, common::LONG).await;
+    sqlx::query(
+        "UPDATE idempotency_keys SET renewed_at = renewed_at - INTERVAL 1 MINUTE \
+         WHERE namespace = ? AND `key` = ?",
+    )
+    .bind(older.namespace())
+    .bind(older.value())
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let bad = common::db::undecodable_keys(&ns);
+    for (namespace, key) in &bad {
+        sqlx::query(
+            "INSERT INTO idempotency_keys
+            (namespace, `key`, state, token, deliveries, claimed_at, renewed_at)
+            VALUES (?, ?, 'processing', 1, 1,
+                UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)",
+        )
+        .bind(namespace)
+        .bind(key)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+    tokio::time::sleep(common::PAST_SHORT).await;
+    let events = common::db::ErrorEvents::default();
+    let listed = {
+        let _collect = events.install();
+        store.stuck_claims(common::SHORT).await
+    };
+    for (namespace, key) in &bad {
+        sqlx::query("DELETE FROM idempotency_keys WHERE namespace = ? AND `key` = ?")
+            .bind(namespace)
+            .bind(key)
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+    common::db::assert_undecodable_rows_skipped(listed, &events, &ns, &[older, newer], bad.len());
+}

@@ -181,3 +181,57 @@ INSERT INTO {table} VALUES
         .await
         .unwrap();
 }
+
+/// A `processing` row whose namespace or key is no valid `IdempotencyKey` (written by hand or
+/// by other code) is skipped by `stuck_claims`, which still lists the valid stuck claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_claims_skip_a_row_that_is_no_valid_key() {
+    // Alone: until they are deleted, the rows are in every listing of the shared table.
+    let _alone = common::SHARED_TABLE.write().await;
+    let Some(store) = file_store().await else {
+        return;
+    };
+    let ns = common::unique_namespace("undecodable");
+    let (older, newer) = (common::key_in(&ns, "evt_a"), common::key_in(&ns, "evt_b"));
+    common::acquire(&store, &older, common::LONG).await;
+    common::acquire(&store, &newer, common::LONG).await;
+    sqlx::query(
+        r#"UPDATE idempotency_keys SET renewed_at = renewed_at - 60000000
+        WHERE namespace = ?1 AND "key" = ?2"#,
+    )
+    .bind(older.namespace())
+    .bind(older.value())
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let bad = common::db::undecodable_keys(&ns);
+    let hour_ago = "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000) - 3600000000";
+    for (namespace, key) in &bad {
+        let insert = format!(
+            r#"INSERT INTO idempotency_keys
+            (namespace, "key", state, token, deliveries, claimed_at, renewed_at)
+            VALUES (?1, ?2, 'processing', 1, 1, {hour_ago}, {hour_ago})"#
+        );
+        sqlx::query(sqlx::AssertSqlSafe(insert))
+            .bind(namespace)
+            .bind(key)
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(common::PAST_SHORT).await;
+    let events = common::db::ErrorEvents::default();
+    let listed = {
+        let _collect = events.install();
+        store.stuck_claims(common::SHORT).await
+    };
+    for (namespace, key) in &bad {
+        sqlx::query(r#"DELETE FROM idempotency_keys WHERE namespace = ?1 AND "key" = ?2"#)
+            .bind(namespace)
+            .bind(key)
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+    common::db::assert_undecodable_rows_skipped(listed, &events, &ns, &[older, newer], bad.len());
+}

@@ -177,6 +177,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Lists `processing` rows whose owner has not renewed them for at least `older_than`,
     /// longest silent first: claims whose owner probably died, and claims held for a person.
+    ///
+    /// A row the SQL stores cannot read as a claim (written by other code, with a namespace or
+    /// key that is no valid [`IdempotencyKey`]) is left out and logged at `ERROR` with its
+    /// table, namespace and key; the other rows are listed as usual.
     fn stuck_claims(
         &self,
         older_than: Duration,

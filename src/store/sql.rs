@@ -270,6 +270,24 @@ pub(crate) fn stuck_claim(
     ))
 }
 
+/// Logs a `processing` row that [`Store::stuck_claims`](super::Store::stuck_claims) skips
+/// because it cannot read it: its namespace and key (when they are text at all) are no valid
+/// [`IdempotencyKey`], or a column has an unexpected type.
+pub(crate) fn undecodable_stuck_row(
+    table: &TableName,
+    namespace: Option<String>,
+    key: Option<String>,
+    error: &StoreError,
+) {
+    tracing::error!(
+        table = %table.name(),
+        namespace = ?namespace,
+        key = ?key,
+        error = error as &dyn std::error::Error,
+        "skipping a processing row that is not a valid claim; fix or delete it by hand"
+    );
+}
+
 /// The statements of one store on one table, made once and shared by its clones.
 ///
 /// Parameters, by position: `claim` as the backend documents; `renew`, `commit` and
@@ -725,17 +743,34 @@ macro_rules! sql_store {
                     .fetch_all(&self.pool)
                     .await
                     .store()?;
-                rows.iter()
-                    .map(|row| {
-                        $crate::store::sql::stuck_claim(
-                            row.try_get(0).store()?,
-                            row.try_get(1).store()?,
-                            row.try_get(2).store()?,
-                            row.try_get(3).store()?,
-                            row.try_get(4).store()?,
-                        )
+                // One row the store cannot read (a key written by hand, or by other code,
+                // that is no valid `IdempotencyKey`) must not hide every other stuck claim.
+                Ok(rows
+                    .iter()
+                    .filter_map(|row| {
+                        let decoded = (|| {
+                            $crate::store::sql::stuck_claim(
+                                row.try_get(0).store()?,
+                                row.try_get(1).store()?,
+                                row.try_get(2).store()?,
+                                row.try_get(3).store()?,
+                                row.try_get(4).store()?,
+                            )
+                        })();
+                        match decoded {
+                            Ok(claim) => Some(claim),
+                            Err(error) => {
+                                $crate::store::sql::undecodable_stuck_row(
+                                    &self.sql.table,
+                                    row.try_get(0).ok(),
+                                    row.try_get(1).ok(),
+                                    &error,
+                                );
+                                None
+                            }
+                        }
                     })
-                    .collect()
+                    .collect())
             }
 
             async fn resolve(

@@ -102,3 +102,89 @@ pub async fn sqlite_file_store(name: &str) -> Option<tower_idempotency::store::S
     store.migrate().await.expect("migrate");
     Some(store)
 }
+
+/// `(namespace, key)` pairs of `processing` rows that no `IdempotencyKey` can hold, for tests
+/// that write them by hand: an empty key, a key and a namespace with a control character.
+/// Each namespace starts with `ns`.
+pub fn undecodable_keys(ns: &str) -> Vec<(String, String)> {
+    vec![
+        (ns.to_owned(), String::new()),
+        (ns.to_owned(), "evt\u{1}bad".to_owned()),
+        (format!("{ns}\u{7}"), "evt_1".to_owned()),
+    ]
+}
+
+/// Checks what `stuck_claims` answered while the rows of [`undecodable_keys`] (`skipped` of
+/// them old enough to be listed) were in the table: the valid stuck claims of namespace `ns`,
+/// oldest first, and one `ERROR` event for each row it skipped.
+pub fn assert_undecodable_rows_skipped(
+    listed: Result<Vec<tower_idempotency::store::StuckClaim>, tower_idempotency::store::StoreError>,
+    events: &ErrorEvents,
+    ns: &str,
+    valid: &[tower_idempotency::IdempotencyKey],
+    skipped: usize,
+) {
+    let stuck = listed.expect("one row that is no valid key does not fail the whole listing");
+    let mine: Vec<_> = stuck
+        .into_iter()
+        .filter(|s| s.key.namespace().starts_with(ns))
+        .map(|s| s.key)
+        .collect();
+    assert_eq!(mine, valid, "the valid stuck claims, oldest first");
+    let logged = events.messages();
+    let about_ns = logged.iter().filter(|m| m.contains(ns)).count();
+    assert_eq!(
+        about_ns, skipped,
+        "one error logged per skipped row: {logged:#?}"
+    );
+}
+
+/// Collects the `ERROR` events of the current thread while installed: their message and
+/// fields, formatted.
+#[derive(Clone, Default)]
+pub struct ErrorEvents(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl ErrorEvents {
+    /// Collects this thread's events until the guard is dropped.
+    pub fn install(&self) -> tracing::dispatcher::DefaultGuard {
+        tracing::dispatcher::set_default(&tracing::Dispatch::new(self.clone()))
+    }
+
+    /// The events collected so far.
+    pub fn messages(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl tracing::Subscriber for ErrorEvents {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                use std::fmt::Write as _;
+                let _ = write!(self.0, "{}={value:?} ", field.name());
+            }
+        }
+        if *event.metadata().level() == tracing::Level::ERROR {
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            self.0.lock().unwrap().push(fields.0);
+        }
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
