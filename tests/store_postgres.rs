@@ -26,6 +26,143 @@ conformance_suite!(store());
 trust_suite!(store());
 race_suite!(store());
 
+/// A pool whose connections run every transaction SERIALIZABLE, as a role or database with
+/// `default_transaction_isolation = 'serializable'` would: one app instance.
+async fn serializable_pool() -> Option<PgPool> {
+    let url = url();
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(std::time::Duration::from_secs(5))
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET default_transaction_isolation = 'serializable'")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&url);
+    common::connect("POSTGRES_URL", &url, pool).await
+}
+
+async fn serializable_store() -> Option<PostgresStore> {
+    let store = PostgresStore::new(serializable_pool().await?);
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+/// Every check of the contract holds when the connections' isolation is SERIALIZABLE.
+mod serializable {
+    use super::serializable_store;
+
+    crate::conformance_suite!(serializable_store());
+}
+
+/// Concurrent claims of one key, from several pools whose isolation is SERIALIZABLE, make the
+/// database fail some of them with SQLSTATE 40001. Each is tried once more: a claim answers an
+/// error only when the second attempt failed so too, never after the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_serialization_failure_of_a_claim_is_tried_once_more() {
+    let _shared = common::SHARED_TABLE.read().await;
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        let Some(store) = serializable_store().await else {
+            return;
+        };
+        stores.push(store);
+    }
+    let isolation: String = sqlx::query_scalar("SHOW transaction_isolation")
+        .fetch_one(stores[0].pool())
+        .await
+        .unwrap();
+    assert_eq!(isolation, "serializable");
+    let ns = common::unique_namespace("serializable");
+    let (mut retried_twice, mut answered) = (0, 0);
+    for event in 0..8 {
+        let key = common::key_in(&ns, &format!("evt_{event}"));
+        let claims: Vec<_> = (0..32)
+            .map(|i| {
+                let store = stores[i % stores.len()].clone();
+                let key = key.clone();
+                tokio::spawn(async move { store.claim(&key, common::LONG).await })
+            })
+            .collect();
+        let mut acquired = 0;
+        for claim in claims {
+            match claim.await.unwrap() {
+                Ok(Claim::Acquired(_)) => acquired += 1,
+                Ok(Claim::InFlight(_)) => answered += 1,
+                Ok(other) => panic!("unexpected {other:?}"),
+                Err(err) => {
+                    let source = std::error::Error::source(&err).expect("a backend error");
+                    let first_attempt = source.downcast_ref::<sqlx::Error>().and_then(|e| {
+                        e.as_database_error()
+                            .and_then(|e| e.code())
+                            .map(|c| c.into_owned())
+                    });
+                    assert_ne!(
+                        first_attempt.as_deref(),
+                        Some("40001"),
+                        "a serialization failure surfaced without being tried again: {source}"
+                    );
+                    assert!(
+                        source.to_string().contains("twice in a row"),
+                        "only a claim that failed to serialize twice is an error: {source}"
+                    );
+                    retried_twice += 1;
+                }
+            }
+        }
+        assert_eq!(acquired, 1, "exactly one claim of {key} acquired");
+    }
+    assert!(answered > 0, "most claims are answered");
+    // Not an assertion: how often a second attempt failed too, for the curious.
+    eprintln!(
+        "{retried_twice} of {} claims failed to serialize twice",
+        8 * 32
+    );
+}
+
+/// The same for the order layer's version claims, an upsert too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_serialization_failure_of_a_version_claim_is_tried_once_more() {
+    use tower_idempotency::order::{VersionClaim, VersionStore};
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        let Some(store) = serializable_store().await else {
+            return;
+        };
+        stores.push(store);
+    }
+    let ns = common::unique_namespace("serializable-versions");
+    for entity in 0..8 {
+        let entity = common::key_in(&ns, &format!("sub_{entity}"));
+        let claims: Vec<_> = (0..32)
+            .map(|i| {
+                let store = stores[i % stores.len()].clone();
+                let entity = entity.clone();
+                tokio::spawn(async move { store.begin_version(&entity, 7, common::LONG).await })
+            })
+            .collect();
+        let mut acquired = 0;
+        for claim in claims {
+            match claim.await.unwrap() {
+                Ok(VersionClaim::Acquired(_)) => acquired += 1,
+                Ok(VersionClaim::Busy(_)) => {}
+                Ok(other) => panic!("unexpected {other:?}"),
+                Err(err) => {
+                    let source = std::error::Error::source(&err).expect("a backend error");
+                    assert!(
+                        source.to_string().contains("twice in a row"),
+                        "only a version claim that failed to serialize twice is an error: {source}"
+                    );
+                }
+            }
+        }
+        assert_eq!(acquired, 1, "exactly one claim of {entity} acquired");
+    }
+}
+
 #[tokio::test]
 async fn table_names_are_validated() {
     let pool = PgPoolOptions::new().connect_lazy(&url()).unwrap();

@@ -26,6 +26,19 @@
 //! and the age returned agree, and app instances with skewed clocks agree on staleness. (Not
 //! `clock_timestamp()`, which changes while a statement runs.)
 //!
+//! # Isolation
+//!
+//! The store needs nothing stricter than READ COMMITTED, PostgreSQL's default: the primary key
+//! decides between concurrent claims. Where the connections' isolation is stricter
+//! (`default_transaction_isolation` set to `repeatable read` or `serializable` on the role, the
+//! database or the server), PostgreSQL fails a claim whose row another delivery of the same key
+//! changed meanwhile with a serialization failure (SQLSTATE 40001). Nothing was written then:
+//! the claim, and the order layer's version claim, are tried once more after a random pause
+//! of up to 20 ms, and only a second failure is an error (answered 503, so the sender retries).
+//! Many duplicates of one event arriving at once still fail so now and then; give the store a
+//! pool of its own that sets `SET default_transaction_isolation = 'read committed'` in
+//! [`after_connect`](sqlx::pool::PoolOptions::after_connect) to avoid them altogether.
+//!
 //! # Table
 //!
 //! [`PostgresStore::migrate`] runs this in one transaction, under a transaction-scoped advisory
@@ -487,6 +500,13 @@ impl PostgresStore {
             .store()
             .map(Some)
     }
+}
+
+/// 40001 serialization_failure: under REPEATABLE READ or SERIALIZABLE (the connection's
+/// `default_transaction_isolation`), a concurrent delivery changed the key's row after this
+/// statement's snapshot was taken. Nothing was written; the statement can be run again.
+fn is_serialization_failure(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(e) if e.code().as_deref() == Some("40001"))
 }
 
 /// 55P03 lock_not_available: the first delivery's transaction is still open.

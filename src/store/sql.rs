@@ -383,8 +383,10 @@ where
 
 /// What PostgreSQL and SQLite share beyond [`sql_store!`]: both claim with `INSERT … ON
 /// CONFLICT … RETURNING`, so their claim, version and transactional-marker code is the same
-/// but for the connection type. The backend provides `is_lock_timeout(&sqlx::Error) -> bool`
-/// and an inherent `begin_transaction(lock_timeout)`, answering `None` when the lock timed out.
+/// but for the connection type. The backend provides `is_lock_timeout(&sqlx::Error) -> bool`,
+/// `is_serialization_failure(&sqlx::Error) -> bool` (a claim or version claim failing so is
+/// tried once more), and an inherent `begin_transaction(lock_timeout)`, answering `None` when
+/// the lock timed out.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 macro_rules! upsert_store {
     ($store:ident, $db:ty, $conn:ty) => {
@@ -394,17 +396,22 @@ macro_rules! upsert_store {
                 key: &$crate::key::IdempotencyKey,
                 stale: $crate::store::Stale,
             ) -> Result<$crate::store::Claim, $crate::store::StoreError> {
-                use $crate::store::sql::ResultExt as _;
                 let token = $crate::store::LeaseToken::generate();
-                let row = ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.claim.clone()))
-                    .bind(key.namespace())
-                    .bind(key.value())
-                    .bind(token.to_i64())
-                    .bind(stale.policy() == $crate::store::StalePolicy::Reclaim)
-                    .bind($crate::store::sql::micros(stale.after()))
-                    .fetch_one(&self.pool)
-                    .await
-                    .store()?;
+                let upsert = || {
+                    ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.claim.clone()))
+                        .bind(key.namespace())
+                        .bind(key.value())
+                        .bind(token.to_i64())
+                        .bind(stale.policy() == $crate::store::StalePolicy::Reclaim)
+                        .bind($crate::store::sql::micros(stale.after()))
+                        .fetch_one(&self.pool)
+                };
+                let row = $crate::store::sql::retry_serialization_failure(
+                    "claim",
+                    is_serialization_failure,
+                    upsert,
+                )
+                .await?;
                 $crate::store::sql::ClaimRow::read(&row)?.into_claim(key, token, stale)
             }
 
@@ -414,18 +421,23 @@ macro_rules! upsert_store {
                 version: i64,
                 stale: $crate::store::Stale,
             ) -> Result<$crate::order::VersionClaim, $crate::store::StoreError> {
-                use $crate::store::sql::ResultExt as _;
                 let token = $crate::store::LeaseToken::generate();
-                let row = ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.versions.begin.clone()))
-                    .bind(entity.namespace())
-                    .bind(entity.value())
-                    .bind(version)
-                    .bind(token.to_i64())
-                    .bind(stale.policy() == $crate::store::StalePolicy::Reclaim)
-                    .bind($crate::store::sql::micros(stale.after()))
-                    .fetch_one(&self.pool)
-                    .await
-                    .store()?;
+                let upsert = || {
+                    ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.versions.begin.clone()))
+                        .bind(entity.namespace())
+                        .bind(entity.value())
+                        .bind(version)
+                        .bind(token.to_i64())
+                        .bind(stale.policy() == $crate::store::StalePolicy::Reclaim)
+                        .bind($crate::store::sql::micros(stale.after()))
+                        .fetch_one(&self.pool)
+                };
+                let row = $crate::store::sql::retry_serialization_failure(
+                    "version claim",
+                    is_serialization_failure,
+                    upsert,
+                )
+                .await?;
                 let row = $crate::store::sql::version_row(&row)?;
                 $crate::store::sql::version_claim(entity, version, token, stale, row).ok_or_else(
                     || $crate::store::StoreError::backend("the versions row was left inconsistent"),
@@ -815,6 +827,60 @@ macro_rules! sql_store {
     };
 }
 pub(crate) use sql_store;
+
+/// A statement that failed to serialize with concurrent ones twice in a row: PostgreSQL's
+/// SQLSTATE 40001, which a claim meets only when the connection's isolation is stricter than
+/// READ COMMITTED (`default_transaction_isolation` set on the role, the database or the pool's
+/// connections).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the {what} failed to serialize with concurrent deliveries of the same key twice in a row \
+     (SQLSTATE 40001): the connection's default isolation is stricter than READ COMMITTED"
+)]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) struct SerializationFailure {
+    what: &'static str,
+    #[source]
+    source: sqlx::Error,
+}
+
+/// The longest pause before the second attempt of a statement that failed to serialize.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+const SERIALIZATION_JITTER_US: u64 = 20_000;
+
+/// Runs `statement`, and once more if it failed as `is_serialization_failure` says: a second
+/// attempt starts after the concurrent statement that made the first fail has committed, so
+/// it sees that row. A second failure of the same kind is a [`SerializationFailure`].
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) async fn retry_serialization_failure<T, F, Fut>(
+    what: &'static str,
+    is_serialization_failure: fn(&sqlx::Error) -> bool,
+    mut statement: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    match statement().await {
+        Err(first) if is_serialization_failure(&first) => {
+            tracing::debug!(
+                error = &first as &dyn std::error::Error,
+                "the {what} failed to serialize; trying it once more"
+            );
+            // Every delivery that waited for the same row failed at once: a random pause
+            // spreads their second attempts, which would otherwise collide again.
+            let pause = LeaseToken::generate().to_i64().unsigned_abs() % SERIALIZATION_JITTER_US;
+            tokio::time::sleep(Duration::from_micros(pause)).await;
+            match statement().await {
+                Err(source) if is_serialization_failure(&source) => {
+                    Err(StoreError::backend(SerializationFailure { what, source }))
+                }
+                again => again.store(),
+            }
+        }
+        first => first.store(),
+    }
+}
 
 /// Maps a backend result's error into a [`StoreError`], keeping the source.
 pub(crate) trait ResultExt<T> {

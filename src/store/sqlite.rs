@@ -467,6 +467,11 @@ impl SqliteStore {
     }
 }
 
+/// SQLite has one writer at a time: a claim never meets a concurrent write to serialize with.
+fn is_serialization_failure(_: &sqlx::Error) -> bool {
+    false
+}
+
 /// SQLITE_BUSY and its extended codes (the low byte is 5): the write lock was not free
 /// within the busy timeout.
 fn is_lock_timeout(e: &sqlx::Error) -> bool {
