@@ -43,7 +43,13 @@ async fn the_server_flavor_is_detected() {
         .fetch_one(store.pool())
         .await
         .unwrap();
-    let expected = if version.contains("MariaDB") {
+    // MariaDB 10.5 and later claim with RETURNING; MySQL and older MariaDB with two statements.
+    let release: Vec<u32> = version
+        .split(|c: char| !c.is_ascii_digit())
+        .take(2)
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let expected = if version.contains("MariaDB") && release >= vec![10, 5] {
         MySqlFlavor::MariaDb
     } else {
         MySqlFlavor::MySql
@@ -150,10 +156,22 @@ async fn a_closed_pool_is_a_503_with_the_sqlx_error_as_source() {
 /// upgrade it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_upgrades_a_table_of_the_first_release() {
+    upgrade_a_table_of_the_first_release("idempotency_up", None).await;
+}
+
+/// The same with the two-statement claim of MySQL and of MariaDB before 10.5: the upgrade
+/// speaks the server's dialect (MariaDB's catalog and `DROP CONSTRAINT`), whichever way the
+/// claims are made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_upgrades_a_table_of_the_first_release_with_the_two_statement_claim() {
+    upgrade_a_table_of_the_first_release("idempotency_up2", Some(MySqlFlavor::MySql)).await;
+}
+
+async fn upgrade_a_table_of_the_first_release(prefix: &str, flavor: Option<MySqlFlavor>) {
     let Some(pool) = common::db::mysql_pool().await else {
         return;
     };
-    let table = format!("idempotency_up_{}", std::process::id());
+    let table = format!("{prefix}_{}", std::process::id());
     let ns = common::unique_namespace("upgrade");
     let now = "UTC_TIMESTAMP(6)";
     for statement in [
@@ -184,9 +202,12 @@ async fn migrate_upgrades_a_table_of_the_first_release() {
             .await
             .unwrap();
     }
-    let store = MySqlStore::new(pool.clone())
+    let mut store = MySqlStore::new(pool.clone())
         .with_table_name(&table)
         .unwrap();
+    if let Some(flavor) = flavor {
+        store = store.with_flavor(flavor);
+    }
     let instances: Vec<_> = (0..3)
         .map(|_| {
             let store = store.clone();

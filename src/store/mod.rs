@@ -62,7 +62,7 @@
 //! | [`MemoryStore`] | `memory` (default) | [`tokio::time::Instant`] | none |
 //! | `SqliteStore` | `sqlite` | SQLite's `unixepoch('subsec')` | 1 |
 //! | `PostgresStore` | `postgres` | Postgres' `now()` | 1 |
-//! | `MySqlStore` | `mysql` | the server's `UTC_TIMESTAMP(6)` | 1 on MariaDB; on MySQL 1 for a new key, 2 otherwise |
+//! | `MySqlStore` | `mysql` | the server's `UTC_TIMESTAMP(6)` | 1 on MariaDB 10.5+; on MySQL and older MariaDB 1 for a new key, 2 otherwise |
 //!
 //! The SQL stores take time from the database, never from the application's clock, so app
 //! instances with skewed clocks agree on which claims are stale.

@@ -35,7 +35,9 @@
 //!   its last renewal). If the row vanished in between (purged), the claim starts over.
 //!
 //! The store asks the server once, with `SELECT VERSION()`, which one it is (a version
-//! containing `MariaDB`), or takes your word for it: [`MySqlStore::with_flavor`].
+//! containing `MariaDB`, and its release), or takes your word for it:
+//! [`MySqlStore::with_flavor`]. MariaDB before 10.5 has no `RETURNING`: it claims the MySQL
+//! way, in two statements.
 //!
 //! # Time
 //!
@@ -89,8 +91,8 @@
 //!
 //! # Round trips
 //!
-//! - `claim`: one on MariaDB; on MySQL one for a new key, two otherwise (a duplicate of a
-//!   done key included).
+//! - `claim`: one on MariaDB 10.5+; on MySQL (and older MariaDB) one for a new key, two
+//!   otherwise (a duplicate of a done key included).
 //! - `renew`, `commit`, `release`: `UPDATE … WHERE namespace = ? AND `key` = ? AND token = ?
 //!   AND <state>`, one each. sqlx connects with `CLIENT_FOUND_ROWS`, so the server reports
 //!   matched rows and a repeated commit with the same lease answers `Ok`.
@@ -155,8 +157,8 @@ pub enum MySqlFlavor {
     /// MariaDB 10.5 or later: the claim is one `INSERT … ON DUPLICATE KEY UPDATE …
     /// RETURNING`.
     MariaDb,
-    /// MySQL (or a MariaDB older than 10.5): the claim is an upsert, then a `SELECT` unless the
-    /// upsert inserted.
+    /// MySQL, or a MariaDB older than 10.5 (whose `INSERT` has no `RETURNING`): the claim is
+    /// an upsert, then a `SELECT` unless the upsert inserted.
     MySql,
 }
 
@@ -352,16 +354,17 @@ WHERE namespace = ? AND `key` = ? AND state = 'released'"#
 /// columns added, and the check on `state` (whose name the server chose, `checks`), which
 /// refuses `released`, dropped. Both are done without copying the table; adding a new check
 /// would copy it, with writes blocked, so an upgraded table goes without one.
-fn upgrade(table: &TableName, checks: &[String], flavor: MySqlFlavor) -> String {
+fn upgrade(table: &TableName, checks: &[String], mariadb: bool) -> String {
     let t = table.quoted('`');
     let mut alter: Vec<String> = NEW_COLUMNS
         .lines()
         .map(|line| format!("ADD COLUMN {}", line.trim().trim_end_matches(',')))
         .collect();
-    let drop = match flavor {
-        MySqlFlavor::MariaDb => "DROP CONSTRAINT",
-        // MySQL 8.0.16 to 8.0.18 know only this spelling.
-        MySqlFlavor::MySql => "DROP CHECK",
+    // MySQL 8.0.16 to 8.0.18 know only `DROP CHECK`.
+    let drop = if mariadb {
+        "DROP CONSTRAINT"
+    } else {
+        "DROP CHECK"
     };
     for check in checks {
         alter.push(format!("{drop} `{}`", check.replace('`', "``")));
@@ -494,14 +497,17 @@ impl MySqlStore {
 
     /// Skips asking the server which it is: claims are made the `flavor` way. Forcing
     /// [`MySqlFlavor::MySql`] on MariaDB works (two round trips); forcing
-    /// [`MySqlFlavor::MariaDb`] on MySQL fails every claim with a syntax error.
+    /// [`MySqlFlavor::MariaDb`] on MySQL, or on MariaDB before 10.5, fails every claim with a
+    /// syntax error. [`migrate`](Self::migrate) asks the server anyway, for its own dialect.
     pub fn with_flavor(mut self, flavor: MySqlFlavor) -> Self {
         self.flavor = Arc::new(OnceCell::new_with(Some(flavor)));
         self
     }
 
-    /// Which server the store talks to: as set by [`with_flavor`](Self::with_flavor), or
-    /// asked once with `SELECT VERSION()` and remembered.
+    /// How the store makes claims: as set by [`with_flavor`](Self::with_flavor), or asked
+    /// once with `SELECT VERSION()` and remembered: [`MySqlFlavor::MariaDb`] for MariaDB 10.5
+    /// and later, [`MySqlFlavor::MySql`] for MySQL, for older MariaDB, and for a MariaDB whose
+    /// release it cannot read.
     pub async fn flavor(&self) -> Result<MySqlFlavor, StoreError> {
         self.flavor
             .get_or_try_init(|| async {
@@ -509,11 +515,7 @@ impl MySqlStore {
                     .fetch_one(&self.pool)
                     .await
                     .store()?;
-                Ok(if version.contains("MariaDB") {
-                    MySqlFlavor::MariaDb
-                } else {
-                    MySqlFlavor::MySql
-                })
+                Ok(flavor_of(&version))
             })
             .await
             .copied()
@@ -557,6 +559,15 @@ impl MySqlStore {
     }
 
     async fn migrate_locked(&self, conn: &mut sqlx::MySqlConnection) -> Result<(), StoreError> {
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&mut *conn)
+            .await
+            .store()?;
+        let mariadb = is_mariadb(&version);
+        // Asked anyway: the claims need not ask again.
+        self.flavor
+            .get_or_init(|| async { flavor_of(&version) })
+            .await;
         sqlx::raw_sql(AssertSqlSafe(self.sql.migrate.clone()))
             .execute(&mut *conn)
             .await
@@ -572,29 +583,26 @@ impl MySqlStore {
         .store()?;
         if current == 0 {
             tracing::info!(table = %table.name(), "upgrading the idempotency table");
-            let flavor = self.flavor_on(conn).await?;
-            // Only the check on `state`: a check of the application's own stays.
-            let find = match flavor {
-                MySqlFlavor::MariaDb => {
-                    "SELECT CONSTRAINT_NAME FROM information_schema.CHECK_CONSTRAINTS \
-                     WHERE CONSTRAINT_SCHEMA = DATABASE() AND TABLE_NAME = ? \
-                     AND CHECK_CLAUSE LIKE '%processing%'"
-                }
-                MySqlFlavor::MySql => {
-                    "SELECT tc.CONSTRAINT_NAME FROM information_schema.TABLE_CONSTRAINTS tc \
-                     JOIN information_schema.CHECK_CONSTRAINTS cc \
-                     ON cc.CONSTRAINT_SCHEMA = tc.CONSTRAINT_SCHEMA \
-                     AND cc.CONSTRAINT_NAME = tc.CONSTRAINT_NAME \
-                     WHERE tc.TABLE_SCHEMA = DATABASE() AND tc.TABLE_NAME = ? \
-                     AND tc.CONSTRAINT_TYPE = 'CHECK' AND cc.CHECK_CLAUSE LIKE '%processing%'"
-                }
+            // Only the check on `state`: a check of the application's own stays. The
+            // catalog and the syntax are the server's, whichever way claims are made.
+            let find = if mariadb {
+                "SELECT CONSTRAINT_NAME FROM information_schema.CHECK_CONSTRAINTS \
+                 WHERE CONSTRAINT_SCHEMA = DATABASE() AND TABLE_NAME = ? \
+                 AND CHECK_CLAUSE LIKE '%processing%'"
+            } else {
+                "SELECT tc.CONSTRAINT_NAME FROM information_schema.TABLE_CONSTRAINTS tc \
+                 JOIN information_schema.CHECK_CONSTRAINTS cc \
+                 ON cc.CONSTRAINT_SCHEMA = tc.CONSTRAINT_SCHEMA \
+                 AND cc.CONSTRAINT_NAME = tc.CONSTRAINT_NAME \
+                 WHERE tc.TABLE_SCHEMA = DATABASE() AND tc.TABLE_NAME = ? \
+                 AND tc.CONSTRAINT_TYPE = 'CHECK' AND cc.CHECK_CLAUSE LIKE '%processing%'"
             };
             let checks: Vec<String> = sqlx::query_scalar(find)
                 .bind(table.bare())
                 .fetch_all(&mut *conn)
                 .await
                 .store()?;
-            sqlx::raw_sql(AssertSqlSafe(upgrade(table, &checks, flavor)))
+            sqlx::raw_sql(AssertSqlSafe(upgrade(table, &checks, mariadb)))
                 .execute(&mut *conn)
                 .await
                 .store()?;
@@ -779,11 +787,7 @@ impl MySqlStore {
                     .fetch_one(&mut *conn)
                     .await
                     .store()?;
-                Ok(if version.contains("MariaDB") {
-                    MySqlFlavor::MariaDb
-                } else {
-                    MySqlFlavor::MySql
-                })
+                Ok(flavor_of(&version))
             })
             .await
             .copied()
@@ -937,6 +941,32 @@ impl crate::transactional::TransactionalStore for MySqlStore {
     }
 }
 
+/// Whether the server answering `SELECT VERSION()` with `version` is MariaDB (`10.11.6-MariaDB`,
+/// `11.4.2-MariaDB-log`, `5.5.5-10.4.12-MariaDB-1:10.4.12+maria~bionic`) rather than MySQL.
+fn is_mariadb(version: &str) -> bool {
+    version.to_ascii_lowercase().contains("mariadb")
+}
+
+/// The release of a MariaDB server, `(major, minor)`, from its `SELECT VERSION()`; MariaDB 10
+/// may carry the `5.5.5-` prefix it shows older clients.
+fn mariadb_release(version: &str) -> Option<(u32, u32)> {
+    let version = version.strip_prefix("5.5.5-").unwrap_or(version);
+    let mut numbers = version.split(|c: char| !c.is_ascii_digit());
+    let major = numbers.next()?.parse().ok()?;
+    let minor = numbers.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// How claims are made on the server answering `SELECT VERSION()` with `version`: with
+/// `RETURNING` on MariaDB 10.5 and later, with two statements on MySQL and on older MariaDB
+/// (whose `INSERT` has no `RETURNING`), and on a MariaDB whose release cannot be read.
+fn flavor_of(version: &str) -> MySqlFlavor {
+    match mariadb_release(version) {
+        Some(release) if is_mariadb(version) && release >= (10, 5) => MySqlFlavor::MariaDb,
+        _ => MySqlFlavor::MySql,
+    }
+}
+
 /// ER_LOCK_WAIT_TIMEOUT.
 const LOCK_WAIT_TIMEOUT: u16 = 1205;
 /// ER_LOCK_DEADLOCK.
@@ -945,4 +975,50 @@ const DEADLOCK: u16 = 1213;
 fn mysql_error(e: &dyn sqlx::error::DatabaseError) -> Option<u16> {
     e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
         .map(|e| e.number())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flavor_follows_the_server_and_its_release() {
+        for (version, flavor) in [
+            // MariaDB 10.5 and later: INSERT … RETURNING.
+            ("10.11.19-MariaDB-0+deb12u1", MySqlFlavor::MariaDb),
+            ("10.5.0-MariaDB", MySqlFlavor::MariaDb),
+            ("10.6.12-MariaDB-log", MySqlFlavor::MariaDb),
+            ("11.4.2-MariaDB-ubu2404", MySqlFlavor::MariaDb),
+            ("12.0.1-MariaDB", MySqlFlavor::MariaDb),
+            (
+                "5.5.5-10.5.8-MariaDB-1:10.5.8+maria~focal",
+                MySqlFlavor::MariaDb,
+            ),
+            // Older MariaDB has no RETURNING: two statements, as on MySQL.
+            ("10.4.32-MariaDB", MySqlFlavor::MySql),
+            ("10.3.39-MariaDB-0ubuntu0.20.04.2", MySqlFlavor::MySql),
+            (
+                "5.5.5-10.4.12-MariaDB-1:10.4.12+maria~bionic",
+                MySqlFlavor::MySql,
+            ),
+            ("10.1.48-MariaDB", MySqlFlavor::MySql),
+            ("5.5.68-MariaDB", MySqlFlavor::MySql),
+            // A MariaDB whose release cannot be read: the path every server runs.
+            ("MariaDB", MySqlFlavor::MySql),
+            ("x.y-MariaDB", MySqlFlavor::MySql),
+            // MySQL, whatever its release.
+            ("8.0.36", MySqlFlavor::MySql),
+            ("8.0.36-0ubuntu0.22.04.1", MySqlFlavor::MySql),
+            ("8.4.0-commercial", MySqlFlavor::MySql),
+            ("11.0.0", MySqlFlavor::MySql),
+            ("", MySqlFlavor::MySql),
+        ] {
+            assert_eq!(flavor_of(version), flavor, "{version}");
+        }
+        assert!(is_mariadb("10.4.32-MariaDB") && is_mariadb("10.6.1-mariadb"));
+        assert!(!is_mariadb("8.0.36"));
+        assert_eq!(mariadb_release("10.11.19-MariaDB"), Some((10, 11)));
+        assert_eq!(mariadb_release("5.5.5-10.4.12-MariaDB"), Some((10, 4)));
+        assert_eq!(mariadb_release("11-MariaDB"), None);
+    }
 }
