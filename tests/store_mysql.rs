@@ -275,3 +275,42 @@ async fn stuck_claims_skip_a_row_that_is_no_valid_key() {
     }
     common::db::assert_undecodable_rows_skipped(listed, &events, &ns, &[older, newer], bad.len());
 }
+
+/// A pool whose connections add MariaDB's `SIMULTANEOUS_ASSIGNMENT` to their SQL mode: the
+/// claims' `ON DUPLICATE KEY UPDATE` would no longer assign left to right, so `migrate()`
+/// refuses, saying what to change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_refuses_simultaneous_assignment() {
+    let Some(store) = store().await else { return };
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    if !version.contains("MariaDB") {
+        // MySQL has no such mode: nothing to refuse.
+        return;
+    }
+    let url = url();
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET SESSION sql_mode = CONCAT(@@sql_mode, ',SIMULTANEOUS_ASSIGNMENT')")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&url)
+        .await
+        .unwrap();
+    let store = MySqlStore::new(pool);
+    let err = store.migrate().await.unwrap_err();
+    assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
+    let message = std::error::Error::source(&err).unwrap().to_string();
+    for says in ["SIMULTANEOUS_ASSIGNMENT", "@@SESSION.sql_mode", "remove it"] {
+        assert!(message.contains(says), "{message}");
+    }
+    // The named lock was released: another instance can migrate.
+    common::db::mysql_store().await.unwrap();
+}

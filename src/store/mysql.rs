@@ -86,8 +86,17 @@
 //!
 //! The claim and version statements rely on MySQL and MariaDB running the assignments of an
 //! `ON DUPLICATE KEY UPDATE` left to right, each seeing the ones before it. MariaDB's
-//! `SIMULTANEOUS_ASSIGNMENT` SQL mode (off by default) changes that; the store does not
-//! support it.
+//! `SIMULTANEOUS_ASSIGNMENT` SQL mode (10.3.5 and later, off by default) makes every
+//! assignment see the row as it was: a claim would then take a row's token without starting
+//! a run, and a stale claim could be taken over again and again. The store does not support
+//! it: [`migrate`](MySqlStore::migrate) fails when the mode is in the server's default
+//! (`@@GLOBAL.sql_mode`) or in the session of the connection it migrates on, saying what to
+//! change.
+//!
+//! Claims do not check it again: it would cost every claim a round trip. A pooled connection
+//! whose session turns the mode on later (a `SET SESSION sql_mode` by application code on the
+//! store's pool, or a pool whose `after_connect` sets it on some connections only) is not
+//! detected; keep the store's pool to itself, and leave its SQL mode alone.
 //!
 //! # Round trips
 //!
@@ -535,6 +544,10 @@ impl MySqlStore {
     /// upgrades a table made by an earlier release (one `ALTER TABLE`, its rows kept). Safe
     /// to call at every start-up, from several instances at once: a named lock (`GET_LOCK`)
     /// lets one of them at a time in.
+    ///
+    /// Fails, changing nothing, when the server's SQL mode (its default, or this connection's)
+    /// includes MariaDB's `SIMULTANEOUS_ASSIGNMENT`, under which claims are not safe (see the
+    /// [module docs](crate::store::mysql#assignment-order)).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         // One connection holds a named lock throughout, so that instances starting together
         // do not both upgrade the table.
@@ -559,10 +572,12 @@ impl MySqlStore {
     }
 
     async fn migrate_locked(&self, conn: &mut sqlx::MySqlConnection) -> Result<(), StoreError> {
-        let version: String = sqlx::query_scalar("SELECT VERSION()")
-            .fetch_one(&mut *conn)
-            .await
-            .store()?;
+        let (version, session_mode, global_mode): (String, String, String) =
+            sqlx::query_as("SELECT VERSION(), @@SESSION.sql_mode, @@GLOBAL.sql_mode")
+                .fetch_one(&mut *conn)
+                .await
+                .store()?;
+        check_sql_mode(&session_mode, &global_mode)?;
         let mariadb = is_mariadb(&version);
         // Asked anyway: the claims need not ask again.
         self.flavor
@@ -967,6 +982,37 @@ fn flavor_of(version: &str) -> MySqlFlavor {
     }
 }
 
+/// Refuses a server whose SQL mode, for this connection (`session`) or for new ones
+/// (`global`), has MariaDB's `SIMULTANEOUS_ASSIGNMENT`: the claims rely on the assignments of
+/// `ON DUPLICATE KEY UPDATE` running left to right, each seeing the ones before it, and under
+/// that mode a claim would hand out leases without starting a run (a handler could run twice).
+fn check_sql_mode(session: &str, global: &str) -> Result<(), StoreError> {
+    let simultaneous = |mode: &str| {
+        mode.split(',')
+            .any(|m| m.trim().eq_ignore_ascii_case("SIMULTANEOUS_ASSIGNMENT"))
+    };
+    let (on_session, on_global) = (simultaneous(session), simultaneous(global));
+    if !on_session && !on_global {
+        return Ok(());
+    }
+    let scope = match (on_session, on_global) {
+        (true, true) => "the server's default (@@GLOBAL.sql_mode) and this connection's",
+        (false, true) => "the server's default (@@GLOBAL.sql_mode)",
+        _ => "this connection's (@@SESSION.sql_mode)",
+    };
+    let fix = if on_global {
+        "remove it from sql_mode in the server's configuration and with \
+         SET GLOBAL sql_mode = REPLACE(@@GLOBAL.sql_mode, 'SIMULTANEOUS_ASSIGNMENT', '')"
+    } else {
+        "remove it from what sets the session's sql_mode (the pool's after_connect, or the \
+         connection options)"
+    };
+    Err(StoreError::backend(format!(
+        "the SQL mode {scope} includes SIMULTANEOUS_ASSIGNMENT, under which the store's claims \
+         are not safe (they rely on ON DUPLICATE KEY UPDATE assigning left to right): {fix}"
+    )))
+}
+
 /// ER_LOCK_WAIT_TIMEOUT.
 const LOCK_WAIT_TIMEOUT: u16 = 1205;
 /// ER_LOCK_DEADLOCK.
@@ -1020,5 +1066,24 @@ mod tests {
         assert_eq!(mariadb_release("10.11.19-MariaDB"), Some((10, 11)));
         assert_eq!(mariadb_release("5.5.5-10.4.12-MariaDB"), Some((10, 4)));
         assert_eq!(mariadb_release("11-MariaDB"), None);
+    }
+
+    #[test]
+    fn simultaneous_assignment_is_refused() {
+        let default = "STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION";
+        assert!(check_sql_mode(default, default).is_ok());
+        assert!(check_sql_mode("", "").is_ok());
+        let with = format!("{default},SIMULTANEOUS_ASSIGNMENT");
+        for (session, global, says) in [
+            (with.as_str(), default, "@@SESSION.sql_mode"),
+            (default, with.as_str(), "SET GLOBAL sql_mode"),
+            (with.as_str(), with.as_str(), "SET GLOBAL sql_mode"),
+            ("simultaneous_assignment", "", "@@SESSION.sql_mode"),
+        ] {
+            let err = check_sql_mode(session, global).unwrap_err();
+            let message = std::error::Error::source(&err).unwrap().to_string();
+            assert!(message.contains("SIMULTANEOUS_ASSIGNMENT"), "{message}");
+            assert!(message.contains(says), "{message}");
+        }
     }
 }
