@@ -6,7 +6,7 @@ use tower_layer::Layer;
 
 use crate::engine::settings::{Settings, shared_settings};
 use crate::key::{self, Auto, ExtractKey, IdempotencyKey};
-use crate::service::{Idempotency, Shared};
+use crate::service::{ClaimSettings, Idempotency, Shared};
 use crate::store::{Pending, Stale, Store};
 
 /// Makes an inner service process each event once: claim the key, run the inner service,
@@ -32,16 +32,6 @@ pub struct IdempotencyLayer<St, K = Auto> {
     key: K,
     settings: Settings,
     claims: ClaimSettings,
-}
-
-pub(crate) type HeldHook = Arc<dyn Fn(&IdempotencyKey, &Pending) + Send + Sync>;
-
-/// The settings only claim-then-commit has.
-#[derive(Clone, Default)]
-pub(crate) struct ClaimSettings {
-    pub(crate) stale: Stale,
-    pub(crate) on_held: Option<HeldHook>,
-    pub(crate) wait_in_flight: Option<Duration>,
 }
 
 impl<St> IdempotencyLayer<St> {
@@ -181,16 +171,6 @@ impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for IdempotencyLayer<St, K> {
             .field("key", &self.key)
             .field("settings", &self.settings)
             .field("claims", &self.claims)
-            .finish()
-    }
-}
-
-impl fmt::Debug for ClaimSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClaimSettings")
-            .field("stale", &self.stale)
-            .field("on_held", &self.on_held.is_some())
-            .field("wait_in_flight", &self.wait_in_flight)
             .finish()
     }
 }

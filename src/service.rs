@@ -1,6 +1,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -13,11 +14,10 @@ use crate::engine::drain::Entry;
 use crate::engine::guard::{LeaseGuard, Owner, Settle};
 use crate::engine::prepare::{BoxError, Keyed, keyed, pass_through, record, reject};
 use crate::engine::run::{Detach, run};
-use crate::engine::settings::Settings;
+use crate::engine::settings::{HeldHook, Settings};
 use crate::engine::wait;
 use crate::future::ResponseFuture;
 use crate::key::{Auto, ExtractKey, IdempotencyKey};
-use crate::layer::ClaimSettings;
 use crate::response::{self, Outcome};
 use crate::store::{Claim, Completed, Lease, Pending, Stale, Store, StoreError};
 
@@ -320,5 +320,23 @@ impl<St: Store, K: ExtractKey> Owner for Shared<St, K> {
                 "release failed; it is retried in the background",
             ),
         }
+    }
+}
+
+/// The settings only claim-then-commit has.
+#[derive(Clone, Default)]
+pub(crate) struct ClaimSettings {
+    pub(crate) stale: Stale,
+    pub(crate) on_held: Option<HeldHook>,
+    pub(crate) wait_in_flight: Option<Duration>,
+}
+
+impl fmt::Debug for ClaimSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClaimSettings")
+            .field("stale", &self.stale)
+            .field("on_held", &self.on_held.is_some())
+            .field("wait_in_flight", &self.wait_in_flight)
+            .finish()
     }
 }

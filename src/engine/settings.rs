@@ -37,6 +37,10 @@ pub(crate) struct Settings {
     pub(crate) verify: Option<Verification>,
 }
 
+/// Called when a delivery meets a stale claim that the hold policy keeps.
+pub(crate) type HeldHook =
+    std::sync::Arc<dyn Fn(&crate::IdempotencyKey, &crate::store::Pending) + Send + Sync>;
+
 /// Which inner responses commit: a predicate on the status.
 #[derive(Clone)]
 pub(crate) struct CommitWhen(pub(crate) std::sync::Arc<dyn Fn(StatusCode) -> bool + Send + Sync>);

@@ -18,10 +18,10 @@ use crate::engine::prepare::{
     self, BoxError, check_len, pass_through, take_body, verified, verifies,
 };
 use crate::engine::run::{Detach, run};
+use crate::engine::settings::HeldHook;
 use crate::engine::settings::Settings;
 use crate::future::ResponseFuture;
 use crate::key::{ExtractKey, IdempotencyKey};
-use crate::layer::HeldHook;
 use crate::response::{self, Outcome};
 use crate::store::{LeaseToken, Pending, Stale, StoreError};
 

@@ -113,6 +113,7 @@
 //! # let _ = layer;
 //! ```
 
+mod parse;
 mod providers;
 mod twilio;
 

@@ -2,12 +2,13 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::Engine;
+use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, KeyInit, Mac};
 use http::request::Parts;
 use sha2::Sha256;
 
+use super::parse::{from_base64, from_hex, header};
 use super::{Check, VerifyError, twilio};
 use crate::key::Sender;
 
@@ -158,18 +159,6 @@ fn any_matches(
     }
 }
 
-/// The value of a header the signature needs, as text.
-pub(super) fn header<'a>(parts: &'a Parts, name: &str) -> Result<&'a str, VerifyError> {
-    let value = parts
-        .headers
-        .get(name)
-        .ok_or_else(|| VerifyError::missing(format!("header `{name}`")))?;
-    value
-        .to_str()
-        .map(str::trim)
-        .map_err(|_| VerifyError::malformed(format!("header `{name}` is not visible ASCII")))
-}
-
 /// A Unix timestamp in whole seconds.
 fn seconds(text: &str) -> Result<i64, VerifyError> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
@@ -195,24 +184,6 @@ fn fresh(timestamp: i64, now: SystemTime, tolerance: Duration) -> Result<(), Ver
         });
     }
     Ok(())
-}
-
-pub(super) fn from_hex(text: &str) -> Result<Vec<u8>, VerifyError> {
-    let malformed = || VerifyError::malformed("a signature is not hexadecimal");
-    if !text.len().is_multiple_of(2) {
-        return Err(malformed());
-    }
-    let digit = |b: u8| char::from(b).to_digit(16).ok_or_else(malformed);
-    text.as_bytes()
-        .chunks(2)
-        .map(|pair| Ok((digit(pair[0])? << 4 | digit(pair[1])?) as u8))
-        .collect()
-}
-
-pub(super) fn from_base64(text: &str) -> Result<Vec<u8>, VerifyError> {
-    BASE64
-        .decode(text)
-        .map_err(|_| VerifyError::malformed("a signature is not base64"))
 }
 
 /// The key of a Standard Webhooks secret: the base64 after its optional `whsec_` prefix.

@@ -5,7 +5,7 @@ use http::request::Parts;
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
 
-use super::providers::{from_base64, from_hex, header};
+use super::parse::{from_base64, from_hex, header};
 use super::{Check, VerifyError};
 
 pub(super) fn check(check: &Check, parts: &Parts, body: &[u8]) -> Result<(), VerifyError> {
