@@ -314,3 +314,183 @@ async fn migrate_refuses_simultaneous_assignment() {
     // The named lock was released: another instance can migrate.
     common::db::mysql_store().await.unwrap();
 }
+
+/// A transactional service on `store`: the handler reads `innodb_lock_wait_timeout` in the
+/// delivery's transaction into `seen`, then answers as `x-behave` says (`ok`, `500`, or
+/// `block` until `gate` has a permit, after telling `started`).
+fn lock_wait_service(
+    store: MySqlStore,
+    ns: String,
+    lock_timeout: std::time::Duration,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<i64>>>,
+    gate: std::sync::Arc<tokio::sync::Semaphore>,
+    started: tokio::sync::mpsc::UnboundedSender<()>,
+) -> impl tower::Service<
+    http::Request<http_body_util::Full<bytes::Bytes>>,
+    Response = http::Response<
+        tower_idempotency::body::ResponseBody<http_body_util::Full<bytes::Bytes>>,
+    >,
+    Error = sqlx::Error,
+    Future = impl Send,
+> + Clone {
+    use tower::Layer as _;
+    use tower_idempotency::body::RequestBody;
+    use tower_idempotency::transactional::{TransactionalLayer, TxHandle};
+    type Req = http::Request<RequestBody<http_body_util::Full<bytes::Bytes>>>;
+    TransactionalLayer::new(store)
+        .key(tower_idempotency::key::header("x-event-id").namespace(ns))
+        .lock_timeout(lock_timeout)
+        .layer(tower::service_fn(move |req: Req| {
+            let (seen, gate, started) = (seen.clone(), gate.clone(), started.clone());
+            async move {
+                let handle = req
+                    .extensions()
+                    .get::<TxHandle<sqlx::MySql>>()
+                    .unwrap()
+                    .clone();
+                {
+                    let mut tx = handle.lock().unwrap();
+                    let wait: i64 = sqlx::query_scalar(
+                        "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)",
+                    )
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    seen.lock().unwrap().push(wait);
+                }
+                let mut res = http::Response::new(http_body_util::Full::new(bytes::Bytes::new()));
+                match req.headers()["x-behave"].to_str().unwrap() {
+                    "500" => *res.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "block" => {
+                        let _ = started.send(());
+                        gate.acquire().await.unwrap().forget();
+                    }
+                    _ => {}
+                }
+                Ok(res)
+            }
+        }))
+}
+
+fn lock_wait_delivery(id: &str, behave: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    http::Request::post("/hook")
+        .header("x-event-id", id)
+        .header("x-behave", behave)
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap()
+}
+
+/// Transactional mode bounds the marker's lock wait by the layer's lock timeout, and leaves the
+/// pooled connection's `innodb_lock_wait_timeout` as it was: after a delivery that committed,
+/// one that rolled back, a duplicate, and a duplicate whose wait timed out. The handler's own
+/// statements see the connection's setting. On MariaDB the suite runs twice: with the detected
+/// flavor, and forced to the MySQL one.
+async fn transactional_mode_keeps_the_lock_wait_timeout(flavor: Option<MySqlFlavor>) {
+    use tower::ServiceExt as _;
+    const OWN: i64 = 37;
+    let url = url();
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET SESSION innodb_lock_wait_timeout = 37")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&url);
+    let Some(pool) = common::connect("MYSQL_URL", &url, pool).await else {
+        return;
+    };
+    let mut store = MySqlStore::new(pool.clone());
+    if let Some(flavor) = flavor {
+        store = store.with_flavor(flavor);
+    }
+    store.migrate().await.unwrap();
+    let own = || async {
+        sqlx::query_scalar::<_, i64>("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(own().await, OWN);
+    let ns = common::unique_namespace("lock-wait");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let (started, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
+    let svc = lock_wait_service(
+        store,
+        ns.clone(),
+        std::time::Duration::from_secs(1),
+        seen.clone(),
+        gate.clone(),
+        started.clone(),
+    );
+    for (id, behave, status) in [
+        ("e1", "ok", http::StatusCode::OK),
+        ("e1", "ok", http::StatusCode::OK),
+        ("e2", "500", http::StatusCode::INTERNAL_SERVER_ERROR),
+    ] {
+        let res = svc
+            .clone()
+            .oneshot(lock_wait_delivery(id, behave))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), status, "{id} {behave}");
+        assert_eq!(
+            own().await,
+            OWN,
+            "after {id} {behave}: the connection's own setting"
+        );
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [OWN, OWN],
+        "the handler's statements see it too"
+    );
+
+    // Another instance holds e3's marker in its open transaction: this one's duplicate waits
+    // one second, answers 409, and leaves the setting as it was.
+    let other = lock_wait_service(
+        common::db::mysql_store().await.unwrap(),
+        ns,
+        std::time::Duration::from_secs(10),
+        seen.clone(),
+        gate.clone(),
+        started,
+    );
+    let first = tokio::spawn(other.oneshot(lock_wait_delivery("e3", "block")));
+    started_rx.recv().await.unwrap();
+    let waited = std::time::Instant::now();
+    let res = svc
+        .clone()
+        .oneshot(lock_wait_delivery("e3", "ok"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), http::StatusCode::CONFLICT);
+    assert!(
+        waited.elapsed() >= std::time::Duration::from_millis(900),
+        "{:?}",
+        waited.elapsed()
+    );
+    assert_eq!(own().await, OWN, "after a lock wait that timed out");
+    gate.add_permits(1);
+    assert_eq!(first.await.unwrap().unwrap().status(), http::StatusCode::OK);
+    let res = svc.oneshot(lock_wait_delivery("e3", "ok")).await.unwrap();
+    assert_eq!(
+        res.status(),
+        http::StatusCode::OK,
+        "a duplicate of the committed e3"
+    );
+    assert_eq!(own().await, OWN);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_mode_keeps_the_connections_lock_wait_timeout() {
+    transactional_mode_keeps_the_lock_wait_timeout(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_mode_keeps_the_connections_lock_wait_timeout_two_statement_claim() {
+    transactional_mode_keeps_the_lock_wait_timeout(Some(MySqlFlavor::MySql)).await;
+}

@@ -235,3 +235,140 @@ async fn stuck_claims_skip_a_row_that_is_no_valid_key() {
     }
     common::db::assert_undecodable_rows_skipped(listed, &events, &ns, &[older, newer], bad.len());
 }
+
+/// A transactional service on `store`: the handler reads the connection's busy timeout in the
+/// delivery's transaction into `seen`, then answers 200, or 500 when `x-behave` says so.
+fn busy_timeout_service(
+    store: SqliteStore,
+    ns: String,
+    lock_timeout: std::time::Duration,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<i64>>>,
+) -> impl tower::Service<
+    http::Request<http_body_util::Full<bytes::Bytes>>,
+    Response = http::Response<
+        tower_idempotency::body::ResponseBody<http_body_util::Full<bytes::Bytes>>,
+    >,
+    Error = sqlx::Error,
+    Future = impl Send,
+> + Clone {
+    use tower::Layer as _;
+    use tower_idempotency::body::RequestBody;
+    use tower_idempotency::transactional::{TransactionalLayer, TxHandle};
+    type Req = http::Request<RequestBody<http_body_util::Full<bytes::Bytes>>>;
+    TransactionalLayer::new(store)
+        .key(tower_idempotency::key::header("x-event-id").namespace(ns))
+        .lock_timeout(lock_timeout)
+        .layer(tower::service_fn(move |req: Req| {
+            let seen = seen.clone();
+            async move {
+                let handle = req
+                    .extensions()
+                    .get::<TxHandle<sqlx::Sqlite>>()
+                    .unwrap()
+                    .clone();
+                {
+                    let mut tx = handle.lock().unwrap();
+                    let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    seen.lock().unwrap().push(busy);
+                }
+                let mut res = http::Response::new(http_body_util::Full::new(bytes::Bytes::new()));
+                if req.headers()["x-behave"] == "500" {
+                    *res.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                }
+                Ok(res)
+            }
+        }))
+}
+
+/// Transactional mode bounds the wait for the write lock by the layer's lock timeout, and
+/// leaves the pooled connection's busy timeout as it was: after a delivery that committed, one
+/// that rolled back, a duplicate, and a delivery whose wait for the write lock timed out. The
+/// handler's own statements see the connection's busy timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_mode_keeps_the_connections_busy_timeout() {
+    use tower::ServiceExt as _;
+    const OWN: i64 = 30_000;
+    let path = std::env::temp_dir().join(format!(
+        "tower-idempotency-{}.sqlite3",
+        common::unique_namespace("busy-timeout")
+    ));
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(std::time::Duration::from_millis(OWN as u64));
+    let one = || {
+        SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+    };
+    let pool = one().await.unwrap();
+    let store = SqliteStore::new(pool.clone());
+    store.migrate().await.unwrap();
+    let own = || async {
+        sqlx::query_scalar::<_, i64>("PRAGMA busy_timeout")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(own().await, OWN);
+    let ns = common::unique_namespace("busy-timeout");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let lock_timeout = std::time::Duration::from_millis(300);
+    let svc = busy_timeout_service(store, ns, lock_timeout, seen.clone());
+    let delivery = |id: &str, behave: &str| {
+        http::Request::post("/hook")
+            .header("x-event-id", id)
+            .header("x-behave", behave)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    for (id, behave, status) in [
+        ("e1", "ok", http::StatusCode::OK),
+        ("e1", "ok", http::StatusCode::OK),
+        ("e2", "500", http::StatusCode::INTERNAL_SERVER_ERROR),
+    ] {
+        let res = svc.clone().oneshot(delivery(id, behave)).await.unwrap();
+        assert_eq!(res.status(), status, "{id} {behave}");
+        assert_eq!(
+            own().await,
+            OWN,
+            "after {id} {behave}: the connection's own"
+        );
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [OWN, OWN],
+        "the handler's statements see it too"
+    );
+
+    // Another process holds the write lock: the delivery waits the lock timeout, answers 409,
+    // and leaves the busy timeout as it was.
+    let other = one().await.unwrap();
+    let mut writer = other.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let waited = std::time::Instant::now();
+    let res = svc.clone().oneshot(delivery("e3", "ok")).await.unwrap();
+    let waited = waited.elapsed();
+    assert_eq!(res.status(), http::StatusCode::CONFLICT);
+    assert!(
+        waited >= lock_timeout && waited < std::time::Duration::from_secs(5),
+        "{waited:?}"
+    );
+    assert_eq!(
+        own().await,
+        OWN,
+        "after a wait for the write lock that timed out"
+    );
+    sqlx::query("SELECT 1").execute(&mut *writer).await.unwrap();
+    writer.rollback().await.unwrap();
+    let res = svc.oneshot(delivery("e3", "ok")).await.unwrap();
+    assert_eq!(res.status(), http::StatusCode::OK);
+    assert_eq!(own().await, OWN);
+    pool.close().await;
+    other.close().await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}

@@ -107,6 +107,18 @@
 //!   matched rows and a repeated commit with the same lease answers `Ok`.
 //! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
 //!
+//! # Transactional mode
+//!
+//! `BEGIN`, `INSERT IGNORE` of the marker as `done` (and, when the key existed, a read of its
+//! row, and an `UPDATE` that takes it over if it was released), the handler's statements, a
+//! check that the marker is still in the transaction, `COMMIT`. A duplicate's insert waits for
+//! the open transaction on the primary key; past the lock timeout (error 1205) it answers 409.
+//! The lock timeout bounds the marker's statements only, and the pooled connection keeps its
+//! own `innodb_lock_wait_timeout`, for the handler's statements too: MariaDB runs each marker
+//! statement as `SET STATEMENT innodb_lock_wait_timeout = <s> FOR …`; on MySQL (and MariaDB
+//! before 10.5) the session's value is saved and replaced in the `BEGIN` round trip, and put
+//! back in one more round trip right after the marker.
+//!
 //! # Entity versions (the order layer)
 //!
 //! [`migrate`](MySqlStore::migrate) also runs a second `CREATE TABLE` for the
@@ -868,12 +880,6 @@ impl AdvanceVersion for MySqlStore {
 impl crate::transactional::TransactionalStore for MySqlStore {
     type Database = sqlx::MySql;
 
-    /// `SET SESSION innodb_lock_wait_timeout = <s>; BEGIN` (one round trip; whole seconds, at
-    /// least 1), then `INSERT IGNORE` of the marker, followed, when the key existed, by a read
-    /// of the row (deliveries of an existing key are not counted in this mode). The pooled
-    /// connection keeps that lock wait timeout afterwards. When a first delivery rolls back,
-    /// InnoDB may fail one of the waiting duplicates as deadlocked: it begins again, up to
-    /// three times.
     async fn holds_marker(
         &self,
         conn: &mut sqlx::MySqlConnection,
@@ -890,6 +896,19 @@ impl crate::transactional::TransactionalStore for MySqlStore {
         Ok(found.is_some())
     }
 
+    /// `BEGIN`, then `INSERT IGNORE` of the marker, followed, when the key existed, by a read
+    /// of the row (deliveries of an existing key are not counted in this mode), and an
+    /// `UPDATE` taking it over if it was released.
+    ///
+    /// The lock timeout (whole seconds, at least 1) bounds those statements only, and the
+    /// pooled connection keeps its own `innodb_lock_wait_timeout`: on MariaDB each of them
+    /// runs as `SET STATEMENT innodb_lock_wait_timeout = <s> FOR …`; on MySQL (and MariaDB
+    /// before 10.5) the session's value is saved in a user variable and replaced in the
+    /// `BEGIN` round trip, and put back in one more round trip right after the marker. The
+    /// handler's own statements run with the connection's setting.
+    ///
+    /// When a first delivery rolls back, InnoDB may fail one of the waiting duplicates as
+    /// deadlocked: it begins again, up to three times.
     async fn begin(
         &self,
         key: &IdempotencyKey,
@@ -899,60 +918,134 @@ impl crate::transactional::TransactionalStore for MySqlStore {
             .as_secs_f64()
             .ceil()
             .clamp(1.0, 1_073_741_824.0) as u64;
+        let scoped = self.flavor().await? == MySqlFlavor::MariaDb;
+        let marker = if scoped {
+            let within = |sql: &str| -> Arc<str> {
+                format!("SET STATEMENT innodb_lock_wait_timeout = {seconds} FOR {sql}").into()
+            };
+            MarkerQueries {
+                begin: "BEGIN".into(),
+                insert: within(&self.sql.tx_claim),
+                take: within(&self.claims.tx_take),
+            }
+        } else {
+            MarkerQueries {
+                begin: format!(
+                    "SET {SAVED_LOCK_WAIT} = @@SESSION.innodb_lock_wait_timeout; \
+                     SET SESSION innodb_lock_wait_timeout = {seconds}; BEGIN"
+                )
+                .into(),
+                insert: self.sql.tx_claim.clone(),
+                take: self.claims.tx_take.clone(),
+            }
+        };
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let begin = format!("SET SESSION innodb_lock_wait_timeout = {seconds}; BEGIN");
-            let mut tx = self.pool.begin_with(AssertSqlSafe(begin)).await.store()?;
+            let mut tx = self
+                .pool
+                .begin_with(AssertSqlSafe(marker.begin.clone()))
+                .await
+                .store()?;
             let token = LeaseToken::generate();
-            let inserted = sqlx::query(AssertSqlSafe(self.sql.tx_claim.clone()))
-                .bind(key.namespace())
-                .bind(key.value())
-                .bind(token.to_i64())
+            let marked = self.insert_marker(&mut tx, &marker, key, token).await;
+            if !scoped {
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "SET SESSION innodb_lock_wait_timeout = {SAVED_LOCK_WAIT}; \
+                     SET {SAVED_LOCK_WAIT} = NULL"
+                )))
                 .execute(&mut *tx)
-                .await;
-            let claim = match inserted {
-                Ok(done) if done.rows_affected() == 1 => {
-                    return Ok(crate::transactional::Begin::Claimed(tx, token));
-                }
-                Ok(_) => {
-                    let mut row = self.read_claim(&mut tx, key).await?;
-                    if KeyState::parse(&row.state) == Some(KeyState::Released) {
-                        // A released row is free for the marker: taken over in this
-                        // transaction, unless another delivery was faster.
-                        let taken = sqlx::query(AssertSqlSafe(self.claims.tx_take.clone()))
-                            .bind(token.to_i64())
-                            .bind(key.namespace())
-                            .bind(key.value())
-                            .execute(&mut *tx)
-                            .await;
-                        match taken {
-                            Ok(done) if done.rows_affected() == 1 => {
-                                return Ok(crate::transactional::Begin::Claimed(tx, token));
-                            }
-                            Ok(_) => row = self.read_claim(&mut tx, key).await?,
-                            Err(sqlx::Error::Database(e))
-                                if mysql_error(&*e) == Some(DEADLOCK) && attempt < 3 =>
-                            {
-                                continue;
-                            }
-                            Err(e) => return Err(StoreError::backend(e)),
-                        }
-                    }
-                    row.into_claim(key, token, sql::NEVER_STALE)?
-                }
-                Err(sqlx::Error::Database(e)) if mysql_error(&*e) == Some(LOCK_WAIT_TIMEOUT) => {
+                .await
+                .store()?;
+            }
+            let claim = match marked? {
+                Marked::Claimed => return Ok(crate::transactional::Begin::Claimed(tx, token)),
+                Marked::LockTimedOut => {
                     return Ok(crate::transactional::Begin::lock_timed_out(lock_timeout));
                 }
-                Err(sqlx::Error::Database(e))
-                    if mysql_error(&*e) == Some(DEADLOCK) && attempt < 3 =>
-                {
-                    continue;
-                }
-                Err(e) => return Err(StoreError::backend(e)),
+                Marked::Deadlocked(_) if attempt < 3 => continue,
+                Marked::Deadlocked(e) => return Err(StoreError::backend(e)),
+                Marked::Found(row) => row.into_claim(key, token, sql::NEVER_STALE)?,
             };
             return crate::transactional::begun(claim, tx).await;
         }
+    }
+}
+
+/// The user variable that keeps the session's `innodb_lock_wait_timeout` while a delivery's
+/// marker is inserted with the lock timeout instead (MySQL, and MariaDB before 10.5).
+const SAVED_LOCK_WAIT: &str = "@tower_idempotency_lock_wait";
+
+/// The statements of one transactional delivery's marker, with its lock timeout.
+struct MarkerQueries {
+    begin: Arc<str>,
+    insert: Arc<str>,
+    take: Arc<str>,
+}
+
+/// What inserting a transactional marker found.
+enum Marked {
+    /// The marker is in the transaction, with this delivery's token.
+    Claimed,
+    /// The key's row, someone else's.
+    Found(ClaimRow),
+    /// The first delivery's transaction held the row past the lock timeout.
+    LockTimedOut,
+    /// InnoDB chose this transaction as a deadlock's victim and rolled it back.
+    Deadlocked(sqlx::Error),
+}
+
+impl MySqlStore {
+    /// Inserts the marker of `key` in `tx`, or takes over the key's released row.
+    async fn insert_marker(
+        &self,
+        tx: &mut sqlx::MySqlConnection,
+        marker: &MarkerQueries,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+    ) -> Result<Marked, StoreError> {
+        let inserted = sqlx::query(AssertSqlSafe(marker.insert.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(token.to_i64())
+            .execute(&mut *tx)
+            .await;
+        match inserted {
+            Ok(done) if done.rows_affected() == 1 => return Ok(Marked::Claimed),
+            Ok(_) => {}
+            Err(e) => return marker_failed(e),
+        }
+        let row = self.read_claim(tx, key).await?;
+        if KeyState::parse(&row.state) != Some(KeyState::Released) {
+            return Ok(Marked::Found(row));
+        }
+        // A released row is free for the marker: taken over in this transaction, unless
+        // another delivery was faster.
+        let taken = sqlx::query(AssertSqlSafe(marker.take.clone()))
+            .bind(token.to_i64())
+            .bind(key.namespace())
+            .bind(key.value())
+            .execute(&mut *tx)
+            .await;
+        match taken {
+            Ok(done) if done.rows_affected() == 1 => Ok(Marked::Claimed),
+            Ok(_) => Ok(Marked::Found(self.read_claim(tx, key).await?)),
+            Err(e) => marker_failed(e),
+        }
+    }
+}
+
+/// A marker statement's error: a lock wait past the lock timeout or a deadlock are answers,
+/// any other error is the store's failure.
+fn marker_failed(e: sqlx::Error) -> Result<Marked, StoreError> {
+    match &e {
+        sqlx::Error::Database(db) if mysql_error(&**db) == Some(LOCK_WAIT_TIMEOUT) => {
+            Ok(Marked::LockTimedOut)
+        }
+        sqlx::Error::Database(db) if mysql_error(&**db) == Some(DEADLOCK) => {
+            Ok(Marked::Deadlocked(e))
+        }
+        _ => Err(StoreError::backend(e)),
     }
 }
 

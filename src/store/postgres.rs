@@ -98,7 +98,7 @@
 //! the handler's statements, a check that the marker is still in the transaction, `COMMIT`.
 //! A duplicate's insert waits for the open transaction on the primary key; past the lock
 //! timeout (SQLSTATE 55P03) it answers 409. The lock timeout stays in force for the handler's
-//! own statements in the transaction.
+//! own statements in the transaction, and ends with it: the pooled connection keeps its own.
 //!
 //! # Entity versions (the order layer)
 //!
@@ -485,20 +485,29 @@ sql_store!(PostgresStore);
 version_store!(PostgresStore);
 upsert_store!(PostgresStore, sqlx::Postgres, sqlx::PgConnection);
 
+/// Nothing to put back after the marker: `SET LOCAL` ends with the transaction.
+type LockWait = ();
+
 impl PostgresStore {
     /// `BEGIN; SET LOCAL lock_timeout = <ms>`, one round trip. The lock timeout stays in force
-    /// for the handler's own statements in the transaction.
+    /// for the handler's own statements in the transaction, and ends with it: the pooled
+    /// connection keeps its own.
     async fn begin_transaction(
         &self,
         lock_timeout: std::time::Duration,
-    ) -> Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>, StoreError> {
+    ) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, LockWait), StoreError> {
         let ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
         let begin = format!("BEGIN; SET LOCAL lock_timeout = {ms}");
-        self.pool
-            .begin_with(AssertSqlSafe(begin))
-            .await
-            .store()
-            .map(Some)
+        let tx = self.pool.begin_with(AssertSqlSafe(begin)).await.store()?;
+        Ok((tx, ()))
+    }
+
+    async fn end_lock_wait(
+        &self,
+        _tx: &mut sqlx::PgConnection,
+        (): LockWait,
+    ) -> Result<(), StoreError> {
+        Ok(())
     }
 }
 

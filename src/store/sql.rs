@@ -385,8 +385,10 @@ where
 /// CONFLICT … RETURNING`, so their claim, version and transactional-marker code is the same
 /// but for the connection type. The backend provides `is_lock_timeout(&sqlx::Error) -> bool`,
 /// `is_serialization_failure(&sqlx::Error) -> bool` (a claim or version claim failing so is
-/// tried once more), and an inherent `begin_transaction(lock_timeout)`, answering `None` when
-/// the lock timed out.
+/// tried once more), and an inherent `begin_transaction(lock_timeout)` answering the
+/// transaction, in which the marker's insert waits at most the lock timeout, and a `LockWait`:
+/// what `end_lock_wait(&mut tx, LockWait)` needs to put the connection's lock wait back once
+/// the marker is in.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 macro_rules! upsert_store {
     ($store:ident, $db:ty, $conn:ty) => {
@@ -445,10 +447,12 @@ macro_rules! upsert_store {
             }
 
             /// Inserts the transactional marker of `key` in `tx`, which the backend began with
-            /// its lock timeout.
+            /// its lock timeout, then ends that timeout (`end_lock_wait`): it bounds the
+            /// marker's wait, and the connection is left as it was.
             async fn insert_marker(
                 &self,
                 mut tx: ::sqlx::Transaction<'static, $db>,
+                lock_wait: LockWait,
                 key: &$crate::key::IdempotencyKey,
                 lock_timeout: ::std::time::Duration,
             ) -> Result<$crate::transactional::Begin<$db>, $crate::store::StoreError> {
@@ -459,13 +463,16 @@ macro_rules! upsert_store {
                     .bind(token.to_i64())
                     .fetch_one(&mut *tx)
                     .await;
+                let ended = self.end_lock_wait(&mut tx, lock_wait).await;
                 let row = match row {
                     Ok(row) => row,
                     Err(e) if is_lock_timeout(&e) => {
+                        ended?;
                         return Ok($crate::transactional::Begin::lock_timed_out(lock_timeout));
                     }
                     Err(e) => return Err($crate::store::StoreError::backend(e)),
                 };
+                ended?;
                 let never = $crate::store::sql::NEVER_STALE;
                 let claim =
                     $crate::store::sql::ClaimRow::read(&row)?.into_claim(key, token, never)?;
@@ -476,17 +483,15 @@ macro_rules! upsert_store {
         impl $crate::transactional::TransactionalStore for $store {
             type Database = $db;
 
-            /// The backend's own `BEGIN` with the lock timeout (one round trip), then the
-            /// marker's insert.
+            /// The backend's own `BEGIN` with the lock timeout, then the marker's insert, then
+            /// the connection's own lock wait back.
             async fn begin(
                 &self,
                 key: &$crate::key::IdempotencyKey,
                 lock_timeout: ::std::time::Duration,
             ) -> Result<$crate::transactional::Begin<$db>, $crate::store::StoreError> {
-                match self.begin_transaction(lock_timeout).await? {
-                    Some(tx) => self.insert_marker(tx, key, lock_timeout).await,
-                    None => Ok($crate::transactional::Begin::lock_timed_out(lock_timeout)),
-                }
+                let (tx, lock_wait) = self.begin_transaction(lock_timeout).await?;
+                self.insert_marker(tx, lock_wait, key, lock_timeout).await
             }
 
             async fn holds_marker(

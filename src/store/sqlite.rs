@@ -97,11 +97,13 @@
 //!
 //! # Transactional mode
 //!
-//! `PRAGMA busy_timeout = <ms>; BEGIN IMMEDIATE` (one round trip), the marker's insert as
-//! `done`, the handler's statements, a check that the marker is still in the transaction,
-//! `COMMIT`. SQLite has one writer at a time: `BEGIN IMMEDIATE` takes the write lock at once,
-//! so deliveries in this mode run one after another, and a duplicate waits at `BEGIN` for the
-//! first to finish, up to the lock timeout (then 409). The connection keeps that busy timeout.
+//! `BEGIN`, the connection's busy timeout read and set to the lock timeout (`PRAGMA
+//! busy_timeout`), the marker's insert as `done`, the busy timeout put back, the handler's
+//! statements, a check that the marker is still in the transaction, `COMMIT`. SQLite has one
+//! writer at a time: the marker's insert, the transaction's first statement on the database,
+//! takes the write lock, so deliveries in this mode run one after another, and a duplicate
+//! waits at the insert for the first to finish, up to the lock timeout (then 409). The pooled
+//! connection keeps its own busy timeout, for the handler's statements too.
 //!
 //! # Entity versions (the order layer)
 //!
@@ -450,20 +452,42 @@ sql_store!(SqliteStore);
 version_store!(SqliteStore);
 upsert_store!(SqliteStore, sqlx::Sqlite, sqlx::SqliteConnection);
 
+/// The connection's busy timeout before the delivery's transaction began, in milliseconds.
+type LockWait = i64;
+
 impl SqliteStore {
-    /// `PRAGMA busy_timeout = <ms>; BEGIN IMMEDIATE`, one round trip; `None` when the write
-    /// lock was not free within the lock timeout. The connection keeps that busy timeout.
+    /// `BEGIN` (deferred: it takes no lock yet, so it cannot wait), then the connection's busy
+    /// timeout read and set to the lock timeout. The marker's insert, the transaction's first
+    /// statement on the database, waits for the write lock under it, and
+    /// [`end_lock_wait`](Self::end_lock_wait) puts the connection's own busy timeout back.
     async fn begin_transaction(
         &self,
         lock_timeout: std::time::Duration,
-    ) -> Result<Option<sqlx::Transaction<'static, sqlx::Sqlite>>, StoreError> {
+    ) -> Result<(sqlx::Transaction<'static, sqlx::Sqlite>, LockWait), StoreError> {
         let ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
-        let begin = format!("PRAGMA busy_timeout = {ms}; BEGIN IMMEDIATE");
-        match self.pool.begin_with(AssertSqlSafe(begin)).await {
-            Ok(tx) => Ok(Some(tx)),
-            Err(e) if is_lock_timeout(&e) => Ok(None),
-            Err(e) => Err(StoreError::backend(e)),
-        }
+        let mut tx = self.pool.begin().await.store()?;
+        let previous: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+            .fetch_one(&mut *tx)
+            .await
+            .store()?;
+        sqlx::raw_sql(AssertSqlSafe(format!("PRAGMA busy_timeout = {ms}")))
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        Ok((tx, previous))
+    }
+
+    /// Puts back the busy timeout the connection had before the transaction began.
+    async fn end_lock_wait(
+        &self,
+        tx: &mut sqlx::SqliteConnection,
+        previous: LockWait,
+    ) -> Result<(), StoreError> {
+        sqlx::raw_sql(AssertSqlSafe(format!("PRAGMA busy_timeout = {previous}")))
+            .execute(tx)
+            .await
+            .store()
+            .map(drop)
     }
 }
 
