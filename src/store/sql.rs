@@ -114,11 +114,13 @@ impl TableName {
 
     /// The quoted, unqualified name of the check constraint on `state`: `<table>_state_check`,
     /// the name PostgreSQL gave the unnamed constraint of earlier releases.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn state_check(&self, quote: char) -> String {
         format!("{quote}{}_state_check{quote}", self.table)
     }
 
     /// The unqualified table name, unquoted: for catalog lookups.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     pub(crate) fn bare(&self) -> &str {
         &self.table
     }
