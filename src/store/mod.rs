@@ -125,30 +125,148 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 /// documentation](self#the-contract-every-backend-keeps) states the contract; the conformance
 /// suite in the crate's `tests/` checks it for every backend.
 ///
-/// A store for a database this crate does not cover implements these eight methods. A sketch
-/// of the shape, over some `Db` client whose statements are conditional updates:
+/// A store for a database this crate does not cover implements these eight methods. A small
+/// complete one, over a map in memory (each method is one atomic step under the lock, as each
+/// would be one conditional statement in a database):
 ///
-/// ```ignore
-/// impl Store for MyStore {
-///     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
-///         // One atomic statement: insert `processing` with a fresh token, or on conflict count
-///         // the delivery and take the row over if it is `released`, or `processing` and not
-///         // renewed for `stale.after()` while `stale.policy()` reclaims. Then read the row.
-///         let token = LeaseToken::generate();
-///         let row = self.db.upsert_claim(key, token, stale).await.map_err(StoreError::backend)?;
-///         Ok(if row.token == token {
-///             Claim::Acquired(Lease::new(key.clone(), token, row.took_over_processing))
-///         } else if row.state == "done" {
-///             Claim::Done(Completed::new(row.deliveries))
-///         } else {
-///             stale.pending(row.age, row.since_renewal, row.deliveries)
-///         })
-///     }
-///     // renew, commit, release: `UPDATE … WHERE key = ? AND token = ? AND state = 'processing'`,
-///     // answering `StoreError::LeaseLost` when no row matched.
-///     // …
-/// }
 /// ```
+/// use std::collections::HashMap;
+/// use std::sync::{Arc, Mutex};
+/// use std::time::{Duration, Instant};
+///
+/// use tower_idempotency::IdempotencyKey;
+/// use tower_idempotency::store::{
+///     Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Resolution, Stale, StalePolicy,
+///     Store, StoreError, StuckClaim,
+/// };
+///
+/// struct Row { state: KeyState, token: LeaseToken, claimed: Instant, renewed: Instant,
+///              settled: Instant, first_seen: Instant, last_seen: Instant, deliveries: u64, runs: u64 }
+///
+/// #[derive(Clone, Default)]
+/// struct MapStore(Arc<Mutex<HashMap<IdempotencyKey, Row>>>);
+///
+/// impl MapStore {
+///     /// Runs `change` on the leased row if the lease still holds.
+///     fn leased(&self, lease: &Lease, change: impl FnOnce(&mut Row)) -> Result<(), StoreError> {
+///         let mut rows = self.0.lock().unwrap();
+///         match rows.get_mut(lease.key()) {
+///             Some(row) if row.token == lease.token() && row.state == KeyState::Processing => {
+///                 change(row);
+///                 Ok(())
+///             }
+///             // Releasing twice with one lease is `Ok`, as the contract says.
+///             Some(row) if row.token == lease.token() && row.state == KeyState::Released => Ok(()),
+///             _ => Err(StoreError::LeaseLost),
+///         }
+///     }
+/// }
+///
+/// impl Store for MapStore {
+///     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+///         let (now, token) = (Instant::now(), LeaseToken::generate());
+///         let mut rows = self.0.lock().unwrap();
+///         let fresh = Row { state: KeyState::Processing, token, claimed: now, renewed: now,
+///                           settled: now, first_seen: now, last_seen: now, deliveries: 0, runs: 0 };
+///         let row = rows.entry(key.clone()).or_insert(fresh);
+///         (row.deliveries, row.last_seen) = (row.deliveries + 1, now);
+///         let silent = now - row.renewed;
+///         let take_over = match row.state {
+///             KeyState::Done => return Ok(Claim::Done(Completed::new(row.deliveries))),
+///             KeyState::Released => Some(false),
+///             KeyState::Processing if row.token == token => Some(false), // just inserted
+///             KeyState::Processing
+///                 if stale.policy() == StalePolicy::Reclaim && stale.is_stale(silent) => Some(true),
+///             _ => None,
+///         };
+///         let Some(reclaimed) = take_over else {
+///             return Ok(stale.pending(now - row.claimed, silent, row.deliveries));
+///         };
+///         (row.state, row.token, row.claimed, row.renewed) = (KeyState::Processing, token, now, now);
+///         row.runs += 1;
+///         Ok(Claim::Acquired(Lease::new(key.clone(), token, reclaimed)))
+///     }
+///
+///     async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+///         self.leased(lease, |row| row.renewed = Instant::now())
+///     }
+///
+///     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
+///         self.leased(lease, |row| (row.state, row.settled) = (KeyState::Done, Instant::now()))
+///     }
+///
+///     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+///         self.leased(lease, |row| (row.state, row.settled) = (KeyState::Released, Instant::now()))
+///     }
+///
+///     async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
+///         let now = Instant::now();
+///         Ok(self.0.lock().unwrap().get(key).map(|row| {
+///             KeyRecord::new(row.state, row.deliveries, row.runs)
+///                 .with_seen(now - row.first_seen, now - row.last_seen)
+///                 .with_times(now - row.claimed, now - row.renewed, now - row.settled)
+///         }))
+///     }
+///
+///     async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
+///         let now = Instant::now();
+///         let rows = self.0.lock().unwrap();
+///         let mut stuck: Vec<_> = rows
+///             .iter()
+///             .filter(|(_, row)| row.state == KeyState::Processing && now - row.renewed >= older_than)
+///             .map(|(key, row)| {
+///                 StuckClaim::new(key.clone(), now - row.claimed, now - row.renewed, row.deliveries)
+///             })
+///             .collect();
+///         stuck.sort_by(|a, b| b.since_renewal.cmp(&a.since_renewal));
+///         Ok(stuck)
+///     }
+///
+///     async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
+///         let mut rows = self.0.lock().unwrap();
+///         let Some(row) = rows.get_mut(key).filter(|row| row.state == KeyState::Processing) else {
+///             return Ok(false);
+///         };
+///         row.state = match how {
+///             Resolution::Done => KeyState::Done,
+///             Resolution::Release => KeyState::Released,
+///         };
+///         row.settled = Instant::now();
+///         Ok(true)
+///     }
+///
+///     async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
+///         let now = Instant::now();
+///         let mut rows = self.0.lock().unwrap();
+///         let before = rows.len();
+///         rows.retain(|_, row| row.state == KeyState::Processing || now - row.settled < older_than);
+///         Ok((before - rows.len()) as u64)
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use http::{Request, Response};
+/// use tower::{ServiceBuilder, ServiceExt, service_fn};
+/// use tower_idempotency::{IdempotencyLayer, key};
+///
+/// let store = MapStore::default();
+/// let svc = ServiceBuilder::new()
+///     .layer(IdempotencyLayer::new(store.clone()).key(key::github()))
+///     .service(service_fn(|_req| async { Ok::<_, std::convert::Infallible>(Response::new(String::new())) }));
+/// let delivery = || Request::post("/hook").header("x-github-delivery", "d-1").body(String::new()).unwrap();
+/// svc.clone().oneshot(delivery()).await.unwrap();
+/// let again = svc.oneshot(delivery()).await.unwrap();
+/// assert_eq!(again.headers()["idempotency-outcome"], "duplicate");
+///
+/// let stored = IdempotencyKey::new("github", "d-1").unwrap().scoped("/hook").unwrap();
+/// let record = store.describe(&stored).await.unwrap().unwrap();
+/// assert_eq!((record.state, record.deliveries, record.runs), (KeyState::Done, 2, 1));
+/// # }
+/// ```
+///
+/// The crate's own conformance suite (in `tests/common`) runs the same checks against every
+/// backend; a new store can borrow it.
 pub trait Store: Send + Sync + 'static {
     /// Tries to claim `key` for this delivery, counting the delivery. One atomic step.
     fn claim(
