@@ -4,11 +4,11 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::service::{OrderShared, VersionGuard};
-use super::store::VersionStore;
 use super::version::ExtractVersion;
 use crate::engine::settings::HeldHook;
 use crate::engine::settings::{Settings, shared_settings};
 use crate::key::{ExtractKey, IdempotencyKey};
+use crate::store::VersionStore;
 use crate::store::{Pending, Stale};
 
 /// Makes an inner service apply each entity's versions in order: a delivery whose version is

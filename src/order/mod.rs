@@ -244,11 +244,12 @@ let app: Router = Router::new()
 //! documentation discusses when to answer non-2xx (the sender retries) and when 2xx with an
 //! alert.
 
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod advance;
 mod error;
 mod layer;
 mod lifecycle;
 mod service;
-mod store;
 pub mod version;
 
 pub use error::VersionGuardError;
@@ -265,20 +266,20 @@ pub type Order<S, St, E, V> = VersionGuard<S, St, E, V>;
 /// The version guard's error under its former name.
 #[deprecated(since = "0.2.0", note = "renamed `VersionGuardError`")]
 pub type OrderError = VersionGuardError;
-pub use lifecycle::{IllegalTransition, Lifecycle};
-pub use service::VersionGuard;
-#[cfg(any(
-    feature = "memory",
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql"
-))]
-pub(crate) use store::decide;
-pub use store::{Advance, PendingVersion, VersionClaim, VersionLease, VersionStore};
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 #[cfg_attr(
     docsrs,
     doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
 )]
-pub use store::{AdvanceVersion, advance};
+pub use crate::store::AdvanceVersion;
+/// The version store's part lives with the stores; these are its names here as well.
+pub use crate::store::{Advance, PendingVersion, VersionClaim, VersionLease, VersionStore};
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
+pub use advance::advance;
+pub use lifecycle::{IllegalTransition, Lifecycle};
+pub use service::VersionGuard;
 pub use version::ExtractVersion;

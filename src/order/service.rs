@@ -8,7 +8,6 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::error::VersionGuardError;
-use super::store::{PendingVersion, VersionClaim, VersionLease, VersionStore};
 use super::version::ExtractVersion;
 use crate::MissingKey;
 use crate::body::{RequestBody, ResponseBody};
@@ -24,6 +23,7 @@ use crate::future::ResponseFuture;
 use crate::key::{ExtractKey, IdempotencyKey};
 use crate::response::{self, Outcome};
 use crate::store::{LeaseToken, Pending, Stale, StoreError};
+use crate::store::{PendingVersion, VersionClaim, VersionLease, VersionStore};
 
 /// The service made by [`VersionGuardLayer`](super::VersionGuardLayer): begin the entity's version, run the
 /// inner service, then commit or release it.

@@ -12,7 +12,7 @@ use super::{
     Store, StoreError, StuckClaim,
 };
 use crate::key::IdempotencyKey;
-use crate::order::{VersionClaim, VersionLease, VersionStore};
+use crate::store::{VersionClaim, VersionLease, VersionStore};
 
 const SHARDS: usize = 16;
 
@@ -374,7 +374,7 @@ impl VersionStore for MemoryStore {
         let pending = row
             .pending
             .map(|p| (p.version, p.token, now.saturating_duration_since(p.since)));
-        crate::order::decide(entity, version, ours, stale, row.applied, pending)
+        crate::store::decide(entity, version, ours, stale, row.applied, pending)
             .ok_or_else(|| StoreError::backend("inconsistent version row"))
     }
 

@@ -73,7 +73,7 @@
 //! a long-running service runs [`spawn_purge`] next to it.
 //!
 //! Every store also keeps entity versions for the [order layer](crate::order):
-//! [`VersionStore`](crate::order::VersionStore), in the table `<table>_versions` on the SQL
+//! [`VersionStore`], in the table `<table>_versions` on the SQL
 //! stores.
 
 use std::error::Error as StdError;
@@ -100,6 +100,9 @@ mod sql;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod transactional;
+mod versions;
 
 #[cfg(feature = "memory")]
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
@@ -114,6 +117,28 @@ pub use purge::{PurgeTask, spawn_purge};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteStore;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub(crate) use transactional::begun;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
+pub use transactional::{Begin, TransactionalStore};
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
+pub use versions::AdvanceVersion;
+#[cfg(any(
+    feature = "memory",
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql"
+))]
+pub(crate) use versions::decide;
+pub use versions::{Advance, PendingVersion, VersionClaim, VersionLease, VersionStore};
 
 /// How long done rows are kept by default before [`Store::purge_completed`] may delete them:
 /// 7 days, longer than the senders' retry windows (Stripe and PayPal retry for 3 days).

@@ -165,7 +165,7 @@ use super::sql::{
 };
 use super::{Claim, ConfigError, KeyState, Lease, LeaseToken, Stale, StalePolicy, StoreError};
 use crate::key::IdempotencyKey;
-use crate::order::{Advance, AdvanceVersion, VersionClaim, VersionLease};
+use crate::store::{Advance, AdvanceVersion, VersionClaim, VersionLease};
 
 /// The name of the lock `migrate` holds: instances starting together upgrade the table once.
 const MIGRATE_LOCK: &str = "tower_idempotency_migrate";
@@ -877,7 +877,7 @@ impl AdvanceVersion for MySqlStore {
     }
 }
 
-impl crate::transactional::TransactionalStore for MySqlStore {
+impl crate::store::TransactionalStore for MySqlStore {
     type Database = sqlx::MySql;
 
     async fn holds_marker(
@@ -913,7 +913,7 @@ impl crate::transactional::TransactionalStore for MySqlStore {
         &self,
         key: &IdempotencyKey,
         lock_timeout: std::time::Duration,
-    ) -> Result<crate::transactional::Begin<sqlx::MySql>, StoreError> {
+    ) -> Result<crate::store::Begin<sqlx::MySql>, StoreError> {
         let seconds = lock_timeout
             .as_secs_f64()
             .ceil()
@@ -959,15 +959,15 @@ impl crate::transactional::TransactionalStore for MySqlStore {
                 .store()?;
             }
             let claim = match marked? {
-                Marked::Claimed => return Ok(crate::transactional::Begin::Claimed(tx, token)),
+                Marked::Claimed => return Ok(crate::store::Begin::Claimed(tx, token)),
                 Marked::LockTimedOut => {
-                    return Ok(crate::transactional::Begin::lock_timed_out(lock_timeout));
+                    return Ok(crate::store::Begin::lock_timed_out(lock_timeout));
                 }
                 Marked::Deadlocked(_) if attempt < 3 => continue,
                 Marked::Deadlocked(e) => return Err(StoreError::backend(e)),
                 Marked::Found(row) => row.into_claim(key, token, sql::NEVER_STALE)?,
             };
-            return crate::transactional::begun(claim, tx).await;
+            return crate::store::begun(claim, tx).await;
         }
     }
 }

@@ -360,12 +360,12 @@ pub(crate) fn version_claim(
     ours: LeaseToken,
     stale: Stale,
     (applied, pending_version, pending_token, age_us): VersionRow,
-) -> Option<crate::order::VersionClaim> {
+) -> Option<crate::store::VersionClaim> {
     let pending = pending_version.zip(pending_token).map(|(version, token)| {
         let age = duration_from_micros(age_us.unwrap_or(0));
         (version, LeaseToken::from_i64(token), age)
     });
-    crate::order::decide(entity, version, ours, stale, applied, pending)
+    crate::store::decide(entity, version, ours, stale, applied, pending)
 }
 
 /// Reads a [`VersionRow`] from the first four columns.
@@ -424,7 +424,7 @@ macro_rules! upsert_store {
                 entity: &$crate::key::IdempotencyKey,
                 version: i64,
                 stale: $crate::store::Stale,
-            ) -> Result<$crate::order::VersionClaim, $crate::store::StoreError> {
+            ) -> Result<$crate::store::VersionClaim, $crate::store::StoreError> {
                 let token = $crate::store::LeaseToken::generate();
                 let upsert = || {
                     ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.versions.begin.clone()))
@@ -457,7 +457,7 @@ macro_rules! upsert_store {
                 lock_wait: LockWait,
                 key: &$crate::key::IdempotencyKey,
                 lock_timeout: ::std::time::Duration,
-            ) -> Result<$crate::transactional::Begin<$db>, $crate::store::StoreError> {
+            ) -> Result<$crate::store::Begin<$db>, $crate::store::StoreError> {
                 let token = $crate::store::LeaseToken::generate();
                 let row = ::sqlx::query(::sqlx::AssertSqlSafe(self.sql.tx_claim.clone()))
                     .bind(key.namespace())
@@ -470,7 +470,7 @@ macro_rules! upsert_store {
                     Ok(row) => row,
                     Err(e) if is_lock_timeout(&e) => {
                         ended?;
-                        return Ok($crate::transactional::Begin::lock_timed_out(lock_timeout));
+                        return Ok($crate::store::Begin::lock_timed_out(lock_timeout));
                     }
                     Err(e) => return Err($crate::store::StoreError::backend(e)),
                 };
@@ -478,11 +478,11 @@ macro_rules! upsert_store {
                 let never = $crate::store::sql::NEVER_STALE;
                 let claim =
                     $crate::store::sql::ClaimRow::read(&row)?.into_claim(key, token, never)?;
-                $crate::transactional::begun(claim, tx).await
+                $crate::store::begun(claim, tx).await
             }
         }
 
-        impl $crate::transactional::TransactionalStore for $store {
+        impl $crate::store::TransactionalStore for $store {
             type Database = $db;
 
             /// The backend's own `BEGIN` with the lock timeout, then the marker's insert, then
@@ -491,7 +491,7 @@ macro_rules! upsert_store {
                 &self,
                 key: &$crate::key::IdempotencyKey,
                 lock_timeout: ::std::time::Duration,
-            ) -> Result<$crate::transactional::Begin<$db>, $crate::store::StoreError> {
+            ) -> Result<$crate::store::Begin<$db>, $crate::store::StoreError> {
                 let (tx, lock_wait) = self.begin_transaction(lock_timeout).await?;
                 self.insert_marker(tx, lock_wait, key, lock_timeout).await
             }
@@ -514,7 +514,7 @@ macro_rules! upsert_store {
             }
         }
 
-        impl $crate::order::AdvanceVersion for $store {
+        impl $crate::store::AdvanceVersion for $store {
             /// One statement when the version is newer or equal (an upsert whose `WHERE` keeps
             /// a row at a newer version as it is, and locks it either way); a second reads the
             /// applied version when not.
@@ -523,7 +523,7 @@ macro_rules! upsert_store {
                 conn: &mut $conn,
                 entity: &$crate::key::IdempotencyKey,
                 version: i64,
-            ) -> Result<$crate::order::Advance, $crate::store::StoreError> {
+            ) -> Result<$crate::store::Advance, $crate::store::StoreError> {
                 use $crate::store::sql::ResultExt as _;
                 let moved: Option<i64> =
                     ::sqlx::query_scalar(::sqlx::AssertSqlSafe(self.sql.versions.advance.clone()))
@@ -534,7 +534,7 @@ macro_rules! upsert_store {
                         .await
                         .store()?;
                 if moved.is_some() {
-                    return Ok($crate::order::Advance::Applied);
+                    return Ok($crate::store::Advance::Applied);
                 }
                 let applied: Option<i64> =
                     ::sqlx::query_scalar(::sqlx::AssertSqlSafe(self.sql.versions.applied.clone()))
@@ -548,13 +548,13 @@ macro_rules! upsert_store {
                         "the versions row kept no applied version yet refused this one",
                     )
                 })?;
-                Ok($crate::order::Advance::Outdated { applied })
+                Ok($crate::store::Advance::Outdated { applied })
             }
         }
     };
 }
 
-/// The [`VersionStore`](crate::order::VersionStore) methods that differ only in the pool's
+/// The [`VersionStore`](super::VersionStore) methods that differ only in the pool's
 /// type; `begin_version` calls the backend's inherent `begin_entity_version`. The store is a
 /// struct `{ pool, sql: Arc<Queries> }`.
 macro_rules! version_store {
@@ -580,19 +580,19 @@ macro_rules! version_store {
             }
         }
 
-        impl $crate::order::VersionStore for $store {
+        impl $crate::store::VersionStore for $store {
             async fn begin_version(
                 &self,
                 entity: &$crate::key::IdempotencyKey,
                 version: i64,
                 stale: $crate::store::Stale,
-            ) -> Result<$crate::order::VersionClaim, $crate::store::StoreError> {
+            ) -> Result<$crate::store::VersionClaim, $crate::store::StoreError> {
                 self.begin_entity_version(entity, version, stale).await
             }
 
             async fn renew_version(
                 &self,
-                lease: &$crate::order::VersionLease,
+                lease: &$crate::store::VersionLease,
             ) -> Result<(), $crate::store::StoreError> {
                 let sql = &self.sql.versions.renew;
                 match self
@@ -606,7 +606,7 @@ macro_rules! version_store {
 
             async fn commit_version(
                 &self,
-                lease: &$crate::order::VersionLease,
+                lease: &$crate::store::VersionLease,
             ) -> Result<(), $crate::store::StoreError> {
                 let sql = &self.sql.versions.commit;
                 match self
@@ -620,7 +620,7 @@ macro_rules! version_store {
 
             async fn release_version(
                 &self,
-                lease: &$crate::order::VersionLease,
+                lease: &$crate::store::VersionLease,
             ) -> Result<(), $crate::store::StoreError> {
                 let sql = &self.sql.versions.release;
                 match self

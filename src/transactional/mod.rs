@@ -86,13 +86,12 @@
 
 mod layer;
 mod service;
-mod store;
 mod tx;
 
+/// The store's part of transactional mode lives with the stores; these are its names here as well.
+pub use crate::store::{Begin, TransactionalStore};
 pub use layer::TransactionalLayer;
 pub use service::TransactionalService;
-pub(crate) use store::begun;
-pub use store::{Begin, TransactionalStore};
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use tx::MissingTransaction;

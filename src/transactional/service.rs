@@ -14,7 +14,6 @@ use tokio::sync::Mutex;
 use tower_service::Service;
 
 use super::TransactionalStore;
-use super::store::Begin;
 use super::tx::{TxDatabase, TxHandle};
 use crate::body::{RequestBody, ResponseBody};
 use crate::engine::drain::{Entry, Stage};
@@ -25,7 +24,7 @@ use crate::engine::settings::Settings;
 use crate::future::ResponseFuture;
 use crate::key::{Auto, ExtractKey, IdempotencyKey};
 use crate::response::{self, Outcome};
-use crate::store::{LeaseToken, StoreError};
+use crate::store::{Begin, LeaseToken, StoreError};
 
 pub(super) struct TxShared<St, K> {
     pub(super) store: St,

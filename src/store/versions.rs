@@ -3,11 +3,11 @@
 use std::future::Future;
 use std::time::Duration;
 
+use super::{LeaseToken, Resolution, Stale, StoreError};
 use crate::key::IdempotencyKey;
-use crate::store::{LeaseToken, Resolution, Stale, StoreError};
 
 /// Keeps, per entity (`(namespace, entity id)`), the latest version applied and the one version
-/// being applied right now: the store side of the [`VersionGuardLayer`](super::VersionGuardLayer).
+/// being applied right now: the store side of the [`VersionGuardLayer`](crate::order::VersionGuardLayer).
 ///
 /// Implemented by `MemoryStore`, `SqliteStore`, `PostgresStore` and `MySqlStore`; the SQL
 /// stores keep a row per entity in the table `<table>_versions`, created by their `migrate()`.
@@ -173,7 +173,7 @@ impl VersionLease {
     }
 }
 
-/// What [`advance`](super::advance) did.
+/// What [`advance`](crate::order::advance) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Advance {
     /// The entity's applied version is this delivery's now (it was older, absent, or already
@@ -192,41 +192,14 @@ pub enum Advance {
     docsrs,
     doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
 )]
-pub trait AdvanceVersion: crate::transactional::TransactionalStore + VersionStore {
-    /// See [`advance`](super::advance).
+pub trait AdvanceVersion: super::TransactionalStore + VersionStore {
+    /// See [`order::advance`](crate::order::advance).
     fn advance_version(
         &self,
         conn: &mut <Self::Database as sqlx::Database>::Connection,
         entity: &IdempotencyKey,
         version: i64,
     ) -> impl Future<Output = Result<Advance, StoreError>> + Send;
-}
-
-/// Moves `entity`'s applied version to `version` inside the transaction `conn` is in, unless it
-/// is older: [`Advance::Applied`] for a newer or an equal version (as the
-/// [`VersionGuardLayer`](super::VersionGuardLayer) runs an equal version), [`Advance::Outdated`] for an older
-/// one. The row stays locked until the transaction ends, so concurrent deliveries of one entity
-/// apply one after the other, and the version commits or rolls back together with the business
-/// write. A redelivery of the same event is the transactional layer's duplicate, answered before
-/// the handler runs; the same version under a new event id applies again.
-///
-/// It ignores the pending slot of the [`VersionGuardLayer`](super::VersionGuardLayer): use one or the other
-/// for an entity namespace.
-///
-/// See [the module documentation](super#ordering-in-transactional-mode) for an example, the SQL
-/// per backend, and the plain-SQL alternative.
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
-)]
-pub async fn advance<St: AdvanceVersion>(
-    conn: &mut <St::Database as sqlx::Database>::Connection,
-    store: &St,
-    entity: &IdempotencyKey,
-    version: i64,
-) -> Result<Advance, StoreError> {
-    store.advance_version(conn, entity, version).await
 }
 
 /// The decision of a `begin_version` made from the entity's row as the claim left it.
@@ -263,7 +236,7 @@ pub(crate) fn decide(
         Some((pending, _, age)) => {
             let pending = PendingVersion::new(pending, age);
             Some(
-                if stale.policy() == crate::StalePolicy::Hold && stale.is_stale(age) {
+                if stale.policy() == super::StalePolicy::Hold && stale.is_stale(age) {
                     VersionClaim::Held(pending)
                 } else {
                     VersionClaim::Busy(pending)

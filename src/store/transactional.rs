@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use sqlx::{Database, Transaction};
 
+use super::{Claim, Completed, LeaseToken, Pending, Store, StoreError};
 use crate::key::IdempotencyKey;
-use crate::store::{Claim, Completed, LeaseToken, Pending, Store, StoreError};
 
 /// A store that can run a delivery in one database transaction: the SQL stores.
 pub trait TransactionalStore: Store + Clone {
