@@ -15,7 +15,6 @@ mod engine;
 mod future;
 pub mod key;
 mod layer;
-pub mod order;
 pub mod response;
 mod service;
 pub mod store;
@@ -28,6 +27,13 @@ pub mod transactional;
 #[cfg(feature = "verify")]
 #[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
 pub mod verify;
+pub mod version_guard;
+
+/// The [version guard](version_guard) under its former module name.
+#[deprecated(since = "0.2.0", note = "renamed `version_guard`")]
+pub mod order {
+    pub use crate::version_guard::*;
+}
 
 pub use engine::{
     DEFAULT_BODY_LIMIT, Drain, DrainReport, LeaseHandle, LeftBehind, MissingKey, Stage,

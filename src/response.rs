@@ -64,7 +64,7 @@ pub enum Outcome {
     StoreUnavailable,
     /// No key, and the layer was told to let such requests through unguarded.
     PassedThrough,
-    /// The [version guard](crate::order) found that the entity is at this delivery's version or
+    /// The [version guard](crate::version_guard) found that the entity is at this delivery's version or
     /// a newer one already: answered 200 without running the handler.
     Outdated,
     /// The layer is draining for shutdown ([`Drain`](crate::Drain)): answered 503 with
@@ -119,7 +119,7 @@ pub(crate) fn in_flight<B>(retry_after: Duration) -> Response<ResponseBody<B>> {
     res
 }
 
-/// The [version guard](crate::order)'s answer while another version of the entity is applied.
+/// The [version guard](crate::version_guard)'s answer while another version of the entity is applied.
 pub(crate) fn entity_busy<B>(retry_after: Duration) -> Response<ResponseBody<B>> {
     let mut res = problem(
         StatusCode::CONFLICT,
@@ -131,7 +131,7 @@ pub(crate) fn entity_busy<B>(retry_after: Duration) -> Response<ResponseBody<B>>
     res
 }
 
-/// The [version guard](crate::order)'s answer when a stale pending version is held for review.
+/// The [version guard](crate::version_guard)'s answer when a stale pending version is held for review.
 pub(crate) fn entity_held<B>() -> Response<ResponseBody<B>> {
     problem(
         StatusCode::CONFLICT,
@@ -187,9 +187,11 @@ pub(crate) fn unverified<B>(error: &crate::verify::VerifyError) -> Response<Resp
     res
 }
 
-/// A delivery the [version guard](crate::order) cannot order: no usable entity id or version, or
+/// A delivery the [version guard](crate::version_guard) cannot order: no usable entity id or version, or
 /// an unreadable body.
-pub(crate) fn unordered<B>(error: &crate::order::VersionGuardError) -> Response<ResponseBody<B>> {
+pub(crate) fn unordered<B>(
+    error: &crate::version_guard::VersionGuardError,
+) -> Response<ResponseBody<B>> {
     let mut res = problem(
         error.status(),
         Outcome::Rejected,

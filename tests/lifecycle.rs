@@ -284,8 +284,8 @@ lifecycle_tests!(mysql, "mysql", common::db::mysql_store().await);
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mode_honours_the_drain() {
-    use tower_idempotency::order::{self, VersionGuardLayer};
     use tower_idempotency::transactional::TransactionalLayer;
+    use tower_idempotency::version_guard::{self, VersionGuardLayer};
 
     let store = common::db::sqlite_file_store("lifecycle").await.unwrap();
     let ns = common::unique_namespace("drain-modes");
@@ -300,7 +300,7 @@ async fn every_mode_honours_the_drain() {
         .layer(service_fn(ok));
     let ordered = VersionGuardLayer::new(store.clone())
         .entity(key::header("x-entity").namespace(ns.clone()))
-        .version(order::version::header("x-version"))
+        .version(version_guard::version::header("x-version"))
         .drain(&drain)
         .layer(service_fn(ok));
     let entity = |version: &str| {

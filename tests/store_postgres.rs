@@ -126,7 +126,7 @@ async fn a_serialization_failure_of_a_claim_is_tried_once_more() {
 /// The same for the order layer's version claims, an upsert too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_serialization_failure_of_a_version_claim_is_tried_once_more() {
-    use tower_idempotency::order::{VersionClaim, VersionStore};
+    use tower_idempotency::version_guard::{VersionClaim, VersionStore};
     let mut stores = Vec::new();
     for _ in 0..4 {
         let Some(store) = serializable_store().await else {

@@ -593,13 +593,13 @@ async fn verification_buffers_through_the_limit_and_hands_the_body_on() {
 /// version never becomes the applied one.
 #[tokio::test]
 async fn the_version_guard_verifies_before_its_claim() {
-    use tower_idempotency::order::{self, VersionGuardLayer, VersionStore};
+    use tower_idempotency::version_guard::{self, VersionGuardLayer, VersionStore};
     let store = MemoryStore::new();
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = runs.clone();
     let svc = VersionGuardLayer::new(store.clone())
         .entity(key::json("/id").namespace("sub"))
-        .version(order::version::json("/version"))
+        .version(version_guard::version::json("/version"))
         .verify(verify::github("g"))
         .layer(tower::service_fn(move |_req| {
             counted.fetch_add(1, Ordering::SeqCst);

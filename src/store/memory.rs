@@ -33,7 +33,7 @@ const SHARDS: usize = 16;
 /// delivered, without bound. A long-running service purges it with [`spawn_purge`], which
 /// calls [`purge_completed`](Store::purge_completed) periodically, as for the SQL stores
 /// (`processing` entries stay until they are settled or [resolved](Store::resolve)). The
-/// entity versions of the [order layer](crate::order) are one entry per entity and are not
+/// entity versions of the [version guard](crate::version_guard) are one entry per entity and are not
 /// purged.
 ///
 /// ```
@@ -61,7 +61,7 @@ pub struct MemoryStore {
 struct Shards {
     hasher: RandomState,
     shards: [Mutex<HashMap<IdempotencyKey, Row>>; SHARDS],
-    /// The entities' versions of the [order layer](crate::order), apart from the keys.
+    /// The entities' versions of the [version guard](crate::version_guard), apart from the keys.
     versions: [Mutex<HashMap<IdempotencyKey, VersionRow>>; SHARDS],
 }
 

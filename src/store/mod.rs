@@ -72,7 +72,7 @@
 //! their retention. For the `MemoryStore` that growth is the process's memory, without bound:
 //! a long-running service runs [`spawn_purge`] next to it.
 //!
-//! Every store also keeps entity versions for the [order layer](crate::order):
+//! Every store also keeps entity versions for the [version guard](crate::version_guard):
 //! [`VersionStore`], in the table `<table>_versions` on the SQL
 //! stores.
 

@@ -119,10 +119,10 @@
 //! before 10.5) the session's value is saved and replaced in the `BEGIN` round trip, and put
 //! back in one more round trip right after the marker.
 //!
-//! # Entity versions (the order layer)
+//! # Entity versions (the version guard)
 //!
 //! [`migrate`](MySqlStore::migrate) also runs a second `CREATE TABLE` for the
-//! [order layer](crate::order), `<table>_versions`:
+//! [version guard](crate::version_guard), `<table>_versions`:
 //!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS `idempotency_keys_versions` (
@@ -147,9 +147,9 @@
 //!   a `SELECT` of the row follows (two), and the claim starts over if the row changed in
 //!   between.
 //! - `commit_version`, `release_version`: one `UPDATE … WHERE … AND pending_token = ?` each.
-//! - [`order::advance`](crate::order::advance), in the caller's transaction: an upsert that
+//! - [`version_guard::advance`](crate::version_guard::advance), in the caller's transaction: an upsert that
 //!   takes the row's exclusive lock at once and, unless the row is at a newer version, moves
-//!   the version (an equal one advances, as the order layer runs it) and stamps
+//!   the version (an equal one advances, as the version guard runs it) and stamps
 //!   `applied_token` with a fresh token. The stamp says whether this statement advanced the
 //!   row (ours: `Applied`) or left it at a newer version (`Outdated`), whatever the versions
 //!   compare. MariaDB returns the row (one round trip); MySQL reads it with `SELECT … FOR
@@ -396,7 +396,7 @@ fn upgrade(table: &TableName, checks: &[String], mariadb: bool) -> String {
 /// The age of the row's pending version, in microseconds, by the server's clock.
 const PENDING_AGE_US: &str = "TIMESTAMPDIFF(MICROSECOND, pending_since, UTC_TIMESTAMP(6))";
 
-/// The statements on the versions table of the [order layer](crate::order), and the ones
+/// The statements on the versions table of the [version guard](crate::version_guard), and the ones
 /// only this backend needs.
 fn version_queries(table: &TableName) -> (VersionQueries, Arc<str>, Arc<str>, Arc<str>, Arc<str>) {
     let v = table.versions().quoted('`');
@@ -459,7 +459,7 @@ WHERE namespace = ? AND entity = ? AND pending_token IS NOT NULL"#
     );
     // Parameters: namespace, entity, version, our token, version, our token, our token,
     // version. Unless the row is at a newer version, the version is moved (an equal one to
-    // itself: it advances, as the order layer runs it) and the row stamped with a fresh token.
+    // itself: it advances, as the version guard runs it) and the row stamped with a fresh token.
     // The stamp, not a comparison of versions, says whether this statement advanced the row:
     // ours exactly when it is our token, outdated otherwise (an older stamp, or none).
     let advance = format!(

@@ -33,7 +33,7 @@
 //! (`default_transaction_isolation` set to `repeatable read` or `serializable` on the role, the
 //! database or the server), PostgreSQL fails a claim whose row another delivery of the same key
 //! changed meanwhile with a serialization failure (SQLSTATE 40001). Nothing was written then:
-//! the claim, and the order layer's version claim, are tried once more after a random pause
+//! the claim, and the version guard's version claim, are tried once more after a random pause
 //! of up to 20 ms, and only a second failure is an error (answered 503, so the sender retries).
 //! Many duplicates of one event arriving at once still fail so now and then; give the store a
 //! pool of its own that sets `SET default_transaction_isolation = 'read committed'` in
@@ -100,10 +100,10 @@
 //! timeout (SQLSTATE 55P03) it answers 409. The lock timeout stays in force for the handler's
 //! own statements in the transaction, and ends with it: the pooled connection keeps its own.
 //!
-//! # Entity versions (the order layer)
+//! # Entity versions (the version guard)
 //!
 //! [`migrate`](PostgresStore::migrate) also creates, in the same transaction, the table of the
-//! [order layer](crate::order), named after the claims table (`<table>_versions`, whose
+//! [version guard](crate::version_guard), named after the claims table (`<table>_versions`, whose
 //! primary key's name `<table>_versions_pkey` still fits in 63 bytes):
 //!
 //! ```sql
@@ -129,10 +129,10 @@
 //! - `commit_version`: `UPDATE … SET applied_version = GREATEST(applied_version,
 //!   pending_version), pending_* = NULL WHERE … AND pending_token = $3`; `release_version`
 //!   the same without moving `applied_version`. One round trip each.
-//! - [`order::advance`](crate::order::advance), in the caller's transaction: `INSERT … ON
+//! - [`version_guard::advance`](crate::version_guard::advance), in the caller's transaction: `INSERT … ON
 //!   CONFLICT … DO UPDATE SET applied_version = excluded.applied_version WHERE
 //!   t.applied_version IS NULL OR t.applied_version <= excluded.applied_version RETURNING
-//!   applied_version` (an equal version advances, as the order layer runs it); when it returns
+//!   applied_version` (an equal version advances, as the version guard runs it); when it returns
 //!   nothing (outdated: the row is at a newer version), a `SELECT` of the applied version. The
 //!   conflicting row is locked either way until the transaction ends.
 
@@ -333,7 +333,7 @@ UPDATE {t} SET renewed_at = claimed_at WHERE state = 'processing' AND renewed_at
     )
 }
 
-/// The statements on the versions table of the [order layer](crate::order).
+/// The statements on the versions table of the [version guard](crate::version_guard).
 fn version_queries(table: &TableName) -> VersionQueries {
     let v = table.versions().quoted('"');
     let age = "(extract(epoch FROM now() - pending_since) * 1000000)::bigint";

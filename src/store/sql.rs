@@ -24,7 +24,7 @@ const _: () = assert!(
 
 const CLAIMED_INDEX_SUFFIX: &str = "_claimed_idx";
 const COMPLETED_INDEX_SUFFIX: &str = "_completed_idx";
-/// The suffix of the entity versions table of the [order layer](crate::order).
+/// The suffix of the entity versions table of the [version guard](crate::version_guard).
 const VERSIONS_SUFFIX: &str = "_versions";
 const _: () = assert!(
     MAX_TABLE_NAME_LEN + VERSIONS_SUFFIX.len() + "_pkey".len() <= 63,
@@ -322,7 +322,7 @@ pub(crate) struct Queries {
         allow(dead_code)
     )]
     pub(crate) tx_check: Arc<str>,
-    /// The entity versions of the order layer.
+    /// The entity versions of the version guard.
     pub(crate) versions: VersionQueries,
 }
 

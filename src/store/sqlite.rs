@@ -105,10 +105,10 @@
 //! waits at the insert for the first to finish, up to the lock timeout (then 409). The pooled
 //! connection keeps its own busy timeout, for the handler's statements too.
 //!
-//! # Entity versions (the order layer)
+//! # Entity versions (the version guard)
 //!
 //! [`migrate`](SqliteStore::migrate) also creates, in the same transaction, the table of the
-//! [order layer](crate::order), `<table>_versions`:
+//! [version guard](crate::version_guard), `<table>_versions`:
 //!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS "idempotency_keys_versions" (
@@ -125,7 +125,7 @@
 //! ```
 //!
 //! `begin_version`, `commit_version`, `release_version` and
-//! [`order::advance`](crate::order::advance) are the statements the
+//! [`version_guard::advance`](crate::version_guard::advance) are the statements the
 //! [PostgreSQL store](crate::store::postgres) documents, one each (`advance` adds a `SELECT`
 //! when the version is outdated), with `max(coalesce(…))` for `GREATEST` and SQLite's clock.
 //! As there, only a version older than the applied one is outdated; an equal one runs.
@@ -310,7 +310,7 @@ RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_u
     }
 }
 
-/// The statements on the versions table of the [order layer](crate::order).
+/// The statements on the versions table of the [version guard](crate::version_guard).
 fn version_queries(table: &TableName) -> VersionQueries {
     let v = table.versions().quoted('"');
     let migrate = format!(

@@ -7,7 +7,7 @@ use super::{LeaseToken, Resolution, Stale, StoreError};
 use crate::key::IdempotencyKey;
 
 /// Keeps, per entity (`(namespace, entity id)`), the latest version applied and the one version
-/// being applied right now: the store side of the [`VersionGuardLayer`](crate::order::VersionGuardLayer).
+/// being applied right now: the store side of the [`VersionGuardLayer`](crate::version_guard::VersionGuardLayer).
 ///
 /// Implemented by `MemoryStore`, `SqliteStore`, `PostgresStore` and `MySqlStore`; the SQL
 /// stores keep a row per entity in the table `<table>_versions`, created by their `migrate()`.
@@ -16,7 +16,7 @@ use crate::key::IdempotencyKey;
 /// ```
 /// use std::time::Duration;
 /// use tower_idempotency::{IdempotencyKey, Stale};
-/// use tower_idempotency::order::{VersionClaim, VersionStore};
+/// use tower_idempotency::version_guard::{VersionClaim, VersionStore};
 /// use tower_idempotency::store::MemoryStore;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -173,7 +173,7 @@ impl VersionLease {
     }
 }
 
-/// What [`advance`](crate::order::advance) did.
+/// What [`advance`](crate::version_guard::advance) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Advance {
     /// The entity's applied version is this delivery's now (it was older, absent, or already
@@ -193,7 +193,7 @@ pub enum Advance {
     doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
 )]
 pub trait AdvanceVersion: super::TransactionalStore + VersionStore {
-    /// See [`order::advance`](crate::order::advance).
+    /// See [`version_guard::advance`](crate::version_guard::advance).
     fn advance_version(
         &self,
         conn: &mut <Self::Database as sqlx::Database>::Connection,

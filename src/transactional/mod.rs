@@ -65,7 +65,7 @@
 //! be part of the delivery's transaction.
 //!
 //! To keep entities in order in this mode, move the version inside the transaction with
-//! [`order::advance`](crate::order::advance), not with a `VersionGuardLayer` around the route: that
+//! [`version_guard::advance`](crate::version_guard::advance), not with a `VersionGuardLayer` around the route: that
 //! layer records versions on a connection of its own, outside the transaction.
 //!
 //! # What every delivery gets

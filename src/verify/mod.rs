@@ -66,7 +66,7 @@
 //! ([`key::json_fields`](crate::key::json_fields), e.g. Shopify's `/id` with
 //! `/updated_at`, or a form field such as Twilio's `MessageSid` with
 //! [`key::from_body_fn`](crate::key::from_body_fn)) — or put the
-//! [version guard](crate::order) behind the layer, which answers an older copy `outdated`.
+//! [version guard](crate::version_guard) behind the layer, which answers an older copy `outdated`.
 //! Stripe, Standard Webhooks, Slack and Twitch sign their ids (or carry them in the signed
 //! body) and a timestamp, so a replay is a duplicate of the same key, or too old.
 //!

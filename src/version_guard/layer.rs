@@ -17,19 +17,19 @@ use crate::store::{Pending, Stale};
 /// to the applied one runs (two changes within one second of a timestamp version are not
 /// lost), so used alone the layer runs a redelivery of the latest version again: stack
 /// [`IdempotencyLayer`](crate::IdempotencyLayer) outside it, and use a finer version where the
-/// sender has one (see [equal versions](crate::order#equal-versions)).
+/// sender has one (see [equal versions](crate::version_guard#equal-versions)).
 ///
 /// Built with [`VersionGuardLayer::new`], then [`entity`](Self::entity) and
 /// [`version`](Self::version), both required (without them the layer does not compile). See
-/// the [module documentation](crate::order) for what each delivery gets.
+/// the [module documentation](crate::version_guard) for what each delivery gets.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency::{Stale, key, order::{self, VersionGuardLayer}, store::MemoryStore};
+/// use tower_idempotency::{Stale, key, version_guard::{self, VersionGuardLayer}, store::MemoryStore};
 ///
 /// let layer = VersionGuardLayer::new(MemoryStore::new())
 ///     .entity(key::json("/data/object/id").namespace("stripe-subscription"))
-///     .version(order::version::json("/data/object/updated"))
+///     .version(version_guard::version::json("/data/object/updated"))
 ///     .stale(Stale::reclaim_after(Duration::from_secs(60)));
 /// # let _ = layer;
 /// ```
@@ -85,7 +85,7 @@ impl<St, E, V> VersionGuardLayer<St, E, V> {
     }
 
     /// Finds the delivery's version of the entity: the sender's revision or change time, never
-    /// the receiver's clock. See [`version`](crate::order::version).
+    /// the receiver's clock. See [`version`](crate::version_guard::version).
     pub fn version<V2: ExtractVersion>(self, version: V2) -> VersionGuardLayer<St, E, V2> {
         VersionGuardLayer {
             store: self.store,

@@ -16,7 +16,7 @@ use http::{HeaderValue, Response, StatusCode};
 /// legal (an update that changed other fields).
 ///
 /// ```
-/// use tower_idempotency::order::Lifecycle;
+/// use tower_idempotency::version_guard::Lifecycle;
 ///
 /// #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 /// enum Status { Incomplete, Active, PastDue, Cancelled, Expired }

@@ -14,7 +14,7 @@
 //! Keep one representation per entity namespace: a counter and a timestamp do not compare.
 //!
 //! ```
-//! use tower_idempotency::order::version::{self, ExtractVersion};
+//! use tower_idempotency::version_guard::version::{self, ExtractVersion};
 //!
 //! let (parts, ()) = http::Request::new(()).into_parts();
 //! let updated = version::json("/data/object/updated");
@@ -187,7 +187,7 @@ pub struct FromFn<F> {
 /// The version is whatever `f` makes of the request head.
 ///
 /// ```
-/// use tower_idempotency::{key::KeyError, order::version};
+/// use tower_idempotency::{key::KeyError, version_guard::version};
 ///
 /// // This sender puts a revision in the query string: `/hook?rev=7`.
 /// let revision = version::from_fn(|parts: &http::request::Parts| {
@@ -267,7 +267,7 @@ where
 /// microsecond of its minute.
 ///
 /// ```
-/// use tower_idempotency::order::version::parse_timestamp;
+/// use tower_idempotency::version_guard::version::parse_timestamp;
 ///
 /// assert_eq!(parse_timestamp("2024-05-01T14:00:01Z").unwrap(), 1_714_572_001_000_000);
 /// assert!(parse_timestamp("2024-05-01 14:00:01").is_err(), "no offset");

@@ -28,11 +28,11 @@ use http_body_util::{BodyExt, Full};
 use tokio::sync::{Semaphore, mpsc};
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_idempotency::body::{RequestBody, ResponseBody};
-use tower_idempotency::order::{
+use tower_idempotency::store::{MemoryStore, Resolution, Stale, Store, StoreError};
+use tower_idempotency::version_guard::{
     self, PendingVersion, VersionClaim, VersionGuardError, VersionGuardLayer, VersionLease,
     VersionStore,
 };
-use tower_idempotency::store::{MemoryStore, Resolution, Stale, Store, StoreError};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MissingKey, Outcome, key};
 
 use common::{LONG, PAST_SHORT, SHORT, key_in, unique_namespace};
@@ -178,10 +178,10 @@ type OrderedRes = Response<ResponseBody<Full<Bytes>>>;
 fn order_layer<St: VersionStore + Clone>(
     store: St,
     ns: &str,
-) -> VersionGuardLayer<St, key::Json, order::version::Json> {
+) -> VersionGuardLayer<St, key::Json, version_guard::version::Json> {
     VersionGuardLayer::new(store)
         .entity(key::json("/data/object/id").namespace(ns.to_owned()))
-        .version(order::version::json("/data/object/version"))
+        .version(version_guard::version::json("/data/object/version"))
         .retry_after(Duration::from_secs(2))
 }
 
@@ -1150,7 +1150,7 @@ async fn header_extractors_leave_the_body_alone_and_it_arrives_intact() {
     });
     let headers = VersionGuardLayer::new(store.clone())
         .entity(key::header("x-entity").namespace("acme"))
-        .version(order::version::header("x-version"))
+        .version(version_guard::version::header("x-version"))
         .layer(echo.clone());
     let send = |version: &str, body: &'static str| {
         Request::post("/")
@@ -1312,7 +1312,7 @@ impl Status {
     }
 }
 
-const SUBSCRIPTION: order::Lifecycle<Status> = order::Lifecycle::from_static(&[
+const SUBSCRIPTION: version_guard::Lifecycle<Status> = version_guard::Lifecycle::from_static(&[
     (Status::Incomplete, Status::Active),
     (Status::Incomplete, Status::Expired),
     (Status::Active, Status::Cancelled),
@@ -1392,7 +1392,7 @@ async fn illegal_transition_is_refused_and_reported_legal_one_applies() {
     assert_eq!(states.lock().unwrap()["sub_2"], Status::Active);
 }
 
-// ---- Transactional mode: `order::advance` in the delivery's transaction ----
+// ---- Transactional mode: `version_guard::advance` in the delivery's transaction ----
 
 /// Generates the transactional suite for one SQL backend: `$db` is its database, `$make` and
 /// `$instances` as above, `$upsert` writes the business row (id, status, version) counting its
@@ -1403,8 +1403,8 @@ macro_rules! advance_suite {
         #[cfg(feature = $feature)]
         mod $module {
             use super::*;
-            use tower_idempotency::order::Advance;
             use tower_idempotency::transactional::{TransactionalLayer, TxHandle};
+            use tower_idempotency::version_guard::Advance;
 
             const CREATE: &str = "CREATE TABLE IF NOT EXISTS order_subscriptions (\
                 id VARCHAR(255) NOT NULL PRIMARY KEY, status VARCHAR(64) NOT NULL, \
@@ -1452,7 +1452,7 @@ macro_rules! advance_suite {
                                     .unwrap();
 
                             let mut tx = handle.lock().unwrap();
-                            match order::advance(&mut *tx, &store, &entity, version).await {
+                            match version_guard::advance(&mut *tx, &store, &entity, version).await {
                                 Ok(Advance::Applied) => {}
                                 Ok(Advance::Outdated { .. }) => {
                                     return answer(StatusCode::OK, "outdated");
@@ -1605,14 +1605,16 @@ macro_rules! advance_suite {
 
                 let mut tx = store.pool().begin().await.unwrap();
                 assert_eq!(
-                    order::advance(&mut *tx, &store, &entity, 5).await.unwrap(),
+                    version_guard::advance(&mut *tx, &store, &entity, 5)
+                        .await
+                        .unwrap(),
                     Advance::Applied
                 );
                 tx.commit().await.unwrap();
 
                 let mut first = store.pool().begin().await.unwrap();
                 assert_eq!(
-                    order::advance(&mut *first, &store, &entity, 5)
+                    version_guard::advance(&mut *first, &store, &entity, 5)
                         .await
                         .unwrap(),
                     Advance::Applied,
@@ -1621,9 +1623,10 @@ macro_rules! advance_suite {
                 let (second_store, second_entity) = (store.clone(), entity.clone());
                 let mut second = tokio::spawn(async move {
                     let mut tx = second_store.pool().begin().await.unwrap();
-                    let advanced = order::advance(&mut *tx, &second_store, &second_entity, 5)
-                        .await
-                        .unwrap();
+                    let advanced =
+                        version_guard::advance(&mut *tx, &second_store, &second_entity, 5)
+                            .await
+                            .unwrap();
                     tx.commit().await.unwrap();
                     advanced
                 });
@@ -1639,11 +1642,15 @@ macro_rules! advance_suite {
 
                 let mut tx = store.pool().begin().await.unwrap();
                 assert_eq!(
-                    order::advance(&mut *tx, &store, &entity, 4).await.unwrap(),
+                    version_guard::advance(&mut *tx, &store, &entity, 4)
+                        .await
+                        .unwrap(),
                     Advance::Outdated { applied: 5 }
                 );
                 assert_eq!(
-                    order::advance(&mut *tx, &store, &entity, 6).await.unwrap(),
+                    version_guard::advance(&mut *tx, &store, &entity, 6)
+                        .await
+                        .unwrap(),
                     Advance::Applied
                 );
                 tx.rollback().await.unwrap();
@@ -1725,11 +1732,12 @@ advance_suite!(advance_mysql_two_step, "mysql", tower_idempotency::store::MySqlS
              writes = writes + 1",
     select: "SELECT status, version, writes FROM order_subscriptions WHERE id = ?");
 
-/// The version guard's former names still build the same layer, for one release.
+/// The version guard's former names (the module `order`, `OrderLayer`, `Order`,
+/// `OrderError`) still build the same layer, for one release.
 #[tokio::test]
 #[allow(deprecated)]
 async fn former_names_still_work() {
-    use tower_idempotency::order::{Order, OrderError, OrderLayer};
+    use tower_idempotency::order::{self, Order, OrderError, OrderLayer};
     let store = MemoryStore::new();
     let svc: Order<_, _, _, _> = OrderLayer::new(store.clone())
         .entity(key::header("x-entity").namespace("acme"))

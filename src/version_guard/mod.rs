@@ -16,7 +16,7 @@
 //! use http_body_util::{BodyExt, Full};
 //! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 //! use tower_idempotency::body::RequestBody;
-//! use tower_idempotency::{key, order::{self, VersionGuardLayer}, store::MemoryStore};
+//! use tower_idempotency::{key, version_guard::{self, VersionGuardLayer}, store::MemoryStore};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -27,7 +27,7 @@
 //!     .layer(
 //!         VersionGuardLayer::new(MemoryStore::new())
 //!             .entity(key::json("/data/object/id").namespace("subscription"))
-//!             .version(order::version::json("/data/object/updated_at")),
+//!             .version(version_guard::version::json("/data/object/updated_at")),
 //!     )
 //!     .service(service_fn(move |req: Request<RequestBody<Full<Bytes>>>| {
 //!         let db = db.clone();
@@ -115,14 +115,14 @@
 //! key is committed and its later duplicates are answered `duplicate`.
 //!
 //! ```
-//! # use tower_idempotency::{IdempotencyLayer, key, order::{self, VersionGuardLayer}, store::MemoryStore};
+//! # use tower_idempotency::{IdempotencyLayer, key, version_guard::{self, VersionGuardLayer}, store::MemoryStore};
 //! # let store = MemoryStore::new();
 //! let stack = tower::ServiceBuilder::new()
 //!     .layer(IdempotencyLayer::new(store.clone()).key(key::stripe()))
 //!     .layer(
 //!         VersionGuardLayer::new(store)
 //!             .entity(key::json("/data/object/id").namespace("stripe-subscription"))
-//!             .version(order::version::json("/data/object/updated_at")),
+//!             .version(version_guard::version::json("/data/object/updated_at")),
 //!     );
 //! # let _ = stack;
 //! ```
@@ -172,7 +172,7 @@
 ```no_run
 use axum::{Router, extract::State, http::StatusCode, routing::post};
 use sqlx::Postgres;
-use tower_idempotency::order::{self, Advance};
+use tower_idempotency::version_guard::{self, Advance};
 use tower_idempotency::{IdempotencyKey, key, store::PostgresStore, transactional::{TransactionalLayer, Tx}};
 
 async fn subscription_updated(
@@ -184,12 +184,12 @@ async fn subscription_updated(
     let object = &event["data"]["object"];
     let id = object["id"].as_str().ok_or(StatusCode::BAD_REQUEST)?;
     let updated_at = object["updated_at"].as_str().ok_or(StatusCode::BAD_REQUEST)?;
-    let version = order::version::parse_timestamp(updated_at).map_err(|_| StatusCode::BAD_REQUEST)?;
+    let version = version_guard::version::parse_timestamp(updated_at).map_err(|_| StatusCode::BAD_REQUEST)?;
     let entity = IdempotencyKey::new("subscription", id).map_err(|_| StatusCode::BAD_REQUEST)?;
     let failed = StatusCode::INTERNAL_SERVER_ERROR;
 
     // In the delivery's transaction: committed with the status below, or not at all.
-    let advanced = order::advance(&mut *tx, &store, &entity, version).await.map_err(|_| failed)?;
+    let advanced = version_guard::advance(&mut *tx, &store, &entity, version).await.map_err(|_| failed)?;
     if let Advance::Outdated { .. } = advanced {
         return Ok("outdated"); // 2xx: a newer state is in already
     }
