@@ -610,10 +610,7 @@ async fn the_version_guard_verifies_before_its_claim() {
     let forged = signed_github("d-1", br#"{"id":"sub_1","version":9}"#, "not g");
     let res = svc.clone().oneshot(forged).await.unwrap();
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
-    let entity = key::IdempotencyKey::new("sub", "sub_1")
-        .unwrap()
-        .scoped("/hooks")
-        .unwrap();
+    let entity = key::IdempotencyKey::new("sub", "sub_1").unwrap();
     assert_eq!(store.applied_version(&entity).await.unwrap(), None);
     let genuine = signed_github("d-2", br#"{"id":"sub_1","version":2}"#, "g");
     assert_eq!(svc.oneshot(genuine).await.unwrap().status(), StatusCode::OK);
@@ -955,4 +952,34 @@ async fn every_refusal_is_a_401_that_never_reaches_the_store() {
         }
         assert_eq!(runs.load(Ordering::SeqCst), usize::from(passes), "{uri}");
     }
+}
+
+/// One sender configured twice accepts the secrets of both: `stripe(old).or(stripe(new))`
+/// during a rotation refuses nothing that either signed.
+#[test]
+fn one_sender_twice_accepts_both_secrets() {
+    let body: &[u8] = b"{}";
+    let signed = |secret: &[u8]| {
+        let signature = format!("sha256={}", hmac_sha256_hex(secret, body));
+        parts(
+            "/",
+            &[
+                ("x-github-delivery", "d"),
+                ("x-hub-signature-256", signature.as_str()),
+            ],
+        )
+    };
+    let v = verify::github("old").or(verify::github("new"));
+    assert_eq!(
+        v.verify_at(&signed(b"old"), body, SystemTime::now()),
+        Ok(())
+    );
+    assert_eq!(
+        v.verify_at(&signed(b"new"), body, SystemTime::now()),
+        Ok(())
+    );
+    assert_eq!(
+        v.verify_at(&signed(b"other"), body, SystemTime::now()),
+        Err(VerifyError::Mismatch)
+    );
 }

@@ -300,7 +300,7 @@ async fn reverse_order_newer_wins<St: VersionStore + Clone>(store: St) {
         "the outdated event did not run the handler"
     );
     assert_eq!(h.business.state("sub_1"), Some((2, "cancelled".into())));
-    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
+    let entity = key_in(&ns, "sub_1");
     assert_eq!(store.applied_version(&entity).await.unwrap(), Some(2));
 
     // In order, both apply; a failure applies nothing and the retry runs.
@@ -338,7 +338,7 @@ async fn equal_version_runs_and_redeliveries_are_duplicates<St: Store + VersionS
     let svc = IdempotencyLayer::new(store.clone())
         .key(key::header("x-event-id").namespace(ns.clone()))
         .layer(order_layer(store.clone(), &ns).layer(handler(h.handler.clone())));
-    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
+    let entity = key_in(&ns, "sub_1");
 
     let res = svc
         .clone()
@@ -398,7 +398,7 @@ async fn equal_version_runs_with_the_guard_alone<St: VersionStore + Clone>(store
     let ns = unique_namespace("equal-alone");
     let h = Harness::new();
     let svc = ordered(store.clone(), &ns, &h);
-    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
+    let entity = key_in(&ns, "sub_1");
 
     let res = svc
         .clone()
@@ -459,7 +459,7 @@ async fn equal_versions_take_the_pending_slot_one_at_a_time<St: VersionStore + C
     let ns = unique_namespace("equal-busy");
     let mut h = Harness::new();
     let svc = ordered(store.clone(), &ns, &h);
-    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
+    let entity = key_in(&ns, "sub_1");
 
     let res = svc
         .clone()
@@ -577,7 +577,7 @@ async fn dropped_future_runs_on_and_applies<St: VersionStore + Clone>(store: St)
         .unwrap();
     assert_eq!(retry.status(), StatusCode::CONFLICT, "still being applied");
     h.gate.add_permits(1);
-    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
+    let entity = key_in(&ns, "sub_1");
     for _ in 0..400 {
         if store.applied_version(&entity).await.unwrap() == Some(1) {
             break;
@@ -652,7 +652,7 @@ async fn sixteen_versions_in_random_order<St: VersionStore + Clone>(stores: Vec<
     );
     assert_eq!(applied.last(), Some(&16), "{context}");
     assert!(!h.business.overlapped.load(Ordering::SeqCst), "{context}");
-    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
+    let entity = key_in(&ns, "sub_1");
     assert_eq!(stores[0].applied_version(&entity).await.unwrap(), Some(16));
 }
 
@@ -707,7 +707,7 @@ async fn pairs_of_equal_versions_in_random_order<St: VersionStore + Clone>(store
         "{status} ({context})"
     );
     assert!(!h.business.overlapped.load(Ordering::SeqCst), "{context}");
-    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
+    let entity = key_in(&ns, "sub_1");
     assert_eq!(stores[0].applied_version(&entity).await.unwrap(), Some(8));
 }
 
@@ -727,7 +727,7 @@ async fn acquire_version<St: VersionStore>(
 
 async fn version_store_contract<St: VersionStore>(store: St) {
     let ns = unique_namespace("versions");
-    let entity = key_in(&ns, "sub_1").scoped("/webhooks").unwrap();
+    let entity = key_in(&ns, "sub_1");
     assert_eq!(store.applied_version(&entity).await.unwrap(), None);
 
     let first = acquire_version(&store, &entity, 2, LONG).await;
@@ -1170,10 +1170,7 @@ async fn header_extractors_leave_the_body_alone_and_it_arrives_intact() {
         .await
         .unwrap();
     assert_eq!(outcome_header(&res), Some("outdated"));
-    let entity = IdempotencyKey::new("acme", "order_1")
-        .unwrap()
-        .scoped("/")
-        .unwrap();
+    let entity = IdempotencyKey::new("acme", "order_1").unwrap();
     assert_eq!(
         store.applied_version(&entity).await.unwrap(),
         Some(1_714_572_003_000_000)
@@ -1258,10 +1255,7 @@ async fn panic_releases_the_pending_version_under_reclaim_and_keeps_it_under_hol
         "only a person can settle it"
     );
     assert_eq!(held.load(Ordering::SeqCst), 1);
-    let entity = IdempotencyKey::new("hold", "sub_1")
-        .unwrap()
-        .scoped("/webhooks")
-        .unwrap();
+    let entity = IdempotencyKey::new("hold", "sub_1").unwrap();
     assert!(
         store
             .resolve_version(&entity, Resolution::Release)
@@ -1764,4 +1758,32 @@ async fn former_names_still_work() {
     let refused = refused.await.unwrap();
     let error: Option<&OrderError> = refused.extensions().get();
     assert!(error.is_some_and(|e| e.is_missing()));
+}
+
+/// The version guard's entities are shared by every route by default: events about one entity
+/// that arrive on two endpoints are still applied in order.
+#[tokio::test]
+async fn an_entity_is_ordered_across_routes() {
+    let store = MemoryStore::new();
+    let route = || {
+        VersionGuardLayer::new(store.clone())
+            .entity(key::header("x-entity").namespace("subscription"))
+            .version(version_guard::version::header("x-version"))
+            .layer(service_fn(
+                |_req: Request<RequestBody<Full<Bytes>>>| async {
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+                },
+            ))
+    };
+    let send = |path: &str, version: &str| {
+        Request::post(path)
+            .header("x-entity", "sub_1")
+            .header("x-version", version)
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let updated = route().oneshot(send("/hooks/updated", "2")).await.unwrap();
+    assert_eq!(updated.status(), StatusCode::OK);
+    let late = route().oneshot(send("/hooks/deleted", "1")).await.unwrap();
+    assert_eq!(outcome_header(&late), Some("outdated"));
 }

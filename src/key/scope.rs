@@ -150,6 +150,12 @@ impl Scope {
 
 /// Joins `scope` to the namespace of `key`, checking the result.
 fn join(key: IdempotencyKey, scope: &str) -> Result<IdempotencyKey, KeyError> {
+    if key.namespace().contains('@') {
+        // Only an extractor of one's own can get here (`.namespace(..)` refuses `@`).
+        return Err(KeyError::invalid(
+            "the key's namespace contains `@`, which separates a namespace from its scope",
+        ));
+    }
     if scope.is_empty() {
         return Err(KeyError::invalid("the key's scope is empty"));
     }
@@ -321,6 +327,11 @@ mod tests {
     fn computed_scopes_are_checked() {
         let empty = Scope::from_fn(|_| String::new());
         assert!(empty.apply(key(), &parts("/")).is_err());
+        let at = IdempotencyKey::new("a@b", "evt_1").unwrap();
+        assert!(
+            Scope::path().apply(at, &parts("/x")).is_err(),
+            "`@` is the separator"
+        );
         let control = Scope::from_fn(|_| "a\u{7}b".to_owned());
         assert!(control.apply(key(), &parts("/")).is_err());
         let tenant = Scope::from_fn(|p| format!("t-{}", p.uri.path().len()));

@@ -128,9 +128,9 @@ use crate::key::{Sender, detect};
 
 /// Checks a delivery before the layer claims its key.
 ///
-/// Implemented by [`Verifier`] (the providers of this module) and by every closure
-/// `Fn(&http::request::Parts, &[u8]) -> Result<(), VerifyError>`, for a sender this module
-/// does not know. `body` is the whole buffered body.
+/// Implemented by [`Verifier`] (the providers of this module), by [`from_fn`], and by every
+/// closure `Fn(&http::request::Parts, &[u8]) -> Result<(), VerifyError>`, for a sender this
+/// module does not know. `body` is the whole buffered body.
 pub trait Verify: Send + Sync + 'static {
     /// `Ok` when the delivery is genuine; the error is answered 401.
     fn verify(&self, parts: &Parts, body: &[u8]) -> Result<(), VerifyError>;
@@ -142,6 +142,56 @@ where
 {
     fn verify(&self, parts: &Parts, body: &[u8]) -> Result<(), VerifyError> {
         self(parts, body)
+    }
+}
+
+/// Verifies with a closure, for a sender this module does not know: `f` answers `Ok` for a
+/// genuine delivery. The closure's argument types need no annotation here, unlike a closure
+/// given to `.verify(..)` as it is.
+///
+/// ```
+/// use http::{Request, Response, StatusCode};
+/// use tower::{ServiceBuilder, ServiceExt, service_fn};
+/// use tower_idempotency::{IdempotencyLayer, key, store::MemoryStore, verify::{self, VerifyError}};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // A sender that sends a shared token (weaker than a signature: it covers nothing).
+/// let token = verify::from_fn(|parts, _body| match parts.headers.get("x-token") {
+///     Some(token) if token == "s3cret" => Ok(()),
+///     Some(_) => Err(VerifyError::Mismatch),
+///     None => Err(VerifyError::missing("header `x-token`")),
+/// });
+/// let svc = ServiceBuilder::new()
+///     .layer(IdempotencyLayer::new(MemoryStore::new()).key(key::header("x-id").namespace("acme")).verify(token))
+///     .service(service_fn(|_req| async { Ok::<_, std::convert::Infallible>(Response::new(String::new())) }));
+/// let res = svc.oneshot(Request::post("/").header("x-id", "1").body(String::new()).unwrap()).await.unwrap();
+/// assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+/// # }
+/// ```
+pub fn from_fn<F>(f: F) -> FromFn<F>
+where
+    F: Fn(&Parts, &[u8]) -> Result<(), VerifyError> + Send + Sync + 'static,
+{
+    FromFn(f)
+}
+
+/// A [`Verify`] made of a closure. Built by [`from_fn`].
+#[derive(Clone)]
+pub struct FromFn<F>(F);
+
+impl<F> fmt::Debug for FromFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FromFn").finish_non_exhaustive()
+    }
+}
+
+impl<F> Verify for FromFn<F>
+where
+    F: Fn(&Parts, &[u8]) -> Result<(), VerifyError> + Send + Sync + 'static,
+{
+    fn verify(&self, parts: &Parts, body: &[u8]) -> Result<(), VerifyError> {
+        (self.0)(parts, body)
     }
 }
 
@@ -290,10 +340,20 @@ impl Verifier {
     }
 
     /// Also accepts the senders of `other`. A request is checked by the sender it looks like
-    /// (the rule of [`key::auto`](crate::key::auto)); a sender configured twice is checked by
-    /// its first configuration, so give all of one sender's secrets in one call.
+    /// (the rule of [`key::auto`](crate::key::auto)). A sender configured twice accepts the
+    /// secrets of both configurations, under the first one's tolerance and public URL.
     pub fn or(mut self, other: Verifier) -> Self {
-        self.checks.extend(other.checks);
+        for check in other.checks {
+            match self.checks.iter_mut().find(|c| c.sender == check.sender) {
+                // The same sender again (`stripe(old).or(stripe(new))`): one check with the
+                // secrets of both, the first one's tolerance and URL.
+                Some(same) => {
+                    let keys: Vec<_> = same.keys.iter().chain(check.keys.iter()).cloned().collect();
+                    same.keys = keys.into();
+                }
+                None => self.checks.push(check),
+            }
+        }
         self
     }
 

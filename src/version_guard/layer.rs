@@ -57,12 +57,24 @@ impl<St> VersionGuardLayer<St> {
     /// while the handler runs); bodies buffered (only for body extractors) up to 1 MiB within
     /// 30 seconds; store calls bounded by 5 seconds; `Retry-After: 5` on the busy 409 and on
     /// 503; a delivery without entity or version rejected with 400.
+    ///
+    /// Unlike the deduplicating layers, the version guard's default scope is
+    /// [`Scope::shared`](crate::key::Scope::shared): an entity is one entity on every route, so
+    /// that events about it that arrive on different endpoints (`subscription.updated` on one,
+    /// `subscription.deleted` on another) are still applied in order. The entity namespace
+    /// already names the kind of entity. Two routes that receive the same events and apply them
+    /// to different state each skip only versions older than the newest one applied (the newest
+    /// state still arrives at both); give them a [`scope`](Self::scope) each if every version
+    /// must reach both.
     pub fn new(store: St) -> Self {
         Self {
             store,
             entity: Unset,
             version: Unset,
-            settings: Settings::default(),
+            settings: Settings {
+                scope: crate::key::Scope::shared(),
+                ..Settings::default()
+            },
             stale: Stale::default(),
             on_held: None,
         }

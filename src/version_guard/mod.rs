@@ -252,20 +252,6 @@ mod lifecycle;
 mod service;
 pub mod version;
 
-pub use error::VersionGuardError;
-pub use layer::{Unset, VersionGuardLayer};
-
-/// The version guard's layer under its former name.
-#[deprecated(since = "0.2.0", note = "renamed `VersionGuardLayer`")]
-pub type OrderLayer<St, E = Unset, V = Unset> = VersionGuardLayer<St, E, V>;
-
-/// The version guard's service under its former name.
-#[deprecated(since = "0.2.0", note = "renamed `VersionGuard`")]
-pub type Order<S, St, E, V> = VersionGuard<S, St, E, V>;
-
-/// The version guard's error under its former name.
-#[deprecated(since = "0.2.0", note = "renamed `VersionGuardError`")]
-pub type OrderError = VersionGuardError;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 #[cfg_attr(
     docsrs,
@@ -280,6 +266,8 @@ pub use crate::store::{Advance, PendingVersion, VersionClaim, VersionLease, Vers
     doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
 )]
 pub use advance::advance;
+pub use error::VersionGuardError;
+pub use layer::{Unset, VersionGuardLayer};
 pub use lifecycle::{IllegalTransition, Lifecycle};
 pub use service::VersionGuard;
 pub use version::ExtractVersion;
