@@ -123,7 +123,7 @@ async fn a_serialization_failure_of_a_claim_is_tried_once_more() {
     );
 }
 
-/// The same for the order layer's version claims, an upsert too.
+/// The same for the version guard's version claims, an upsert too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_serialization_failure_of_a_version_claim_is_tried_once_more() {
     use tower_idempotency::version_guard::{VersionClaim, VersionStore};

@@ -1,4 +1,4 @@
-//! The order layer (`tower_idempotency::order`) on every backend: out-of-order deliveries of
+//! The version guard (`tower_idempotency::version_guard`) on every backend: out-of-order deliveries of
 //! one entity end in the newest version's state, one version of an entity runs at a time, and
 //! transactional mode moves the version together with the business write.
 //!
@@ -185,7 +185,7 @@ fn order_layer<St: VersionStore + Clone>(
         .retry_after(Duration::from_secs(2))
 }
 
-/// The order layer alone around the handler.
+/// The version guard alone around the handler.
 fn ordered<St: VersionStore + Clone>(
     store: St,
     ns: &str,
@@ -391,7 +391,7 @@ async fn equal_version_runs_and_redeliveries_are_duplicates<St: Store + VersionS
     assert_eq!(store.applied_version(&entity).await.unwrap(), Some(7));
 }
 
-/// The order layer alone: an equal version runs and leaves the applied version as it was,
+/// The version guard alone: an equal version runs and leaves the applied version as it was,
 /// so a redelivery of the latest version runs again (what the docs say); an older one is
 /// outdated.
 async fn equal_version_runs_with_the_guard_alone<St: VersionStore + Clone>(store: St) {
@@ -1530,7 +1530,7 @@ macro_rules! advance_suite {
                 assert_eq!(store.applied_version(&entity).await.unwrap(), Some(2));
 
                 // Another change with the same version under a new event id: it applies, as
-                // the order layer runs it; the applied version stays.
+                // the version guard runs it; the applied version stays.
                 let res = svc
                     .clone()
                     .oneshot(delivery("evt_2b", "sub_1", "paused", 2, "ok"))

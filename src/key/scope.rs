@@ -171,7 +171,8 @@ impl IdempotencyKey {
     /// This key as a layer with a scope of `scope` stores it: what to give
     /// [`Store::describe`](crate::store::Store::describe) or
     /// [`Store::resolve`](crate::store::Store::resolve) for a key a route claimed. Under the
-    /// default [`Scope::path`], `scope` is the route's path.
+    /// default [`Scope::path`], `scope` is the route's path, written as the route is (the path
+    /// scope also decodes percent-escapes of unreserved characters; this does not).
     ///
     /// ```
     /// use tower_idempotency::IdempotencyKey;

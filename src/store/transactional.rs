@@ -13,8 +13,10 @@ pub trait TransactionalStore: Store + Clone {
     /// The database the store's pool talks to.
     type Database: Database;
 
-    /// Begins a transaction whose lock waits are bounded by `lock_timeout`, and inserts the
-    /// marker of `key` as `done` in it. A duplicate's insert waits for an open transaction
+    /// Begins a transaction and inserts the marker of `key` as `done` in it, the marker's lock
+    /// wait bounded by `lock_timeout` (on PostgreSQL every lock wait of the transaction is,
+    /// with `SET LOCAL`; on MySQL, MariaDB and SQLite only the marker's, and the connection's
+    /// own setting is put back). A duplicate's insert waits for an open transaction
     /// holding the same key.
     fn begin(
         &self,

@@ -59,7 +59,8 @@ impl<St: TransactionalStore> TransactionalLayer<St> {
     /// Defaults: commit on 2xx; bodies read whole before the transaction begins, up to 1 MiB
     /// within 30 seconds, so that a slow upload never holds a pooled connection; a duplicate
     /// waits up to 5 seconds for the first delivery's transaction; store calls bounded by 5
-    /// seconds on top of that; `Retry-After: 5` on 409 and 503.
+    /// seconds on top of that; `Retry-After: 5` on 409 and 503; keys scoped by the request's
+    /// path ([`Scope::path`](crate::key::Scope::path)); no signature verification.
     pub fn new(store: St) -> Self {
         Self {
             store,
@@ -82,7 +83,10 @@ impl<St, K> TransactionalLayer<St, K> {
     }
 
     /// How long a duplicate waits for the first delivery's open transaction before it answers
-    /// 409 with `Retry-After`. Default: 5 seconds.
+    /// 409 with `Retry-After`. Default: 5 seconds. On PostgreSQL the bound holds for every lock
+    /// wait of the delivery's transaction, the handler's statements included (`SET LOCAL`); on
+    /// MySQL, MariaDB and SQLite only for the marker, the handler's statements keeping the
+    /// connection's own setting.
     pub fn lock_timeout(mut self, timeout: Duration) -> Self {
         self.lock_timeout = timeout;
         self

@@ -81,6 +81,7 @@
 //! | duplicate while the first is open, past the lock timeout | 409 with `Retry-After` | unchanged |
 //! | store unreachable | 503 with `Retry-After`, the handler does not run | unchanged |
 //! | the layer is draining ([`Drain`](crate::Drain)) | 503 with `Retry-After` | unchanged |
+//! | `.verify(..)` set, and the signature is missing, wrong or too old | **401** problem+json | no transaction begun |
 //!
 //! Key errors are answered as in claim-then-commit mode.
 

@@ -62,7 +62,10 @@
 //!
 //! The entity is what the event changes: a subscription, an order. Its id is extracted like an
 //! idempotency key ([`key::json`](crate::key::json), [`key::header`](crate::key::header),
-//! closures, …) and namespaced, so ids of different kinds of entity never meet. The version is
+//! closures, …) and namespaced, so ids of different kinds of entity never meet. Unlike event
+//! keys, entities are not scoped per route by default: an entity is one entity on every
+//! endpoint, so its events are ordered whichever route they arrive on (see
+//! [`VersionGuardLayer::new`]). The version is
 //! the sender's: a revision counter, or the change's timestamp ([`version`] reads JSON
 //! integers, RFC 3339 strings and headers). **Never the receiver's clock**: a late retry is
 //! received late, but it is still old. An event that carries neither a revision nor a change
@@ -80,6 +83,7 @@
 //! | another version of the entity, or another delivery of the same version, is being applied | **409** with `Retry-After` (outcome `in-flight`) | no | unchanged |
 //! | that other version is stale (its owner stopped renewing it: its process died), policy reclaim | as a first delivery | yes | as above |
 //! | that other version is stale, policy hold | **409**, a warning and the [`on_held`](VersionGuardLayer::on_held) hook | no | held until [`VersionStore::resolve_version`] |
+//! | `.verify(..)` set, and the signature is missing, wrong or too old | **401** problem+json | no | unchanged: nothing was claimed |
 //! | no entity id or no version | **400** problem+json naming what was expected (or run unordered: [`VersionGuardLayer::missing_key`]) | no | unchanged |
 //! | invalid entity id or version, body not JSON | **400** | no | unchanged |
 //! | body over the limit / too slow (body extractors only) | **413** / **408** | no | unchanged |
