@@ -474,6 +474,19 @@ async fn transactional_mode_keeps_the_lock_wait_timeout(flavor: Option<MySqlFlav
         waited.elapsed()
     );
     assert_eq!(own().await, OWN, "after a lock wait that timed out");
+    // A duplicate dropped while it waits (its sender hung up): the wait still ends, in a task
+    // of its own, and the setting is put back before the connection returns to the pool.
+    let dropped = tokio::time::timeout(
+        std::time::Duration::from_millis(100),
+        svc.clone().oneshot(lock_wait_delivery("e3", "ok")),
+    )
+    .await;
+    assert!(dropped.is_err(), "dropped while its marker waits");
+    assert_eq!(
+        own().await,
+        OWN,
+        "after a duplicate dropped while its marker waited"
+    );
     gate.add_permits(1);
     assert_eq!(first.await.unwrap().unwrap().status(), http::StatusCode::OK);
     let res = svc.oneshot(lock_wait_delivery("e3", "ok")).await.unwrap();

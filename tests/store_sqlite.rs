@@ -361,6 +361,19 @@ async fn transactional_mode_keeps_the_connections_busy_timeout() {
         OWN,
         "after a wait for the write lock that timed out"
     );
+    // A delivery dropped while it waits (its sender hung up): the wait still ends, in a task
+    // of its own, and the busy timeout is put back before the connection returns to the pool.
+    let dropped = tokio::time::timeout(
+        std::time::Duration::from_millis(50),
+        svc.clone().oneshot(delivery("e4", "ok")),
+    )
+    .await;
+    assert!(dropped.is_err(), "dropped while its marker waits");
+    assert_eq!(
+        own().await,
+        OWN,
+        "after a delivery dropped while its marker waited"
+    );
     sqlx::query("SELECT 1").execute(&mut *writer).await.unwrap();
     writer.rollback().await.unwrap();
     let res = svc.oneshot(delivery("e3", "ok")).await.unwrap();

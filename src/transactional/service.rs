@@ -168,21 +168,29 @@ where
         record(key, Outcome::Draining);
         return Ok(response::draining(settings.retry_after));
     };
-    // The lock wait is part of beginning, so the store's own bound comes on top of it. A
-    // delivery dropped meanwhile drops the transaction, which rolls back: nothing to give back.
-    let begin = shared.store.begin(key, shared.lock_timeout);
+    // The lock wait is part of beginning, so the store's own bound comes on top of it. It runs
+    // in a task of its own: a store that changes a connection setting for the marker's wait
+    // puts it back after the wait, and a delivery dropped meanwhile (its sender hung up, the
+    // bound passed) must not cut that short and hand a half-configured connection back to the
+    // pool. A transaction that nobody reads then rolls back as the task ends.
+    let (store, owned_key, lock_timeout) = (shared.store.clone(), key.clone(), shared.lock_timeout);
+    let begin = tokio::spawn(async move { store.begin(&owned_key, lock_timeout).await });
     let bound = settings.store_timeout.saturating_add(shared.lock_timeout);
     let (tx, token) = match tokio::time::timeout(bound, begin).await {
-        Ok(Ok(Begin::Claimed(tx, token))) => (tx, token),
-        Ok(Ok(Begin::Done(_))) => {
+        Ok(Ok(Ok(Begin::Claimed(tx, token)))) => (tx, token),
+        Ok(Ok(Ok(Begin::Done(_)))) => {
             record(key, Outcome::Duplicate);
             return Ok(response::duplicate());
         }
-        Ok(Ok(Begin::InFlight(_))) => {
+        Ok(Ok(Ok(Begin::InFlight(_)))) => {
             record(key, Outcome::InFlight);
             return Ok(response::in_flight(settings.retry_after));
         }
-        Ok(Err(error)) => return Ok(store_failed(settings, key, &error, "could not begin")),
+        Ok(Ok(Err(error))) => return Ok(store_failed(settings, key, &error, "could not begin")),
+        Ok(Err(panicked)) => {
+            let error = StoreError::backend(panicked);
+            return Ok(store_failed(settings, key, &error, "could not begin"));
+        }
         Err(_) => {
             let error = StoreError::backend("the store did not begin a transaction in time");
             return Ok(store_failed(settings, key, &error, "could not begin"));
