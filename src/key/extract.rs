@@ -146,10 +146,11 @@ macro_rules! inherent_or {
 
 inherent_or!(Header, Json, JsonFields, Auto);
 
-/// A key computed from the head of the request by a closure. Built by [`from_fn`].
+/// A key (or, built by [`version::from_fn`](crate::version_guard::version::from_fn), a
+/// version) computed from the head of the request by a closure. Built by [`from_fn`].
 #[derive(Clone)]
 pub struct FromFn<F> {
-    f: F,
+    pub(crate) f: F,
 }
 
 /// The key is whatever `f` makes of the request head (method, URI, headers, extensions).
@@ -190,10 +191,12 @@ where
     }
 }
 
-/// A key computed by a closure from the head and the buffered body. Built by [`from_body_fn`].
+/// A key (or, built by [`version::from_body_fn`](crate::version_guard::version::from_body_fn),
+/// a version) computed by a closure from the head and the buffered body. Built by
+/// [`from_body_fn`].
 #[derive(Clone)]
 pub struct FromBodyFn<F> {
-    f: F,
+    pub(crate) f: F,
 }
 
 /// The key is whatever `f` makes of the request head and its whole body. The body is buffered

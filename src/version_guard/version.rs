@@ -29,6 +29,9 @@ use http::HeaderName;
 use http::request::Parts;
 
 use crate::key::KeyError;
+/// The closure extractors are the key extractors' own: one type per shape, a key or a version
+/// as the closure answers.
+pub use crate::key::{FromBodyFn, FromFn};
 
 /// Finds the version of a delivery: the sender's revision or change time of the entity.
 ///
@@ -178,12 +181,6 @@ fn parse_integer(text: &str) -> Option<i64> {
     text.parse().ok()
 }
 
-/// A version computed from the head of the request by a closure. Built by [`from_fn`].
-#[derive(Clone)]
-pub struct FromFn<F> {
-    f: F,
-}
-
 /// The version is whatever `f` makes of the request head.
 ///
 /// ```
@@ -207,12 +204,6 @@ where
     FromFn { f }
 }
 
-impl<F> fmt::Debug for FromFn<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FromFn").finish_non_exhaustive()
-    }
-}
-
 impl<F> ExtractVersion for FromFn<F>
 where
     F: Fn(&Parts) -> Result<i64, KeyError> + Send + Sync + 'static,
@@ -222,13 +213,6 @@ where
     }
 }
 
-/// A version computed by a closure from the head and the buffered body. Built by
-/// [`from_body_fn`].
-#[derive(Clone)]
-pub struct FromBodyFn<F> {
-    f: F,
-}
-
 /// The version is whatever `f` makes of the request head and its whole body. The body is
 /// buffered through the layer's limit and passed on intact.
 pub fn from_body_fn<F>(f: F) -> FromBodyFn<F>
@@ -236,12 +220,6 @@ where
     F: Fn(&Parts, &[u8]) -> Result<i64, KeyError> + Send + Sync + 'static,
 {
     FromBodyFn { f }
-}
-
-impl<F> fmt::Debug for FromBodyFn<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FromBodyFn").finish_non_exhaustive()
-    }
 }
 
 impl<F> ExtractVersion for FromBodyFn<F>
