@@ -173,7 +173,14 @@ impl VersionLease {
     }
 }
 
-/// What [`advance`](crate::version_guard::advance) did.
+#[cfg_attr(
+    any(feature = "postgres", feature = "sqlite", feature = "mysql"),
+    doc = "What [`advance`](crate::version_guard::advance) did."
+)]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    doc = "What `version_guard::advance` did (with a SQL store's feature)."
+)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Advance {
     /// The entity's applied version is this delivery's now (it was older, absent, or already

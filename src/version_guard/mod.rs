@@ -131,8 +131,9 @@
 //! # let _ = stack;
 //! ```
 //!
-//! In transactional mode, use [`advance`] inside the handler's transaction instead of this
-//! layer, which records versions outside that transaction.
+//! In transactional mode, use `advance` ([below](#ordering-in-transactional-mode)) inside the
+//! handler's transaction instead of this layer, which records versions outside that
+//! transaction.
 //!
 //! Two things to know about the stack:
 //!
@@ -153,9 +154,9 @@
 //! # Ordering in transactional mode
 //!
 //! When the business change is a write to the store's database, the guard belongs in the same
-//! transaction: [`advance`] moves the entity's applied version inside the transaction of
-//! [transactional mode](crate::transactional) (or any transaction on the store's database) and
-//! answers whether the delivery is newer. The version and the business write then commit or
+//! transaction: `advance` moves the entity's applied version inside the transaction of
+//! transactional mode (`tower_idempotency::transactional`, or any transaction on the store's
+//! database) and answers whether the delivery is newer. The version and the business write then commit or
 //! roll back together, and the entity's row stays locked until the transaction ends, so
 //! concurrent versions of one entity apply one after the other. As in the layer, only an older
 //! version is outdated: an equal one answers [`Advance::Applied`]. Transactional mode's marker
@@ -236,7 +237,7 @@ let app: Router = Router::new()
 //! ON CONFLICT (id) DO UPDATE … WHERE subscriptions.updated_at <= excluded.updated_at`).
 //! `<=`, as the layer does, applies a second change with the same timestamp instead of losing
 //! it (and applies a redelivery of the latest one again: let the marker of
-//! [transactional mode](crate::transactional) answer those). With a revision counter, which
+//! transactional mode answer those). With a revision counter, which
 //! never repeats for two changes, `<` is safe and refuses a redelivery too. `updated_at` is the
 //! sender's timestamp from the event, bound as a parameter: never `now()`.
 //!
