@@ -180,6 +180,8 @@ pub(crate) fn detect(parts: &Parts) -> Option<Sender> {
 enum Detected<'a> {
     Header(&'a Header),
     Body(&'a Json),
+    /// Slack signs its form-encoded slash commands too; they carry no event id.
+    Slack(&'a Json),
     Nothing,
 }
 
@@ -204,7 +206,7 @@ impl Auto {
             Some(Sender::Twilio) => Detected::Header(twilio),
             Some(Sender::Twitch) => Detected::Header(twitch),
             Some(Sender::Stripe) => Detected::Body(&self.stripe),
-            Some(Sender::Slack) => Detected::Body(&self.slack),
+            Some(Sender::Slack) => Detected::Slack(&self.slack),
             None if parts.headers.contains_key(&generic.name) => Detected::Header(generic),
             None => Detected::Nothing,
         }
@@ -213,21 +215,18 @@ impl Auto {
 
 impl ExtractKey for Auto {
     fn reads_body(&self, parts: &Parts) -> bool {
-        matches!(self.detect(parts), Detected::Body(_))
+        matches!(self.detect(parts), Detected::Body(_) | Detected::Slack(_))
     }
 
     fn extract(&self, parts: &Parts, body: Option<&[u8]>) -> Result<IdempotencyKey, KeyError> {
         match self.detect(parts) {
             Detected::Header(header) => header.extract(parts, None),
-            // Slack signs its form-encoded slash commands too; they carry no event id.
-            Detected::Body(json) if std::ptr::eq(json, &self.slack) => {
-                match json.extract(parts, body) {
-                    Err(KeyError::NotJson { .. }) => Err(KeyError::missing(
-                        "a Slack Events API body with an `event_id` (this body is not JSON)",
-                    )),
-                    other => other,
-                }
-            }
+            Detected::Slack(json) => match json.extract(parts, body) {
+                Err(KeyError::NotJson { .. }) => Err(KeyError::missing(
+                    "a Slack Events API body with an `event_id` (this body is not JSON)",
+                )),
+                other => other,
+            },
             Detected::Body(json) => json.extract(parts, body),
             Detected::Nothing => Err(KeyError::missing(
                 "a webhook id header (X-GitHub-Delivery, X-Shopify-Webhook-Id, webhook-id, \

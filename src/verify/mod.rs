@@ -113,6 +113,7 @@
 //! # let _ = layer;
 //! ```
 
+mod mac;
 mod parse;
 mod providers;
 mod twilio;

@@ -4,10 +4,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use hmac::{Hmac, KeyInit, Mac};
+use hmac::Hmac;
 use http::request::Parts;
 use sha2::Sha256;
 
+use super::mac::signed_by;
 use super::parse::{from_base64, from_hex, header};
 use super::{Check, VerifyError, twilio};
 use crate::key::Sender;
@@ -143,16 +144,7 @@ fn any_matches(
     signatures: &[Vec<u8>],
     content: &[&[u8]],
 ) -> Result<(), VerifyError> {
-    let matched = check.keys.iter().any(|key| {
-        let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
-        for part in content {
-            mac.update(part);
-        }
-        signatures
-            .iter()
-            .any(|signature| mac.clone().verify_slice(signature).is_ok())
-    });
-    if matched {
+    if signed_by::<HmacSha256>(check, signatures, content) {
         Ok(())
     } else {
         Err(VerifyError::Mismatch)

@@ -1,10 +1,11 @@
 //! Twilio's scheme: the URL it requested, and the POST parameters or the body's digest.
 
-use hmac::{Hmac, KeyInit, Mac};
+use hmac::Hmac;
 use http::request::Parts;
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
 
+use super::mac::signed_by;
 use super::parse::{from_base64, from_hex, header};
 use super::{Check, VerifyError};
 
@@ -37,16 +38,13 @@ pub(super) fn check(check: &Check, parts: &Parts, body: &[u8]) -> Result<(), Ver
             ));
         }
     };
+    let signatures = [signature];
     let matched = variants(&url).iter().any(|url| {
-        check.keys.iter().any(|key| {
-            let mut mac = Hmac::<Sha1>::new_from_slice(key).expect("HMAC takes keys of any length");
-            mac.update(url.as_bytes());
-            for (name, value) in &params {
-                mac.update(name);
-                mac.update(value);
-            }
-            mac.verify_slice(&signature).is_ok()
-        })
+        let mut content: Vec<&[u8]> = vec![url.as_bytes()];
+        for (name, value) in &params {
+            content.extend([name.as_slice(), value.as_slice()]);
+        }
+        signed_by::<Hmac<Sha1>>(check, &signatures, &content)
     });
     if matched {
         Ok(())
