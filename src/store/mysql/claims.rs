@@ -1,0 +1,213 @@
+//! How a claim is made on MySQL and on MariaDB: one upsert with `RETURNING` on MariaDB 10.5
+//! and later, an upsert then a read (unless it inserted) on MySQL and on older MariaDB.
+
+use std::sync::Arc;
+
+use sqlx::AssertSqlSafe;
+
+use super::{MySqlFlavor, MySqlStore, flavor_of};
+use crate::key::IdempotencyKey;
+use crate::store::sql::{self, ClaimRow, ResultExt as _};
+use crate::store::{
+    Claim, KeyState, Lease, LeaseToken, Stale, StalePolicy, StoreError, VersionClaim, VersionLease,
+};
+
+impl MySqlStore {
+    fn upsert<'q>(
+        &self,
+        sql: &Arc<str>,
+        key: &'q IdempotencyKey,
+        token: LeaseToken,
+        stale: Stale,
+    ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+        let mut query = sqlx::query(AssertSqlSafe(sql.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(token.to_i64())
+            .bind(stale.policy() == StalePolicy::Reclaim)
+            .bind(sql::micros(stale.after()));
+        for _ in 0..7 {
+            query = query.bind(token.to_i64());
+        }
+        query
+    }
+
+    /// MariaDB 10.5 and later: one upsert, returning the row.
+    pub(super) async fn claim_returning(
+        &self,
+        key: &IdempotencyKey,
+        stale: Stale,
+    ) -> Result<Claim, StoreError> {
+        let token = LeaseToken::generate();
+        let row = self
+            .upsert(&self.claims.returning, key, token, stale)
+            .fetch_one(&self.table.pool)
+            .await
+            .store()?;
+        ClaimRow::read(&row)?.into_claim(key, token, stale)
+    }
+
+    /// MySQL and older MariaDB: the upsert, and a read of the row unless it inserted.
+    pub(super) async fn claim_and_read(
+        &self,
+        key: &IdempotencyKey,
+        stale: Stale,
+    ) -> Result<Claim, StoreError> {
+        let token = LeaseToken::generate();
+        // A row that vanishes between the two statements more than twice in a row means
+        // something else is deleting keys as fast as they are claimed.
+        for _ in 0..3 {
+            let upserted = self
+                .upsert(&self.table.sql.claim, key, token, stale)
+                .execute(&self.table.pool)
+                .await
+                .store()?;
+            if upserted.rows_affected() == 1 {
+                // Inserted: a new key.
+                return Ok(Claim::Acquired(Lease::new(key.clone(), token, false)));
+            }
+            // Updated an existing row: read what it is now. Only this claim knows `token`, so
+            // a row holding it is ours; any other row is someone else's.
+            let row = sqlx::query(AssertSqlSafe(self.claims.read.clone()))
+                .bind(key.namespace())
+                .bind(key.value())
+                .fetch_optional(&self.table.pool)
+                .await
+                .store()?;
+            if let Some(row) = row {
+                let row = ClaimRow::read(&row)?;
+                let ours = LeaseToken::from_i64(row.token) == token;
+                if ours || KeyState::parse(&row.state) != Some(KeyState::Released) {
+                    return row.into_claim(key, token, stale);
+                }
+            }
+            // Released (by the owner the upsert saw) or purged between the two statements:
+            // claim again.
+        }
+        Err(StoreError::backend(
+            "the claimed row vanished between the upsert and the read, three times",
+        ))
+    }
+
+    fn version_upsert<'q>(
+        &self,
+        sql: &Arc<str>,
+        entity: &'q IdempotencyKey,
+        version: i64,
+        token: LeaseToken,
+        stale: Stale,
+    ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+        let token = token.to_i64();
+        sqlx::query(AssertSqlSafe(sql.clone()))
+            .bind(entity.namespace())
+            .bind(entity.value())
+            .bind(version)
+            .bind(token)
+            .bind(version)
+            .bind(stale.policy() == StalePolicy::Reclaim)
+            .bind(sql::micros(stale.after()))
+            .bind(version)
+            .bind(token)
+            .bind(token)
+            .bind(version)
+            .bind(token)
+    }
+
+    /// MariaDB 10.5 and later: one upsert of the versions row, returning it.
+    pub(super) async fn begin_version_returning(
+        &self,
+        entity: &IdempotencyKey,
+        version: i64,
+        stale: Stale,
+    ) -> Result<VersionClaim, StoreError> {
+        let token = LeaseToken::generate();
+        let sql = &self.claims.version_returning;
+        let row = self
+            .version_upsert(sql, entity, version, token, stale)
+            .fetch_one(&self.table.pool)
+            .await
+            .store()?;
+        sql::version_claim(entity, version, token, stale, sql::version_row(&row)?)
+            .ok_or_else(|| StoreError::backend("the versions row was left inconsistent"))
+    }
+
+    /// MySQL and older MariaDB: the upsert, and a read of the row unless it inserted.
+    pub(super) async fn begin_version_and_read(
+        &self,
+        entity: &IdempotencyKey,
+        version: i64,
+        stale: Stale,
+    ) -> Result<VersionClaim, StoreError> {
+        // The row may change between the two statements (a pending version committed or
+        // released): when what it says no longer explains why ours was not taken, start over.
+        for _ in 0..3 {
+            let token = LeaseToken::generate();
+            let upserted = self
+                .version_upsert(
+                    &self.table.sql.versions.begin,
+                    entity,
+                    version,
+                    token,
+                    stale,
+                )
+                .execute(&self.table.pool)
+                .await
+                .store()?;
+            if upserted.rows_affected() == 1 {
+                // Inserted: a new entity, and the version is ours.
+                return Ok(VersionClaim::Acquired(VersionLease::new(
+                    entity.clone(),
+                    version,
+                    token,
+                )));
+            }
+            let row = sqlx::query(AssertSqlSafe(self.claims.version_read.clone()))
+                .bind(entity.namespace())
+                .bind(entity.value())
+                .fetch_one(&self.table.pool)
+                .await
+                .store()?;
+            if let Some(claim) =
+                sql::version_claim(entity, version, token, stale, sql::version_row(&row)?)
+            {
+                return Ok(claim);
+            }
+        }
+        Err(StoreError::backend(
+            "the versions row changed between the upsert and the read, three times",
+        ))
+    }
+
+    /// The claim row of `key`, read on `conn`.
+    pub(super) async fn read_claim(
+        &self,
+        conn: &mut sqlx::MySqlConnection,
+        key: &IdempotencyKey,
+    ) -> Result<ClaimRow, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(self.claims.read.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .fetch_one(conn)
+            .await
+            .store()?;
+        ClaimRow::read(&row)
+    }
+
+    /// The flavor, asked on `conn` if not known yet: inside a transaction, the pool may have
+    /// no other connection to spare.
+    pub(super) async fn flavor_on(
+        &self,
+        conn: &mut sqlx::MySqlConnection,
+    ) -> Result<MySqlFlavor, StoreError> {
+        self.flavor
+            .get_or_try_init(|| async {
+                let version: String = sqlx::query_scalar("SELECT VERSION()")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .store()?;
+                Ok(flavor_of(&version))
+            })
+            .await
+            .copied()
+    }
+}

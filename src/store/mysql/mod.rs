@@ -1,0 +1,438 @@
+//! The MySQL and MariaDB store.
+//!
+//! ```no_run
+//! use sqlx::mysql::MySqlPoolOptions;
+//! use tower_idempotency::{IdempotencyLayer, key, store::MySqlStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = MySqlPoolOptions::new()
+//!     .max_connections(16)
+//!     .connect("mysql://app@db.internal/app")
+//!     .await?;
+//! let store = MySqlStore::new(pool);
+//! store.migrate().await?;
+//! let layer = IdempotencyLayer::new(store).key(key::shopify());
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # MariaDB and MySQL
+//!
+//! Neither has Postgres' `ON CONFLICT … RETURNING`. The claim is an
+//! `INSERT … ON DUPLICATE KEY UPDATE` whose assignments run left to right: count the delivery,
+//! replace the token only if the row is `released`, or `processing`, not renewed for the stale
+//! limit and the policy reclaims, and start a new run (count it, restart `claimed_at` and
+//! `renewed_at`, note whether it reclaimed, set `state` last) only if the token is now ours.
+//!
+//! - **MariaDB** (10.5 and later) accepts `RETURNING` on that statement and returns the row as
+//!   the update left it: the claim is **one round trip**, as on Postgres.
+//! - **MySQL** has no `RETURNING`. The upsert's affected-row count tells an insert (1: this
+//!   delivery acquired a new key, **one round trip**) from an update (2); after an update a
+//!   `SELECT` of the row (**a second round trip**) says whether the token is ours (a new run of
+//!   a released or stale row), or what the key is (`done`, or `processing` and how long since
+//!   its last renewal). If the row vanished in between (purged), the claim starts over.
+//!
+//! The store asks the server once, with `SELECT VERSION()`, which one it is (a version
+//! containing `MariaDB`, and its release), or takes your word for it:
+//! [`MySqlStore::with_flavor`]. MariaDB before 10.5 has no `RETURNING`: it claims the MySQL
+//! way, in two statements.
+//!
+//! # Time
+//!
+//! Every timestamp and age comes from the server: `UTC_TIMESTAMP(6)` (microseconds, fixed
+//! within a statement, independent of the session's time zone), ages with
+//! `TIMESTAMPDIFF(MICROSECOND, …)`. App instances with skewed clocks agree on staleness.
+//!
+//! # Table
+//!
+//! [`MySqlStore::migrate`] runs one statement (`idempotency_keys` is the default name, see
+//! [`MySqlStore::with_table_name`]), holding the named lock `tower_idempotency_migrate`
+//! (`GET_LOCK`) so that instances starting together do not upgrade the table twice. MySQL
+//! commits DDL implicitly, so it cannot share a transaction; the indexes are part of the one
+//! atomic `CREATE TABLE`. Keys are compared byte for byte (`utf8mb4_bin`): event ids are
+//! case-sensitive.
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS `idempotency_keys` (
+//!     namespace     VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+//!     `key`         VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+//!     state         VARCHAR(10)  CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+//!     token         BIGINT       NOT NULL,
+//!     deliveries    BIGINT       NOT NULL,
+//!     runs          BIGINT       NOT NULL DEFAULT 1,
+//!     reclaimed     BOOLEAN      NOT NULL DEFAULT FALSE,
+//!     first_seen_at DATETIME(6)  NULL,
+//!     last_seen_at  DATETIME(6)  NULL,
+//!     renewed_at    DATETIME(6)  NULL,
+//!     claimed_at    DATETIME(6)  NOT NULL,
+//!     completed_at  DATETIME(6)  NULL,
+//!     PRIMARY KEY (namespace, `key`),
+//!     KEY `idempotency_keys_claimed_idx` (state, claimed_at),
+//!     KEY `idempotency_keys_completed_idx` (state, completed_at),
+//!     CONSTRAINT `idempotency_keys_state_check`
+//!         CHECK (state IN ('processing', 'done', 'released'))
+//! ) ENGINE = InnoDB
+//! ```
+//!
+//! A table of the first release (without `runs`) is upgraded with one `ALTER TABLE` that needs
+//! no copy of the table: the new columns added, and the server-named check on `state` (found
+//! in `information_schema.CHECK_CONSTRAINTS`), which refuses `released`, dropped. Adding the
+//! new check would copy the table with writes blocked, so an upgraded table goes without it;
+//! checks of your own stay. Rows are kept.
+//!
+//! # Assignment order
+//!
+//! The claim and version statements rely on MySQL and MariaDB running the assignments of an
+//! `ON DUPLICATE KEY UPDATE` left to right, each seeing the ones before it. MariaDB's
+//! `SIMULTANEOUS_ASSIGNMENT` SQL mode (10.3.5 and later, off by default) makes every
+//! assignment see the row as it was: a claim would then take a row's token without starting
+//! a run, and a stale claim could be taken over again and again. The store does not support
+//! it: [`migrate`](MySqlStore::migrate) fails when the mode is in the server's default
+//! (`@@GLOBAL.sql_mode`) or in the session of the connection it migrates on, saying what to
+//! change.
+//!
+//! Claims do not check it again: it would cost every claim a round trip. A pooled connection
+//! whose session turns the mode on later (a `SET SESSION sql_mode` by application code on the
+//! store's pool, or a pool whose `after_connect` sets it on some connections only) is not
+//! detected; keep the store's pool to itself, and leave its SQL mode alone.
+//!
+//! # Round trips
+//!
+//! - `claim`: one on MariaDB 10.5+; on MySQL (and older MariaDB) one for a new key, two
+//!   otherwise (a duplicate of a done key included).
+//! - `renew`, `commit`, `release`: `UPDATE … WHERE namespace = ? AND `key` = ? AND token = ?
+//!   AND <state>`, one each. sqlx connects with `CLIENT_FOUND_ROWS`, so the server reports
+//!   matched rows and a repeated commit with the same lease answers `Ok`.
+//! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
+//!
+//! # Transactional mode
+//!
+//! `BEGIN`, `INSERT IGNORE` of the marker as `done` (and, when the key existed, a read of its
+//! row, and an `UPDATE` that takes it over if it was released), the handler's statements, a
+//! check that the marker is still in the transaction, `COMMIT`. A duplicate's insert waits for
+//! the open transaction on the primary key; past the lock timeout (error 1205) it answers 409.
+//! The lock timeout bounds the marker's statements only, and the pooled connection keeps its
+//! own `innodb_lock_wait_timeout`, for the handler's statements too: MariaDB runs each marker
+//! statement as `SET STATEMENT innodb_lock_wait_timeout = <s> FOR …`; on MySQL (and MariaDB
+//! before 10.5) the session's value is saved and replaced in the `BEGIN` round trip, and put
+//! back in one more round trip right after the marker.
+//!
+//! # Entity versions (the version guard)
+//!
+//! [`migrate`](MySqlStore::migrate) also runs a second `CREATE TABLE` for the
+//! [version guard](crate::version_guard), `<table>_versions`:
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS `idempotency_keys_versions` (
+//!     namespace       VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+//!     entity          VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+//!     applied_version BIGINT       NULL,
+//!     applied_token   BIGINT       NULL,
+//!     pending_version BIGINT       NULL,
+//!     pending_token   BIGINT       NULL,
+//!     pending_since   DATETIME(6)  NULL,
+//!     deliveries      BIGINT       NOT NULL,
+//!     last_seen_at    DATETIME(6)  NOT NULL,
+//!     PRIMARY KEY (namespace, entity)
+//! ) ENGINE = InnoDB
+//! ```
+//!
+//! - `begin_version`: `INSERT … ON DUPLICATE KEY UPDATE deliveries = deliveries + 1,
+//!   pending_token = IF(<not older than applied_version (applied_version <= ours), and nothing
+//!   pending or stale under reclaim>, ?, pending_token),
+//!   pending_version = IF(pending_token <=> ?, ?, pending_version), …` (left to right, as for
+//!   claims). MariaDB: with `RETURNING`, one round trip. MySQL: one for a new entity; otherwise
+//!   a `SELECT` of the row follows (two), and the claim starts over if the row changed in
+//!   between.
+//! - `commit_version`, `release_version`: one `UPDATE … WHERE … AND pending_token = ?` each.
+//! - [`version_guard::advance`](crate::version_guard::advance), in the caller's transaction: an upsert that
+//!   takes the row's exclusive lock at once and, unless the row is at a newer version, moves
+//!   the version (an equal one advances, as the version guard runs it) and stamps
+//!   `applied_token` with a fresh token. The stamp says whether this statement advanced the
+//!   row (ours: `Applied`) or left it at a newer version (`Outdated`), whatever the versions
+//!   compare. MariaDB returns the row (one round trip); MySQL reads it with `SELECT … FOR
+//!   UPDATE` unless it was new (one or two).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{AssertSqlSafe, MySql, MySqlPool};
+use tokio::sync::OnceCell;
+
+use super::sql::{ResultExt as _, Table, TableName};
+use super::{
+    Claim, ConfigError, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim,
+    VersionClaim, VersionLease, VersionStore,
+};
+use crate::key::IdempotencyKey;
+
+mod claims;
+mod queries;
+mod server;
+mod transactional;
+
+use queries::{ClaimQueries, queries, upgrade};
+use server::{check_sql_mode, flavor_of, is_mariadb};
+
+/// The name of the lock `migrate` holds: instances starting together upgrade the table once.
+const MIGRATE_LOCK: &str = "tower_idempotency_migrate";
+
+/// Which server a [`MySqlStore`] talks to; it decides how a claim is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub enum MySqlFlavor {
+    /// MariaDB 10.5 or later: the claim is one `INSERT … ON DUPLICATE KEY UPDATE …
+    /// RETURNING`.
+    MariaDb,
+    /// MySQL, or a MariaDB older than 10.5 (whose `INSERT` has no `RETURNING`): the claim is
+    /// an upsert, then a `SELECT` unless the upsert inserted.
+    MySql,
+}
+
+/// Claims kept in a MySQL or MariaDB table, shared by every app instance that uses the
+/// database.
+///
+/// Cloning is cheap: clones share the pool. Call [`migrate`](Self::migrate) once at start-up
+/// (it is idempotent) before serving. See the [module docs](crate::store::mysql) for the SQL,
+/// the time source and the round trips.
+#[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub struct MySqlStore {
+    table: Table<MySql>,
+    /// The statements only this backend has.
+    claims: Arc<ClaimQueries>,
+    flavor: Arc<OnceCell<MySqlFlavor>>,
+}
+
+impl MySqlStore {
+    /// A store on `pool`, in the table `idempotency_keys`. It finds out on first use whether
+    /// the server is MariaDB or MySQL.
+    pub fn new(pool: MySqlPool) -> Self {
+        let (sql, claims) = queries(TableName::default_table());
+        Self {
+            table: Table::new(pool, sql),
+            claims: Arc::new(claims),
+            flavor: Arc::default(),
+        }
+    }
+
+    /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes.
+    pub fn with_table_name(mut self, name: &str) -> Result<Self, ConfigError> {
+        let (sql, claims) = queries(TableName::parse(name, false)?);
+        self.table.sql = Arc::new(sql);
+        self.claims = Arc::new(claims);
+        Ok(self)
+    }
+
+    /// Skips asking the server which it is: claims are made the `flavor` way. Forcing
+    /// [`MySqlFlavor::MySql`] on MariaDB works (two round trips); forcing
+    /// [`MySqlFlavor::MariaDb`] on MySQL, or on MariaDB before 10.5, fails every claim with a
+    /// syntax error. [`migrate`](Self::migrate) asks the server anyway, for its own dialect.
+    pub fn with_flavor(mut self, flavor: MySqlFlavor) -> Self {
+        self.flavor = Arc::new(OnceCell::new_with(Some(flavor)));
+        self
+    }
+
+    /// How the store makes claims: as set by [`with_flavor`](Self::with_flavor), or asked
+    /// once with `SELECT VERSION()` and remembered: [`MySqlFlavor::MariaDb`] for MariaDB 10.5
+    /// and later, [`MySqlFlavor::MySql`] for MySQL, for older MariaDB, and for a MariaDB whose
+    /// release it cannot read.
+    pub async fn flavor(&self) -> Result<MySqlFlavor, StoreError> {
+        self.flavor
+            .get_or_try_init(|| async {
+                let version: String = sqlx::query_scalar("SELECT VERSION()")
+                    .fetch_one(&self.table.pool)
+                    .await
+                    .store()?;
+                Ok(flavor_of(&version))
+            })
+            .await
+            .copied()
+    }
+
+    /// The table's name.
+    pub fn table_name(&self) -> String {
+        self.table.sql.table.name()
+    }
+
+    /// The pool the store uses.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.table.pool
+    }
+
+    /// Creates the table with its indexes if it does not exist (one `CREATE TABLE`), and
+    /// upgrades a table made by an earlier release (one `ALTER TABLE`, its rows kept). Safe
+    /// to call at every start-up, from several instances at once: a named lock (`GET_LOCK`)
+    /// lets one of them at a time in.
+    ///
+    /// Fails, changing nothing, when the server's SQL mode (its default, or this connection's)
+    /// includes MariaDB's `SIMULTANEOUS_ASSIGNMENT`, under which claims are not safe (see the
+    /// [module docs](crate::store::mysql#assignment-order)).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        // One connection holds a named lock throughout, so that instances starting together
+        // do not both upgrade the table.
+        let mut conn = self.table.pool.acquire().await.store()?;
+        let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
+            .bind(MIGRATE_LOCK)
+            .fetch_one(&mut *conn)
+            .await
+            .store()?;
+        if locked != Some(1) {
+            return Err(StoreError::backend(
+                "another instance held the migration lock for 60 seconds",
+            ));
+        }
+        let migrated = self.migrate_locked(&mut conn).await;
+        let unlocked = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(MIGRATE_LOCK)
+            .execute(&mut *conn)
+            .await;
+        migrated?;
+        unlocked.store().map(drop)
+    }
+
+    async fn migrate_locked(&self, conn: &mut sqlx::MySqlConnection) -> Result<(), StoreError> {
+        let (version, session_mode, global_mode): (String, String, String) =
+            sqlx::query_as("SELECT VERSION(), @@SESSION.sql_mode, @@GLOBAL.sql_mode")
+                .fetch_one(&mut *conn)
+                .await
+                .store()?;
+        check_sql_mode(&session_mode, &global_mode)?;
+        let mariadb = is_mariadb(&version);
+        // Asked anyway: the claims need not ask again.
+        self.flavor
+            .get_or_init(|| async { flavor_of(&version) })
+            .await;
+        sqlx::raw_sql(AssertSqlSafe(self.table.sql.migrate.clone()))
+            .execute(&mut *conn)
+            .await
+            .store()?;
+        let table = &self.table.sql.table;
+        let current: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'runs'",
+        )
+        .bind(table.bare())
+        .fetch_one(&mut *conn)
+        .await
+        .store()?;
+        if current == 0 {
+            tracing::info!(table = %table.name(), "upgrading the idempotency table");
+            // Only the check on `state`: a check of the application's own stays. The
+            // catalog and the syntax are the server's, whichever way claims are made.
+            let find = if mariadb {
+                "SELECT CONSTRAINT_NAME FROM information_schema.CHECK_CONSTRAINTS \
+                 WHERE CONSTRAINT_SCHEMA = DATABASE() AND TABLE_NAME = ? \
+                 AND CHECK_CLAUSE LIKE '%processing%'"
+            } else {
+                "SELECT tc.CONSTRAINT_NAME FROM information_schema.TABLE_CONSTRAINTS tc \
+                 JOIN information_schema.CHECK_CONSTRAINTS cc \
+                 ON cc.CONSTRAINT_SCHEMA = tc.CONSTRAINT_SCHEMA \
+                 AND cc.CONSTRAINT_NAME = tc.CONSTRAINT_NAME \
+                 WHERE tc.TABLE_SCHEMA = DATABASE() AND tc.TABLE_NAME = ? \
+                 AND tc.CONSTRAINT_TYPE = 'CHECK' AND cc.CHECK_CLAUSE LIKE '%processing%'"
+            };
+            let checks: Vec<String> = sqlx::query_scalar(find)
+                .bind(table.bare())
+                .fetch_all(&mut *conn)
+                .await
+                .store()?;
+            sqlx::raw_sql(AssertSqlSafe(upgrade(table, &checks, mariadb)))
+                .execute(&mut *conn)
+                .await
+                .store()?;
+        }
+        sqlx::raw_sql(AssertSqlSafe(self.table.sql.versions.migrate.clone()))
+            .execute(&mut *conn)
+            .await
+            .store()?;
+        Ok(())
+    }
+}
+
+impl fmt::Debug for MySqlStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.table.debug("MySqlStore", f)
+    }
+}
+
+/// A claim is one statement on MariaDB 10.5 and later, two on MySQL and older MariaDB; every
+/// other operation is one (see the [module docs](crate::store::mysql#round-trips)).
+impl Store for MySqlStore {
+    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        match self.flavor().await? {
+            MySqlFlavor::MariaDb => self.claim_returning(key, stale).await,
+            MySqlFlavor::MySql => self.claim_and_read(key, stale).await,
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.renew(lease).await
+    }
+
+    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.commit(lease).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.release(lease).await
+    }
+
+    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
+        self.table.describe(key).await
+    }
+
+    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
+        self.table.stuck_claims(older_than).await
+    }
+
+    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
+        self.table.resolve(key, how).await
+    }
+
+    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
+        self.table.purge_completed(older_than).await
+    }
+}
+
+impl VersionStore for MySqlStore {
+    async fn begin_version(
+        &self,
+        entity: &IdempotencyKey,
+        version: i64,
+        stale: Stale,
+    ) -> Result<VersionClaim, StoreError> {
+        match self.flavor().await? {
+            MySqlFlavor::MariaDb => self.begin_version_returning(entity, version, stale).await,
+            MySqlFlavor::MySql => self.begin_version_and_read(entity, version, stale).await,
+        }
+    }
+
+    async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        self.table.renew_version(lease).await
+    }
+
+    async fn commit_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        self.table.commit_version(lease).await
+    }
+
+    async fn release_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        self.table.release_version(lease).await
+    }
+
+    async fn applied_version(&self, entity: &IdempotencyKey) -> Result<Option<i64>, StoreError> {
+        self.table.applied_version(entity).await
+    }
+
+    async fn resolve_version(
+        &self,
+        entity: &IdempotencyKey,
+        how: Resolution,
+    ) -> Result<bool, StoreError> {
+        self.table.resolve_version(entity, how).await
+    }
+}

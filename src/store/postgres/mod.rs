@@ -1,0 +1,325 @@
+//! The PostgreSQL store.
+//!
+//! ```no_run
+//! use sqlx::postgres::PgPoolOptions;
+//! use tower_idempotency::{IdempotencyLayer, key, store::PostgresStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = PgPoolOptions::new()
+//!     .max_connections(16)
+//!     .connect("postgres://app@db.internal/app")
+//!     .await?;
+//! let store = PostgresStore::new(pool);
+//! store.migrate().await?;
+//! let layer = IdempotencyLayer::new(store).key(key::stripe());
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Time
+//!
+//! Every timestamp and age is computed by the server with `now()`: the start of the current
+//! transaction, which for the store's single-statement operations is the start of the
+//! statement. It is one value throughout a statement, so the stale test, the timestamp written
+//! and the age returned agree, and app instances with skewed clocks agree on staleness. (Not
+//! `clock_timestamp()`, which changes while a statement runs.)
+//!
+//! # Isolation
+//!
+//! The store needs nothing stricter than READ COMMITTED, PostgreSQL's default: the primary key
+//! decides between concurrent claims. Where the connections' isolation is stricter
+//! (`default_transaction_isolation` set to `repeatable read` or `serializable` on the role, the
+//! database or the server), PostgreSQL fails a claim whose row another delivery of the same key
+//! changed meanwhile with a serialization failure (SQLSTATE 40001). Nothing was written then:
+//! the claim, and the version guard's version claim, are tried once more after a random pause
+//! of up to 20 ms, and only a second failure is an error (answered 503, so the sender retries).
+//! Many duplicates of one event arriving at once still fail so now and then; give the store a
+//! pool of its own that sets `SET default_transaction_isolation = 'read committed'` in
+//! [`after_connect`](sqlx::pool::PoolOptions::after_connect) to avoid them altogether.
+//!
+//! # Table
+//!
+//! [`PostgresStore::migrate`] runs this in one transaction, under a transaction-scoped advisory
+//! lock so that instances starting together do not race on the catalog (`idempotency_keys` is
+//! the default name, see [`PostgresStore::with_table_name`]):
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS "idempotency_keys" (
+//!     namespace     TEXT        NOT NULL,
+//!     "key"         TEXT        NOT NULL,
+//!     state         TEXT        NOT NULL,
+//!     token         BIGINT      NOT NULL,
+//!     deliveries    BIGINT      NOT NULL,
+//!     runs          BIGINT      NOT NULL DEFAULT 1,
+//!     reclaimed     BOOLEAN     NOT NULL DEFAULT FALSE,
+//!     first_seen_at TIMESTAMPTZ,
+//!     last_seen_at  TIMESTAMPTZ,
+//!     claimed_at    TIMESTAMPTZ NOT NULL,
+//!     renewed_at    TIMESTAMPTZ,
+//!     completed_at  TIMESTAMPTZ,
+//!     PRIMARY KEY (namespace, "key"),
+//!     CONSTRAINT "idempotency_keys_state_check"
+//!         CHECK (state IN ('processing', 'done', 'released'))
+//! );
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_claimed_idx"
+//!     ON "idempotency_keys" (state, claimed_at);
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_completed_idx"
+//!     ON "idempotency_keys" (state, completed_at);
+//! ```
+//!
+//! A table of the first release (without `runs`) is upgraded in the same transaction: the new
+//! columns are added (`ADD COLUMN IF NOT EXISTS`, instant for these defaults), the check on
+//! `state`, whatever its name, is replaced by one that admits `released` (`NOT VALID`: every
+//! existing row passes it already, so nothing is scanned), and `renewed_at` of `processing`
+//! rows starts at their claim time. Rows are kept as they are. The upgrade waits at most 10 s
+//! for the table's lock (`lock_timeout`), rather than stall the claims queued behind it, and
+//! `migrate()` fails if it could not get it.
+//!
+//! # Round trips
+//!
+//! One per operation (once sqlx has prepared the statement on the connection):
+//!
+//! - `claim`: `INSERT … ON CONFLICT (namespace, "key") DO UPDATE SET deliveries =
+//!   deliveries + 1, last_seen_at = now(), <the claim's columns> = CASE WHEN <released, or
+//!   processing and not renewed for the limit under reclaim> THEN <a new run> ELSE <as was> END
+//!   RETURNING state, token, deliveries, reclaimed, <age>, <since renewal>`. The primary key
+//!   decides between concurrent claims; the claim acquired if the returned token is the one it
+//!   generated. A duplicate of a done key is this one statement too.
+//! - `renew`: `UPDATE … SET renewed_at = now() WHERE namespace = $1 AND "key" = $2 AND token =
+//!   $3 AND state = 'processing'`; `commit` sets `state = 'done'`, `release` sets `state =
+//!   'released'`, fenced the same way.
+//! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
+//!
+//! # Transactional mode
+//!
+//! `BEGIN; SET LOCAL lock_timeout = <ms>` (one round trip), the marker's insert as `done`,
+//! the handler's statements, a check that the marker is still in the transaction, `COMMIT`.
+//! A duplicate's insert waits for the open transaction on the primary key; past the lock
+//! timeout (SQLSTATE 55P03) it answers 409. The lock timeout stays in force for the handler's
+//! own statements in the transaction, and ends with it: the pooled connection keeps its own.
+//!
+//! # Entity versions (the version guard)
+//!
+//! [`migrate`](PostgresStore::migrate) also creates, in the same transaction, the table of the
+//! [version guard](crate::version_guard), named after the claims table (`<table>_versions`, whose
+//! primary key's name `<table>_versions_pkey` still fits in 63 bytes):
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS "idempotency_keys_versions" (
+//!     namespace       TEXT        NOT NULL,
+//!     entity          TEXT        NOT NULL,
+//!     applied_version BIGINT,
+//!     pending_version BIGINT,
+//!     pending_token   BIGINT,
+//!     pending_since   TIMESTAMPTZ,
+//!     deliveries      BIGINT      NOT NULL,
+//!     last_seen_at    TIMESTAMPTZ NOT NULL,
+//!     PRIMARY KEY (namespace, entity)
+//! );
+//! ```
+//!
+//! - `begin_version`: one round trip, `INSERT … ON CONFLICT (namespace, entity) DO UPDATE SET
+//!   deliveries = deliveries + 1, pending_* = CASE WHEN <not older than applied_version
+//!   (applied_version <= ours), and nothing pending or the pending one stale and the policy
+//!   reclaims> THEN <ours> ELSE <as was> END RETURNING applied_version, pending_version,
+//!   pending_token, <age>`; acquired if the returned token is ours, outdated if the returned
+//!   applied version is newer than ours.
+//! - `commit_version`: `UPDATE … SET applied_version = GREATEST(applied_version,
+//!   pending_version), pending_* = NULL WHERE … AND pending_token = $3`; `release_version`
+//!   the same without moving `applied_version`. One round trip each.
+//! - [`version_guard::advance`](crate::version_guard::advance), in the caller's transaction: `INSERT … ON
+//!   CONFLICT … DO UPDATE SET applied_version = excluded.applied_version WHERE
+//!   t.applied_version IS NULL OR t.applied_version <= excluded.applied_version RETURNING
+//!   applied_version` (an equal version advances, as the version guard runs it); when it returns
+//!   nothing (outdated: the row is at a newer version), a `SELECT` of the applied version. The
+//!   conflicting row is locked either way until the transaction ends.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{AssertSqlSafe, PgPool, Postgres};
+
+use super::sql::{ResultExt as _, Table, TableName};
+use super::{
+    Claim, ConfigError, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim,
+    VersionClaim, VersionLease, VersionStore,
+};
+use crate::key::IdempotencyKey;
+
+mod queries;
+mod transactional;
+
+use queries::{queries, upgrade};
+
+/// Claims kept in a PostgreSQL table, shared by every app instance that uses the database.
+///
+/// Cloning is cheap: clones share the pool. Call [`migrate`](Self::migrate) once at start-up
+/// (it is idempotent) before serving. See the [module docs](crate::store::postgres) for the SQL,
+/// the time source and the round trips.
+#[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub struct PostgresStore {
+    table: Table<Postgres>,
+}
+
+impl PostgresStore {
+    /// A store on `pool`, in the table `idempotency_keys`.
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            table: Table::new(pool, queries(TableName::default_table())),
+        }
+    }
+
+    /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes, or
+    /// `schema.table` with each part so (the schema must exist). It is quoted in SQL, so it is
+    /// case-sensitive.
+    pub fn with_table_name(mut self, name: &str) -> Result<Self, ConfigError> {
+        self.table.sql = Arc::new(queries(TableName::parse(name, true)?));
+        Ok(self)
+    }
+
+    /// The table's name, as given.
+    pub fn table_name(&self) -> String {
+        self.table.sql.table.name()
+    }
+
+    /// The pool the store uses.
+    pub fn pool(&self) -> &PgPool {
+        &self.table.pool
+    }
+
+    /// Creates the table and its indexes if they do not exist, in one transaction, and
+    /// upgrades a table made by an earlier release (new columns added, its rows kept). Safe
+    /// to call at every start-up, from several instances at once.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut tx = self.table.pool.begin().await.store()?;
+        sqlx::raw_sql(AssertSqlSafe(self.table.sql.migrate.clone()))
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        let table = &self.table.sql.table;
+        let current: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+             WHERE attrelid = to_regclass($1) AND attname = 'runs' AND NOT attisdropped)",
+        )
+        .bind(table.quoted('"'))
+        .fetch_one(&mut *tx)
+        .await
+        .store()?;
+        if !current {
+            tracing::info!(table = %table.name(), "upgrading the idempotency table");
+            // The check on `state` refuses `released`, whatever its name (a renamed table
+            // keeps the old one).
+            let checks: Vec<String> = sqlx::query_scalar(
+                "SELECT conname::text FROM pg_constraint WHERE conrelid = to_regclass($1) \
+                 AND contype = 'c' AND pg_get_constraintdef(oid) LIKE '%processing%'",
+            )
+            .bind(table.quoted('"'))
+            .fetch_all(&mut *tx)
+            .await
+            .store()?;
+            sqlx::raw_sql(AssertSqlSafe(upgrade(table, &checks)))
+                .execute(&mut *tx)
+                .await
+                .store()?;
+        }
+        sqlx::raw_sql(AssertSqlSafe(self.table.sql.versions.migrate.clone()))
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        tx.commit().await.store()
+    }
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.table.debug("PostgresStore", f)
+    }
+}
+
+/// Every operation is one statement, its round trip the only one (see the [module
+/// docs](crate::store::postgres#round-trips) for the SQL).
+impl Store for PostgresStore {
+    /// The upsert of the module docs; tried once more after a serialization failure.
+    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        let table = &self.table;
+        table
+            .claim_upsert(key, stale, is_serialization_failure)
+            .await
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.renew(lease).await
+    }
+
+    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.commit(lease).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.release(lease).await
+    }
+
+    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
+        self.table.describe(key).await
+    }
+
+    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
+        self.table.stuck_claims(older_than).await
+    }
+
+    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
+        self.table.resolve(key, how).await
+    }
+
+    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
+        self.table.purge_completed(older_than).await
+    }
+}
+
+impl VersionStore for PostgresStore {
+    /// The upsert of the module docs; tried once more after a serialization failure.
+    async fn begin_version(
+        &self,
+        entity: &IdempotencyKey,
+        version: i64,
+        stale: Stale,
+    ) -> Result<VersionClaim, StoreError> {
+        let table = &self.table;
+        (table.begin_version_upsert(entity, version, stale, is_serialization_failure)).await
+    }
+
+    async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        self.table.renew_version(lease).await
+    }
+
+    async fn commit_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        self.table.commit_version(lease).await
+    }
+
+    async fn release_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        self.table.release_version(lease).await
+    }
+
+    async fn applied_version(&self, entity: &IdempotencyKey) -> Result<Option<i64>, StoreError> {
+        self.table.applied_version(entity).await
+    }
+
+    async fn resolve_version(
+        &self,
+        entity: &IdempotencyKey,
+        how: Resolution,
+    ) -> Result<bool, StoreError> {
+        self.table.resolve_version(entity, how).await
+    }
+}
+
+/// 40001 serialization_failure: under REPEATABLE READ or SERIALIZABLE (the connection's
+/// `default_transaction_isolation`), a concurrent delivery changed the key's row after this
+/// statement's snapshot was taken. Nothing was written; the statement can be run again.
+fn is_serialization_failure(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(e) if e.code().as_deref() == Some("40001"))
+}

@@ -1,0 +1,258 @@
+//! The SQL of the PostgreSQL store: its tables, their upgrade, and every statement, written
+//! once per table name.
+
+use super::super::sql::{Queries, TableName, VersionQueries};
+
+/// Serialises concurrent `migrate()` calls: an arbitrary constant ("tower_id" in ASCII).
+const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6964;
+
+/// The columns of the claims table, as `CREATE TABLE` makes them and the upgrade adds them.
+fn columns() -> &'static str {
+    r#"    namespace     TEXT        NOT NULL,
+    "key"         TEXT        NOT NULL,
+    state         TEXT        NOT NULL,
+    token         BIGINT      NOT NULL,
+    deliveries    BIGINT      NOT NULL,
+    runs          BIGINT      NOT NULL DEFAULT 1,
+    reclaimed     BOOLEAN     NOT NULL DEFAULT FALSE,
+    first_seen_at TIMESTAMPTZ,
+    last_seen_at  TIMESTAMPTZ,
+    claimed_at    TIMESTAMPTZ NOT NULL,
+    renewed_at    TIMESTAMPTZ,
+    completed_at  TIMESTAMPTZ,"#
+}
+
+pub(super) fn queries(table: TableName) -> Queries {
+    let t = table.quoted('"');
+    let check = table.state_check('"');
+    let age_of = |at: &str| format!("(extract(epoch FROM now() - {at}) * 1000000)::bigint");
+    let heartbeat = "COALESCE(renewed_at, claimed_at)";
+    let age = age_of("claimed_at");
+    let idle = age_of(heartbeat);
+    let migrate = format!(
+        r#"SELECT pg_advisory_xact_lock({MIGRATE_LOCK});
+CREATE TABLE IF NOT EXISTS {t} (
+{columns}
+    PRIMARY KEY (namespace, "key"),
+    CONSTRAINT {check} CHECK (state IN ('processing', 'done', 'released'))
+);
+CREATE INDEX IF NOT EXISTS {claimed} ON {t} (state, claimed_at);
+CREATE INDEX IF NOT EXISTS {completed} ON {t} (state, completed_at);"#,
+        columns = columns(),
+        claimed = table.claimed_index('"'),
+        completed = table.completed_index('"'),
+    );
+    // $4: whether the policy reclaims; $5: the stale limit in microseconds. A released row is
+    // free; a processing one only once its owner stopped renewing it.
+    let take = "(t.state = 'released' OR (t.state = 'processing' AND $4 \
+         AND COALESCE(t.renewed_at, t.claimed_at) <= now() - $5::bigint * interval '1 microsecond'))";
+    let claim = format!(
+        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, renewed_at)
+VALUES ($1, $2, 'processing', $3, 1, 1, FALSE, now(), now(), now(), now())
+ON CONFLICT (namespace, "key") DO UPDATE SET
+    deliveries = t.deliveries + 1,
+    last_seen_at = now(),
+    state = CASE WHEN {take} THEN 'processing' ELSE t.state END,
+    token = CASE WHEN {take} THEN excluded.token ELSE t.token END,
+    runs = CASE WHEN {take} THEN t.runs + 1 ELSE t.runs END,
+    reclaimed = CASE WHEN {take} THEN t.state = 'processing' ELSE t.reclaimed END,
+    claimed_at = CASE WHEN {take} THEN now() ELSE t.claimed_at END,
+    renewed_at = CASE WHEN {take} THEN now() ELSE t.renewed_at END,
+    completed_at = CASE WHEN {take} THEN NULL ELSE t.completed_at END
+RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
+    );
+    let fenced = r#"namespace = $1 AND "key" = $2 AND token = $3"#;
+    let renew =
+        format!("UPDATE {t} SET renewed_at = now() WHERE {fenced} AND state = 'processing'");
+    let commit = format!(
+        r#"UPDATE {t} SET state = 'done',
+    completed_at = CASE WHEN state = 'done' THEN completed_at ELSE now() END
+WHERE {fenced} AND state <> 'released'"#
+    );
+    // Releasing twice with one lease is harmless: a release whose answer was lost is retried.
+    let release = format!(
+        "UPDATE {t} SET state = 'released', \
+         completed_at = CASE WHEN state = 'released' THEN completed_at ELSE now() END \
+         WHERE {fenced} AND state IN ('processing', 'released')"
+    );
+    let describe = format!(
+        r#"SELECT state, deliveries, runs, reclaimed,
+    {first}, {last}, {age}, {idle}, {settled}
+FROM {t} WHERE namespace = $1 AND "key" = $2"#,
+        first = age_of("COALESCE(first_seen_at, claimed_at)"),
+        last = age_of("COALESCE(last_seen_at, claimed_at)"),
+        settled = age_of("completed_at"),
+    );
+    let stuck = format!(
+        r#"SELECT namespace, "key", deliveries, {age} AS age_us, {idle} AS idle_us FROM {t}
+WHERE state = 'processing' AND {heartbeat} <= now() - $1::bigint * interval '1 microsecond'
+ORDER BY {heartbeat}, namespace, "key""#
+    );
+    let resolve_done = format!(
+        r#"UPDATE {t} SET state = 'done', completed_at = now(), token = $1
+WHERE namespace = $2 AND "key" = $3 AND state = 'processing'"#
+    );
+    let resolve_release = format!(
+        r#"UPDATE {t} SET state = 'released', completed_at = now()
+WHERE namespace = $1 AND "key" = $2 AND state = 'processing'"#
+    );
+    let purge = format!(
+        r#"DELETE FROM {t}
+WHERE state IN ('done', 'released')
+    AND completed_at <= now() - $1::bigint * interval '1 microsecond'"#
+    );
+    let tx_check = format!("SELECT 1 FROM {t} WHERE {fenced}");
+    // A released row is free for the marker too.
+    let free = "t.state = 'released'";
+    let tx_claim = format!(
+        r#"INSERT INTO {t} AS t (namespace, "key", state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, completed_at)
+VALUES ($1, $2, 'done', $3, 1, 1, FALSE, now(), now(), now(), now())
+ON CONFLICT (namespace, "key") DO UPDATE SET
+    deliveries = t.deliveries + 1,
+    last_seen_at = now(),
+    state = CASE WHEN {free} THEN 'done' ELSE t.state END,
+    token = CASE WHEN {free} THEN excluded.token ELSE t.token END,
+    runs = CASE WHEN {free} THEN t.runs + 1 ELSE t.runs END,
+    reclaimed = CASE WHEN {free} THEN FALSE ELSE t.reclaimed END,
+    claimed_at = CASE WHEN {free} THEN now() ELSE t.claimed_at END,
+    completed_at = CASE WHEN {free} THEN now() ELSE t.completed_at END
+RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
+    );
+    let versions = version_queries(&table);
+    Queries {
+        table,
+        versions,
+        tx_claim: tx_claim.into(),
+        tx_check: tx_check.into(),
+        migrate: migrate.into(),
+        claim: claim.into(),
+        renew: renew.into(),
+        commit: commit.into(),
+        release: release.into(),
+        describe: describe.into(),
+        stuck: stuck.into(),
+        resolve_done: resolve_done.into(),
+        resolve_release: resolve_release.into(),
+        purge: purge.into(),
+    }
+}
+
+/// What turns a table of the first release (states `processing` and `done` only, no counts
+/// of runs, no heartbeat) into the current one. Existing rows keep everything they had; the
+/// constraint is replaced `NOT VALID` because every existing row satisfies it already.
+pub(super) fn upgrade(table: &TableName, checks: &[String]) -> String {
+    let t = table.quoted('"');
+    let check = table.state_check('"');
+    let drop: String = checks
+        .iter()
+        .map(|name| {
+            format!(
+                "ALTER TABLE {t} DROP CONSTRAINT \"{}\";\n",
+                name.replace('"', "\"\"")
+            )
+        })
+        .collect();
+    let add: String = columns()
+        .lines()
+        .filter(|line| {
+            [
+                "runs",
+                "reclaimed",
+                "first_seen_at",
+                "last_seen_at",
+                "renewed_at",
+            ]
+            .contains(&line.split_whitespace().next().unwrap_or_default())
+        })
+        .map(|line| format!("\n    ADD COLUMN IF NOT EXISTS {}", line.trim()))
+        .collect();
+    let add = add.trim_end_matches(',');
+    // Waiting long for the table's lock would stall every claim queued behind the wait: fail
+    // the start-up instead, and let it try again.
+    format!(
+        r#"SET LOCAL lock_timeout = '10s';
+ALTER TABLE {t}{add};
+{drop}ALTER TABLE {t} ADD CONSTRAINT {check} CHECK (state IN ('processing', 'done', 'released')) NOT VALID;
+UPDATE {t} SET renewed_at = claimed_at WHERE state = 'processing' AND renewed_at IS NULL;"#
+    )
+}
+
+/// The statements on the versions table of the [version guard](crate::version_guard).
+fn version_queries(table: &TableName) -> VersionQueries {
+    let v = table.versions().quoted('"');
+    let age = "(extract(epoch FROM now() - pending_since) * 1000000)::bigint";
+    let migrate = format!(
+        r#"CREATE TABLE IF NOT EXISTS {v} (
+    namespace       TEXT        NOT NULL,
+    entity          TEXT        NOT NULL,
+    applied_version BIGINT,
+    pending_version BIGINT,
+    pending_token   BIGINT,
+    pending_since   TIMESTAMPTZ,
+    deliveries      BIGINT      NOT NULL,
+    last_seen_at    TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (namespace, entity)
+);"#
+    );
+    // $1 namespace, $2 entity, $3 version, $4 our token, $5 whether the policy reclaims, $6 the
+    // stale limit in microseconds. Every SET expression sees the row as it was. Only an older
+    // version is outdated: an equal one takes the slot like a newer one.
+    let acquire = "(t.applied_version IS NULL OR t.applied_version <= excluded.pending_version) \
+        AND (t.pending_token IS NULL OR ($5 AND t.pending_since <= now() - $6::bigint * interval '1 microsecond' \
+            AND t.pending_version <= excluded.pending_version))";
+    let begin = format!(
+        r#"INSERT INTO {v} AS t (namespace, entity, pending_version, pending_token, pending_since, deliveries, last_seen_at)
+VALUES ($1, $2, $3, $4, now(), 1, now())
+ON CONFLICT (namespace, entity) DO UPDATE SET
+    deliveries = t.deliveries + 1,
+    last_seen_at = now(),
+    pending_version = CASE WHEN {acquire} THEN excluded.pending_version ELSE t.pending_version END,
+    pending_token = CASE WHEN {acquire} THEN excluded.pending_token ELSE t.pending_token END,
+    pending_since = CASE WHEN {acquire} THEN excluded.pending_since ELSE t.pending_since END
+RETURNING applied_version, pending_version, pending_token, {age} AS age_us"#
+    );
+    let clear = "pending_version = NULL, pending_token = NULL, pending_since = NULL";
+    let renew = format!(
+        "UPDATE {v} SET pending_since = now() WHERE namespace = $1 AND entity = $2 AND pending_token = $3"
+    );
+    let commit = format!(
+        r#"UPDATE {v} SET applied_version = GREATEST(applied_version, pending_version), {clear}
+WHERE namespace = $1 AND entity = $2 AND pending_token = $3"#
+    );
+    let release = format!(
+        "UPDATE {v} SET {clear} WHERE namespace = $1 AND entity = $2 AND pending_token = $3"
+    );
+    let applied = format!("SELECT applied_version FROM {v} WHERE namespace = $1 AND entity = $2");
+    let resolve_done = format!(
+        r#"UPDATE {v} SET applied_version = GREATEST(applied_version, pending_version), {clear}
+WHERE namespace = $1 AND entity = $2 AND pending_token IS NOT NULL"#
+    );
+    let resolve_release = format!(
+        "UPDATE {v} SET {clear} WHERE namespace = $1 AND entity = $2 AND pending_token IS NOT NULL"
+    );
+    // $1 namespace, $2 entity, $3 version. A row at a newer version is locked, not changed,
+    // and returns nothing; an equal one is advanced (to the same version) like an older one.
+    let advance = format!(
+        r#"INSERT INTO {v} AS t (namespace, entity, applied_version, deliveries, last_seen_at)
+VALUES ($1, $2, $3, 1, now())
+ON CONFLICT (namespace, entity) DO UPDATE SET
+    applied_version = excluded.applied_version,
+    deliveries = t.deliveries + 1,
+    last_seen_at = now()
+WHERE t.applied_version IS NULL OR t.applied_version <= excluded.applied_version
+RETURNING applied_version"#
+    );
+    VersionQueries {
+        migrate: migrate.into(),
+        renew: renew.into(),
+        begin: begin.into(),
+        commit: commit.into(),
+        release: release.into(),
+        applied: applied.into(),
+        resolve_done: resolve_done.into(),
+        resolve_release: resolve_release.into(),
+        advance: advance.into(),
+    }
+}

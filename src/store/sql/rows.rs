@@ -1,0 +1,274 @@
+//! Reading what the statements answer: durations as database numbers, the claim decision made
+//! from the row an upsert returns, and the rows of `describe`, `stuck_claims` and the versions
+//! table.
+
+use std::time::Duration;
+
+use super::ResultExt as _;
+use super::table::TableName;
+use crate::key::IdempotencyKey;
+use crate::store::{
+    Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Stale, StoreError, StuckClaim,
+    VersionClaim,
+};
+
+/// Durations are bound as whole microseconds, capped at about a century: far past any stale
+/// limit or retention anyone means, and well inside every backend's date range.
+const MAX_MICROS: i64 = 100 * 366 * 24 * 60 * 60 * 1_000_000;
+
+/// `duration` in whole microseconds, for binding; capped at [`MAX_MICROS`].
+pub(crate) fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).map_or(MAX_MICROS, |us| us.min(MAX_MICROS))
+}
+
+/// A number of microseconds read back from the database; negative ages (a clock stepped
+/// back) read as zero.
+pub(crate) fn duration_from_micros(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+fn count(deliveries: i64) -> u64 {
+    u64::try_from(deliveries).unwrap_or(0)
+}
+
+/// The row an upsert left behind (or a claim's follow-up read).
+#[derive(Debug)]
+pub(crate) struct ClaimRow {
+    pub(crate) state: String,
+    pub(crate) token: i64,
+    pub(crate) deliveries: i64,
+    /// Whether the row's latest run took over a stale claim.
+    pub(crate) reclaimed: bool,
+    /// Microseconds since the row's claim, by the database's clock.
+    pub(crate) age_us: i64,
+    /// Microseconds since the claim was last renewed (or taken).
+    pub(crate) idle_us: i64,
+}
+
+impl ClaimRow {
+    /// Reads the six columns `state, token, deliveries, reclaimed, age_us, idle_us`.
+    pub(crate) fn read<R>(row: &R) -> Result<Self, StoreError>
+    where
+        R: sqlx::Row,
+        usize: sqlx::ColumnIndex<R>,
+        String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        Ok(Self {
+            state: row.try_get(0).store()?,
+            token: row.try_get(1).store()?,
+            deliveries: row.try_get(2).store()?,
+            reclaimed: row.try_get(3).store()?,
+            age_us: row.try_get(4).store()?,
+            idle_us: row.try_get(5).store()?,
+        })
+    }
+
+    /// What the claim answers. The upsert wrote `ours` if and only if it inserted the row or
+    /// took it over (released, or stale under reclaim).
+    pub(crate) fn into_claim(
+        self,
+        key: &IdempotencyKey,
+        ours: LeaseToken,
+        stale: Stale,
+    ) -> Result<Claim, StoreError> {
+        if LeaseToken::from_i64(self.token) == ours {
+            return Ok(Claim::Acquired(Lease::new(
+                key.clone(),
+                ours,
+                self.reclaimed,
+            )));
+        }
+        let deliveries = count(self.deliveries);
+        match KeyState::parse(&self.state) {
+            Some(KeyState::Done) => Ok(Claim::Done(Completed::new(deliveries))),
+            Some(KeyState::Processing) => Ok(stale.pending(
+                duration_from_micros(self.age_us),
+                duration_from_micros(self.idle_us),
+                deliveries,
+            )),
+            _ => Err(StoreError::backend(format!(
+                "unexpected state {:?} in the idempotency table after a claim",
+                self.state
+            ))),
+        }
+    }
+}
+
+/// Reads a [`KeyRecord`] from the nine columns of a describe statement: `state, deliveries,
+/// runs, reclaimed`, then the ages in microseconds of the first and last delivery, the claim,
+/// the last renewal and the settlement (the last two may be NULL).
+pub(crate) fn key_record<R>(row: &R) -> Result<KeyRecord, StoreError>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<i64>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let state: String = row.try_get(0).store()?;
+    let state = KeyState::parse(&state).ok_or_else(|| {
+        StoreError::backend(format!(
+            "unexpected state {state:?} in the idempotency table"
+        ))
+    })?;
+    let age = |i: usize| -> Result<Duration, StoreError> {
+        let us: Option<i64> = row.try_get(i).store()?;
+        Ok(duration_from_micros(us.unwrap_or(0)))
+    };
+    Ok(KeyRecord::new(
+        state,
+        count(row.try_get(1).store()?),
+        count(row.try_get(2).store()?),
+    )
+    .with_reclaimed(row.try_get(3).store()?)
+    .with_seen(age(4)?, age(5)?)
+    .with_times(age(6)?, age(7)?, age(8)?))
+}
+
+/// A stale policy under which no claim is ever stale: transactional mode has no stale claims.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    allow(dead_code)
+)]
+pub(crate) const NEVER_STALE: Stale = Stale::reclaim_after(Duration::MAX);
+
+/// A row of [`Store::stuck_claims`](super::Store::stuck_claims).
+pub(crate) fn stuck_claim(
+    namespace: String,
+    key: String,
+    deliveries: i64,
+    age_us: i64,
+    idle_us: i64,
+) -> Result<StuckClaim, StoreError> {
+    let key = IdempotencyKey::new(namespace, key).map_err(StoreError::backend)?;
+    Ok(StuckClaim::new(
+        key,
+        duration_from_micros(age_us),
+        duration_from_micros(idle_us),
+        count(deliveries),
+    ))
+}
+
+/// Logs a `processing` row that [`Store::stuck_claims`](super::Store::stuck_claims) skips
+/// because it cannot read it: its namespace and key (when they are text at all) are no valid
+/// [`IdempotencyKey`], or a column has an unexpected type.
+pub(crate) fn undecodable_stuck_row(
+    table: &TableName,
+    namespace: Option<String>,
+    key: Option<String>,
+    error: &StoreError,
+) {
+    tracing::error!(
+        table = %table.name(),
+        namespace = ?namespace,
+        key = ?key,
+        error = error as &dyn std::error::Error,
+        "skipping a processing row that is not a valid claim; fix or delete it by hand"
+    );
+}
+
+/// A versions row as `begin_version` left it: applied version, pending version, pending token,
+/// and the pending version's age in microseconds by the database's clock.
+pub(crate) type VersionRow = (Option<i64>, Option<i64>, Option<i64>, Option<i64>);
+
+/// What `begin_version` answers, from the row it left (or read). `Ok(None)`: the row says
+/// nothing is pending, the version is not older and yet it is not ours: start over.
+pub(crate) fn version_claim(
+    entity: &IdempotencyKey,
+    version: i64,
+    ours: LeaseToken,
+    stale: Stale,
+    (applied, pending_version, pending_token, age_us): VersionRow,
+) -> Option<VersionClaim> {
+    let pending = pending_version.zip(pending_token).map(|(version, token)| {
+        let age = duration_from_micros(age_us.unwrap_or(0));
+        (version, LeaseToken::from_i64(token), age)
+    });
+    crate::store::decide(entity, version, ours, stale, applied, pending)
+}
+
+/// Reads a [`VersionRow`] from the first four columns.
+pub(crate) fn version_row<R>(row: &R) -> Result<VersionRow, StoreError>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    Option<i64>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok((
+        row.try_get(0).store()?,
+        row.try_get(1).store()?,
+        row.try_get(2).store()?,
+        row.try_get(3).store()?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(micros(Duration::from_millis(300)), 300_000);
+        assert_eq!(micros(Duration::MAX), MAX_MICROS);
+        assert_eq!(duration_from_micros(-5), Duration::ZERO);
+        assert_eq!(duration_from_micros(1_500), Duration::from_micros(1_500));
+    }
+
+    const PROCESSING: &str = "processing";
+    const DONE: &str = "done";
+
+    #[test]
+    fn claim_decision() {
+        let key = IdempotencyKey::new("ns", "k").unwrap();
+        let ours = LeaseToken::generate();
+        let other = LeaseToken::generate().to_i64();
+        let stale = Stale::hold_after(Duration::from_secs(1));
+        let row = |state: &str, token, deliveries, reclaimed, age_us, idle_us| ClaimRow {
+            state: state.to_owned(),
+            token,
+            deliveries,
+            reclaimed,
+            age_us,
+            idle_us,
+        };
+        match row(PROCESSING, ours.to_i64(), 1, false, 0, 0).into_claim(&key, ours, stale) {
+            Ok(Claim::Acquired(lease)) => assert!(!lease.reclaimed()),
+            other => panic!("{other:?}"),
+        }
+        match row(PROCESSING, ours.to_i64(), 4, true, 0, 0).into_claim(&key, ours, stale) {
+            Ok(Claim::Acquired(lease)) => assert!(lease.reclaimed()),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            row(DONE, other, 3, false, 9, 9)
+                .into_claim(&key, ours, stale)
+                .unwrap(),
+            Claim::Done(Completed::new(3))
+        );
+        assert!(matches!(
+            row(PROCESSING, other, 2, false, 10, 5).into_claim(&key, ours, stale),
+            Ok(Claim::InFlight(p)) if p.deliveries == 2
+                && p.age == Duration::from_micros(10)
+                && p.since_renewal == Duration::from_micros(5)
+        ));
+        // Old, but renewed recently: not stale.
+        assert!(matches!(
+            row(PROCESSING, other, 2, false, 5_000_000, 10).into_claim(&key, ours, stale),
+            Ok(Claim::InFlight(_))
+        ));
+        assert!(matches!(
+            row(PROCESSING, other, 2, false, 2_000_000, 2_000_000).into_claim(&key, ours, stale),
+            Ok(Claim::Held(_))
+        ));
+        for weird in ["weird", "released"] {
+            assert!(
+                row(weird, other, 2, false, 0, 0)
+                    .into_claim(&key, ours, stale)
+                    .is_err()
+            );
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! What PostgreSQL and SQLite share beyond [`Table`]'s statements: both claim with `INSERT …
+//! ON CONFLICT … RETURNING`, so their claim, version claim, transactional marker and version
+//! advance are one round trip each, run the same way.
+
+use std::time::Duration;
+
+use sqlx::{AssertSqlSafe, ColumnIndex, Decode, Encode, Executor, IntoArguments, Row as _, Type};
+
+use super::version_row;
+use super::{Backend, ClaimRow, NEVER_STALE, ResultExt as _, Table, micros, version_claim};
+use crate::key::IdempotencyKey;
+use crate::store::{Advance, Claim, LeaseToken, Stale, StalePolicy, StoreError, VersionClaim};
+
+/// Whether an error is of a kind a backend names: a serialization failure, a lock timeout.
+pub(crate) type Is = fn(&sqlx::Error) -> bool;
+
+impl<DB> Table<DB>
+where
+    DB: Backend,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    i64: for<'a> Encode<'a, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    bool: for<'a> Encode<'a, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'r> Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    /// The claim: the upsert writes a new token if and only if it inserts the row or takes
+    /// it over, and returns the row either way. Parameters: namespace, key, token, whether
+    /// the policy reclaims, the stale limit in microseconds.
+    pub(crate) async fn claim_upsert(
+        &self,
+        key: &IdempotencyKey,
+        stale: Stale,
+        is_serialization_failure: Is,
+    ) -> Result<Claim, StoreError> {
+        let token = LeaseToken::generate();
+        let upsert = || {
+            sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
+                .bind(key.namespace())
+                .bind(key.value())
+                .bind(token.to_i64())
+                .bind(stale.policy() == StalePolicy::Reclaim)
+                .bind(micros(stale.after()))
+                .fetch_one(&self.pool)
+        };
+        let row = retry_serialization_failure("claim", is_serialization_failure, upsert).await?;
+        ClaimRow::read(&row)?.into_claim(key, token, stale)
+    }
+
+    /// The version claim, the same way. Parameters: namespace, entity, version, token,
+    /// whether the policy reclaims, the stale limit in microseconds.
+    pub(crate) async fn begin_version_upsert(
+        &self,
+        entity: &IdempotencyKey,
+        version: i64,
+        stale: Stale,
+        is_serialization_failure: Is,
+    ) -> Result<VersionClaim, StoreError> {
+        let token = LeaseToken::generate();
+        let upsert = || {
+            sqlx::query(AssertSqlSafe(self.sql.versions.begin.clone()))
+                .bind(entity.namespace())
+                .bind(entity.value())
+                .bind(version)
+                .bind(token.to_i64())
+                .bind(stale.policy() == StalePolicy::Reclaim)
+                .bind(micros(stale.after()))
+                .fetch_one(&self.pool)
+        };
+        let what = "version claim";
+        let row = retry_serialization_failure(what, is_serialization_failure, upsert).await?;
+        version_claim(entity, version, token, stale, version_row(&row)?)
+            .ok_or_else(|| StoreError::backend("the versions row was left inconsistent"))
+    }
+
+    /// Inserts the transactional marker of `key` as `done` in the transaction on `tx`, or
+    /// counts the delivery on the row that exists. `Ok(None)`: the insert waited past the
+    /// transaction's lock timeout, as `is_lock_timeout` tells. The claim is what the row says,
+    /// with the marker's token.
+    pub(crate) async fn insert_marker(
+        &self,
+        tx: &mut DB::Connection,
+        key: &IdempotencyKey,
+        is_lock_timeout: Is,
+    ) -> Result<Option<Claim>, StoreError> {
+        let token = LeaseToken::generate();
+        let row = sqlx::query(AssertSqlSafe(self.sql.tx_claim.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(token.to_i64())
+            .fetch_one(tx)
+            .await;
+        match row {
+            Ok(row) => ClaimRow::read(&row)?
+                .into_claim(key, token, NEVER_STALE)
+                .map(Some),
+            Err(e) if is_lock_timeout(&e) => Ok(None),
+            Err(e) => Err(StoreError::backend(e)),
+        }
+    }
+
+    /// The version guard's advance in the caller's transaction: one statement when the
+    /// version is newer or equal (an upsert whose `WHERE` keeps a row at a newer version as it
+    /// is, and locks it either way); a second reads the applied version when not.
+    pub(crate) async fn advance_upsert(
+        &self,
+        conn: &mut DB::Connection,
+        entity: &IdempotencyKey,
+        version: i64,
+    ) -> Result<Advance, StoreError> {
+        let moved = sqlx::query(AssertSqlSafe(self.sql.versions.advance.clone()))
+            .bind(entity.namespace())
+            .bind(entity.value())
+            .bind(version)
+            .fetch_optional(&mut *conn)
+            .await
+            .store()?;
+        if moved.is_some() {
+            return Ok(Advance::Applied);
+        }
+        let row = sqlx::query(AssertSqlSafe(self.sql.versions.applied.clone()))
+            .bind(entity.namespace())
+            .bind(entity.value())
+            .fetch_one(&mut *conn)
+            .await
+            .store()?;
+        let applied: Option<i64> = row.try_get(0).store()?;
+        let applied = applied.ok_or_else(|| {
+            StoreError::backend("the versions row kept no applied version yet refused this one")
+        })?;
+        Ok(Advance::Outdated { applied })
+    }
+}
+
+/// A statement that failed to serialize with concurrent ones twice in a row: PostgreSQL's
+/// SQLSTATE 40001, which a claim meets only when the connection's isolation is stricter than
+/// READ COMMITTED (`default_transaction_isolation` set on the role, the database or the pool's
+/// connections).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the {what} failed to serialize with concurrent deliveries of the same key twice in a row \
+     (SQLSTATE 40001): the connection's default isolation is stricter than READ COMMITTED"
+)]
+pub(crate) struct SerializationFailure {
+    what: &'static str,
+    #[source]
+    source: sqlx::Error,
+}
+
+/// The longest pause before the second attempt of a statement that failed to serialize.
+const SERIALIZATION_JITTER_US: u64 = 20_000;
+
+/// Runs `statement`, and once more if it failed as `is_serialization_failure` says: a second
+/// attempt starts after the concurrent statement that made the first fail has committed, so
+/// it sees that row. A second failure of the same kind is a [`SerializationFailure`].
+pub(crate) async fn retry_serialization_failure<T, F, Fut>(
+    what: &'static str,
+    is_serialization_failure: fn(&sqlx::Error) -> bool,
+    mut statement: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    match statement().await {
+        Err(first) if is_serialization_failure(&first) => {
+            tracing::debug!(
+                error = &first as &dyn std::error::Error,
+                "the {what} failed to serialize; trying it once more"
+            );
+            // Every delivery that waited for the same row failed at once: a random pause
+            // spreads their second attempts, which would otherwise collide again.
+            let pause = LeaseToken::generate().to_i64().unsigned_abs() % SERIALIZATION_JITTER_US;
+            tokio::time::sleep(Duration::from_micros(pause)).await;
+            match statement().await {
+                Err(source) if is_serialization_failure(&source) => {
+                    Err(StoreError::backend(SerializationFailure { what, source }))
+                }
+                again => again.store(),
+            }
+        }
+        first => first.store(),
+    }
+}

@@ -1,0 +1,309 @@
+//! The SQLite store: the embedded default, one process, zero setup.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+//! use tower_idempotency::{IdempotencyLayer, key, store::SqliteStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let options = SqliteConnectOptions::new()
+//!     .filename("webhooks.db")
+//!     .create_if_missing(true)
+//!     .journal_mode(SqliteJournalMode::Wal)
+//!     .busy_timeout(Duration::from_secs(5));
+//! let pool = SqlitePoolOptions::new().connect_with(options).await?;
+//! let store = SqliteStore::new(pool);
+//! store.migrate().await?;
+//! let layer = IdempotencyLayer::new(store).key(key::github());
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Connecting
+//!
+//! - **A file**: use WAL (`journal_mode(SqliteJournalMode::Wal)`) so readers do not block the
+//!   writer, and a busy timeout (`busy_timeout`, 5 s by default in sqlx) so concurrent claims
+//!   wait for the write lock instead of failing. Several pools, and several processes on one
+//!   machine, can share the file: SQLite's write lock serialises the claims.
+//! - **In memory** (`sqlite::memory:`): sqlx opens a shared-cache in-memory database that all
+//!   connections of the pool share and that vanishes when its last connection closes, and
+//!   shared-cache connections fail with "database table is locked" instead of waiting. Use
+//!   one connection that the pool never closes:
+//!   `SqlitePoolOptions::new().max_connections(1).min_connections(1).idle_timeout(None)
+//!   .max_lifetime(None)`. For tests; a restart forgets everything.
+//!
+//! - **Pool size**: SQLite has one writer at a time, and a connection waiting for the write
+//!   lock sleeps in the busy handler rather than queueing. Under many concurrent deliveries a
+//!   large pool spends its time asleep (in the benchmarks, a 16-connection pool answered
+//!   concurrent duplicates many times slower than a 1-connection pool). Give the store a small
+//!   pool of its own (1 to 4 connections); transactional mode holds one connection per
+//!   delivery in flight.
+//!
+//! # Time
+//!
+//! Timestamps are integers, microseconds since the Unix epoch, computed in SQL from SQLite's
+//! clock, `unixepoch('subsec')` (millisecond resolution; SQLite 3.42 or later, the bundled
+//! SQLite is newer), never from a Rust clock. SQLite keeps `'now'` fixed within a statement,
+//! so the stale test, the timestamp written and the age returned agree.
+//!
+//! # Table
+//!
+//! [`SqliteStore::migrate`] runs this in one `BEGIN IMMEDIATE` transaction
+//! (`idempotency_keys` is the default name, see [`SqliteStore::with_table_name`]):
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS "idempotency_keys" (
+//!     namespace     TEXT    NOT NULL,
+//!     "key"         TEXT    NOT NULL,
+//!     state         TEXT    NOT NULL CHECK (state IN ('processing', 'done', 'released')),
+//!     token         INTEGER NOT NULL,
+//!     deliveries    INTEGER NOT NULL,
+//!     runs          INTEGER NOT NULL DEFAULT 1,
+//!     reclaimed     INTEGER NOT NULL DEFAULT 0,
+//!     first_seen_at INTEGER,          -- microseconds since the Unix epoch, as every time here
+//!     last_seen_at  INTEGER,
+//!     claimed_at    INTEGER NOT NULL,
+//!     renewed_at    INTEGER,
+//!     completed_at  INTEGER,
+//!     PRIMARY KEY (namespace, "key")
+//! );
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_claimed_idx"
+//!     ON "idempotency_keys" (state, claimed_at);
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_completed_idx"
+//!     ON "idempotency_keys" (state, completed_at);
+//! ```
+//!
+//! SQLite cannot change a `CHECK` constraint in place, so a table of the first release
+//! (without `runs`) is rebuilt in the same transaction: renamed to `<table>_previous`, the new
+//! table created, every row copied (the seen and renewal times start at the claim time), the
+//! old table dropped. It takes as long as copying the table once.
+//!
+//! # Round trips
+//!
+//! SQLite runs in-process, so a "round trip" is one statement on sqlx's worker thread. One per
+//! operation:
+//!
+//! - `claim`: `INSERT … ON CONFLICT (namespace, "key") DO UPDATE SET deliveries =
+//!   deliveries + 1, <the claim's columns> = CASE WHEN <released, or processing and not renewed
+//!   for the limit under reclaim> THEN <a new run> ELSE <as was> END RETURNING …`, as on
+//!   PostgreSQL; acquired if the returned token is the one it generated. A duplicate of a done
+//!   key is this one statement too.
+//! - `renew`, `commit`, `release`: `UPDATE … WHERE namespace = ?1 AND "key" = ?2 AND token =
+//!   ?3 AND <state>`.
+//! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
+//!
+//! # Transactional mode
+//!
+//! `BEGIN`, the connection's busy timeout read and set to the lock timeout (`PRAGMA
+//! busy_timeout`), the marker's insert as `done`, the busy timeout put back, the handler's
+//! statements, a check that the marker is still in the transaction, `COMMIT`. SQLite has one
+//! writer at a time: the marker's insert, the transaction's first statement on the database,
+//! takes the write lock, so deliveries in this mode run one after another, and a duplicate
+//! waits at the insert for the first to finish, up to the lock timeout (then 409). The pooled
+//! connection keeps its own busy timeout, for the handler's statements too.
+//!
+//! # Entity versions (the version guard)
+//!
+//! [`migrate`](SqliteStore::migrate) also creates, in the same transaction, the table of the
+//! [version guard](crate::version_guard), `<table>_versions`:
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS "idempotency_keys_versions" (
+//!     namespace       TEXT    NOT NULL,
+//!     entity          TEXT    NOT NULL,
+//!     applied_version INTEGER,
+//!     pending_version INTEGER,
+//!     pending_token   INTEGER,
+//!     pending_since   INTEGER, -- microseconds since the Unix epoch
+//!     deliveries      INTEGER NOT NULL,
+//!     last_seen_at    INTEGER NOT NULL,
+//!     PRIMARY KEY (namespace, entity)
+//! );
+//! ```
+//!
+//! `begin_version`, `commit_version`, `release_version` and
+//! [`version_guard::advance`](crate::version_guard::advance) are the statements the
+//! [PostgreSQL store](crate::store::postgres) documents, one each (`advance` adds a `SELECT`
+//! when the version is outdated), with `max(coalesce(…))` for `GREATEST` and SQLite's clock.
+//! As there, only a version older than the applied one is outdated; an equal one runs.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{AssertSqlSafe, Sqlite, SqlitePool};
+
+use super::sql::{ResultExt as _, Table, TableName};
+use super::{
+    Claim, ConfigError, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim,
+    VersionClaim, VersionLease, VersionStore,
+};
+use crate::key::IdempotencyKey;
+
+mod queries;
+mod transactional;
+
+use queries::{queries, upgrade};
+
+/// Claims kept in a SQLite database.
+///
+/// Cloning is cheap: clones share the pool. Call [`migrate`](Self::migrate) once at start-up
+/// (it is idempotent) before serving. See the [module docs](crate::store::sqlite) for how to
+/// connect, the SQL, the time source and the round trips.
+#[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub struct SqliteStore {
+    table: Table<Sqlite>,
+}
+
+impl SqliteStore {
+    /// A store on `pool`, in the table `idempotency_keys`.
+    pub fn new(pool: SqlitePool) -> Self {
+        Self {
+            table: Table::new(pool, queries(TableName::default_table())),
+        }
+    }
+
+    /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes.
+    pub fn with_table_name(mut self, name: &str) -> Result<Self, ConfigError> {
+        self.table.sql = Arc::new(queries(TableName::parse(name, false)?));
+        Ok(self)
+    }
+
+    /// The table's name.
+    pub fn table_name(&self) -> String {
+        self.table.sql.table.name()
+    }
+
+    /// The pool the store uses.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.table.pool
+    }
+
+    /// Creates the table and its indexes if they do not exist, in one transaction, and
+    /// upgrades a table made by an earlier release (rebuilt with the new columns, its rows
+    /// kept). Safe to call at every start-up, from several pools at once.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        // IMMEDIATE takes the write lock up front, waiting for it under the busy timeout; a
+        // deferred transaction could fail to upgrade its read lock instead.
+        let mut tx = self
+            .table
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .store()?;
+        let table = &self.table.sql.table;
+        let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info(?1)")
+            .bind(table.bare())
+            .fetch_all(&mut *tx)
+            .await
+            .store()?;
+        if !columns.is_empty() && !columns.iter().any(|c| c == "runs") {
+            tracing::info!(table = %table.name(), "upgrading the idempotency table");
+            sqlx::raw_sql(AssertSqlSafe(upgrade(table)))
+                .execute(&mut *tx)
+                .await
+                .store()?;
+        }
+        sqlx::raw_sql(AssertSqlSafe(self.table.sql.migrate.clone()))
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        sqlx::raw_sql(AssertSqlSafe(self.table.sql.versions.migrate.clone()))
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        tx.commit().await.store()
+    }
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.table.debug("SqliteStore", f)
+    }
+}
+
+/// Every operation is one statement, its round trip the only one (see the [module
+/// docs](crate::store::sqlite#round-trips) for the SQL).
+impl Store for SqliteStore {
+    /// The upsert of the module docs.
+    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        let table = &self.table;
+        table
+            .claim_upsert(key, stale, is_serialization_failure)
+            .await
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.renew(lease).await
+    }
+
+    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.commit(lease).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.release(lease).await
+    }
+
+    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
+        self.table.describe(key).await
+    }
+
+    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
+        self.table.stuck_claims(older_than).await
+    }
+
+    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
+        self.table.resolve(key, how).await
+    }
+
+    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
+        self.table.purge_completed(older_than).await
+    }
+}
+
+impl VersionStore for SqliteStore {
+    /// The upsert of the module docs.
+    async fn begin_version(
+        &self,
+        entity: &IdempotencyKey,
+        version: i64,
+        stale: Stale,
+    ) -> Result<VersionClaim, StoreError> {
+        let table = &self.table;
+        (table.begin_version_upsert(entity, version, stale, is_serialization_failure)).await
+    }
+
+    async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        self.table.renew_version(lease).await
+    }
+
+    async fn commit_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        self.table.commit_version(lease).await
+    }
+
+    async fn release_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        self.table.release_version(lease).await
+    }
+
+    async fn applied_version(&self, entity: &IdempotencyKey) -> Result<Option<i64>, StoreError> {
+        self.table.applied_version(entity).await
+    }
+
+    async fn resolve_version(
+        &self,
+        entity: &IdempotencyKey,
+        how: Resolution,
+    ) -> Result<bool, StoreError> {
+        self.table.resolve_version(entity, how).await
+    }
+}
+
+/// SQLite has one writer at a time: a claim never meets a concurrent write to serialize with.
+fn is_serialization_failure(_: &sqlx::Error) -> bool {
+    false
+}
