@@ -9,6 +9,9 @@ use http::request::Parts;
 use super::{DEFAULT_NAMESPACE, ExtractKey, IdempotencyKey, KeyError, valid_namespace};
 
 /// The key in a request header. Built by [`header`].
+///
+/// The version guard reads versions with it too, built by
+/// [`version::header`](crate::version_guard::version::header).
 #[derive(Debug, Clone)]
 pub struct Header {
     pub(super) name: HeaderName,
@@ -28,7 +31,7 @@ where
 {
     let name = name
         .try_into()
-        .unwrap_or_else(|err| panic!("invalid header name for an idempotency key: {err:?}"));
+        .unwrap_or_else(|err| panic!("invalid header name: {err:?}"));
     Header {
         name,
         namespace: Cow::Borrowed(DEFAULT_NAMESPACE),
@@ -49,21 +52,29 @@ impl Header {
         self
     }
 
-    fn expected(&self) -> String {
+    /// Where the value was expected, for messages: ``header `x-github-delivery` ``.
+    pub(crate) fn expected(&self) -> String {
         format!("header `{}`", self.name)
+    }
+}
+
+impl Header {
+    /// The header's value, which must be visible ASCII text: what a key or a version is read
+    /// from.
+    pub(crate) fn text<'p>(&self, parts: &'p Parts) -> Result<&'p str, KeyError> {
+        let value = parts
+            .headers
+            .get(&self.name)
+            .ok_or_else(|| KeyError::missing(self.expected()))?;
+        value.to_str().map_err(|_| {
+            KeyError::invalid(format!("{} is not visible ASCII text", self.expected()))
+        })
     }
 }
 
 impl ExtractKey for Header {
     fn extract(&self, parts: &Parts, _body: Option<&[u8]>) -> Result<IdempotencyKey, KeyError> {
-        let value = parts
-            .headers
-            .get(&self.name)
-            .ok_or_else(|| KeyError::missing(self.expected()))?;
-        let value = value.to_str().map_err(|_| {
-            KeyError::invalid(format!("{} is not visible ASCII text", self.expected()))
-        })?;
-        IdempotencyKey::new(self.namespace.clone(), value)
+        IdempotencyKey::new(self.namespace.clone(), self.text(parts)?)
     }
 }
 

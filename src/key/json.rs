@@ -12,6 +12,9 @@ use super::{
 };
 
 /// The key in a field of a JSON body, found by an RFC 6901 pointer. Built by [`json`].
+///
+/// The version guard reads versions with it too, built by
+/// [`version::json`](crate::version_guard::version::json).
 #[derive(Debug, Clone)]
 pub struct Json {
     pointer: Pointer,
@@ -45,6 +48,11 @@ impl Json {
         self.namespace = valid_namespace(namespace.into());
         self
     }
+
+    /// Where the field is.
+    pub(crate) fn pointer(&self) -> &Pointer {
+        &self.pointer
+    }
 }
 
 impl ExtractKey for Json {
@@ -53,8 +61,12 @@ impl ExtractKey for Json {
     }
 
     fn extract(&self, _parts: &Parts, body: Option<&[u8]>) -> Result<IdempotencyKey, KeyError> {
-        let body = body.unwrap_or_default();
-        let value = json_seek::find(body, &self.pointer)?;
+        let value = match self.pointer.seek(body.unwrap_or_default())? {
+            Found::Text(text) => text,
+            Found::Integer(n) => n.to_string(),
+            Found::Absent => return Err(KeyError::missing(self.pointer.expected())),
+            Found::Other(kind) => return Err(json_seek::wrong_type(&self.pointer, kind)),
+        };
         IdempotencyKey::new(self.namespace.clone(), value)
     }
 }
@@ -147,13 +159,30 @@ impl ExtractKey for JsonFields {
 
 /// An RFC 6901 JSON pointer, split into its unescaped tokens.
 #[derive(Debug, Clone)]
-struct Pointer {
+pub(crate) struct Pointer {
     source: String,
     tokens: Vec<String>,
 }
 
+/// What is at a [`Pointer`] in a JSON document: what a key or a version is read from.
+pub(crate) enum Found {
+    /// Nothing: a member or an index on the way is missing, or the path goes on past a scalar.
+    Absent,
+    Text(String),
+    /// An integer, of either sign, as large as JSON readers give it (`u64` or `i64`).
+    Integer(i128),
+    /// A value of another kind, named for messages: `a fractional number`, `an object`.
+    Other(&'static str),
+}
+
 impl Pointer {
-    fn parse(source: &str) -> Self {
+    /// Finds the field in `body` in one pass, checking that all of `body` is valid JSON (the
+    /// only error: [`KeyError::NotJson`]).
+    pub(crate) fn seek(&self, body: &[u8]) -> Result<Found, KeyError> {
+        json_seek::find(body, self)
+    }
+
+    pub(crate) fn parse(source: &str) -> Self {
         assert!(
             source.is_empty() || source.starts_with('/'),
             "a JSON pointer is empty or starts with `/`, got {source:?}"
@@ -169,7 +198,8 @@ impl Pointer {
         }
     }
 
-    fn expected(&self) -> String {
+    /// Where the field was expected, for messages: ``JSON field `/id` ``.
+    pub(crate) fn expected(&self) -> String {
         format!("JSON field `{}`", self.source)
     }
 }
@@ -181,15 +211,9 @@ mod json_seek {
 
     use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-    use super::{KeyError, Pointer};
+    use super::{Found, KeyError, Pointer};
 
-    enum Found {
-        Absent,
-        Text(String),
-        Other(&'static str),
-    }
-
-    pub(super) fn find(body: &[u8], pointer: &Pointer) -> Result<String, KeyError> {
+    pub(super) fn find(body: &[u8], pointer: &Pointer) -> Result<Found, KeyError> {
         let not_json = |err: serde_json::Error| KeyError::NotJson {
             detail: err.to_string(),
         };
@@ -198,11 +222,7 @@ mod json_seek {
             .deserialize(&mut de)
             .map_err(not_json)?;
         de.end().map_err(not_json)?;
-        match found {
-            Found::Text(text) => Ok(text),
-            Found::Absent => Err(KeyError::missing(pointer.expected())),
-            Found::Other(kind) => Err(wrong_type(pointer, kind)),
-        }
+        Ok(found)
     }
 
     pub(super) fn key_text(
@@ -221,7 +241,7 @@ mod json_seek {
         }
     }
 
-    fn wrong_type(pointer: &Pointer, kind: &str) -> KeyError {
+    pub(super) fn wrong_type(pointer: &Pointer, kind: &str) -> KeyError {
         KeyError::invalid(format!(
             "{} is {kind}; expected a string or an integer",
             pointer.expected()
@@ -255,11 +275,11 @@ mod json_seek {
         }
 
         fn visit_u64<E: de::Error>(self, v: u64) -> Result<Found, E> {
-            Ok(self.leaf(|| Found::Text(v.to_string())))
+            Ok(self.leaf(|| Found::Integer(v.into())))
         }
 
         fn visit_i64<E: de::Error>(self, v: i64) -> Result<Found, E> {
-            Ok(self.leaf(|| Found::Text(v.to_string())))
+            Ok(self.leaf(|| Found::Integer(v.into())))
         }
 
         fn visit_f64<E: de::Error>(self, _: f64) -> Result<Found, E> {

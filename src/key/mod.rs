@@ -42,7 +42,7 @@ use std::fmt;
 
 mod extract;
 mod header;
-mod json;
+pub(crate) mod json;
 mod providers;
 mod scope;
 

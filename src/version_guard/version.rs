@@ -28,10 +28,11 @@ use std::fmt;
 use http::HeaderName;
 use http::request::Parts;
 
-use crate::key::KeyError;
-/// The closure extractors are the key extractors' own: one type per shape, a key or a version
-/// as the closure answers.
-pub use crate::key::{FromBodyFn, FromFn};
+use crate::key::json::Found;
+use crate::key::{self, KeyError};
+/// The extractors are the key module's own: one type per place a value is read from, a key or
+/// a version as the extractor is asked.
+pub use crate::key::{FromBodyFn, FromFn, Header, Json};
 
 /// Finds the version of a delivery: the sender's revision or change time of the entity.
 ///
@@ -62,34 +63,19 @@ where
     }
 }
 
-/// The version in a JSON field. Built by [`json`].
-#[derive(Debug, Clone)]
-pub struct Json {
-    pointer: String,
-}
-
 /// The version is the value at `pointer` (RFC 6901, e.g. `"/data/object/updated"`) in the JSON
 /// body: an integer (a revision, or a Unix time such as Stripe's `created`), or a string holding
 /// an RFC 3339 timestamp (converted to microseconds since the Unix epoch, see
 /// [`parse_timestamp`]). The body is buffered through the layer's limit and passed on intact.
 ///
+/// It is the key module's [`Json`] extractor, which reads a version as well as a key: the same
+/// single pass over the body, which builds no tree. (Its namespace plays no part in a version.)
+///
 /// # Panics
 ///
 /// If `pointer` is neither empty nor starts with `/`.
 pub fn json(pointer: &str) -> Json {
-    assert!(
-        pointer.is_empty() || pointer.starts_with('/'),
-        "a JSON pointer is empty or starts with `/`, got {pointer:?}"
-    );
-    Json {
-        pointer: pointer.to_owned(),
-    }
-}
-
-impl Json {
-    fn expected(&self) -> String {
-        format!("JSON field `{}`", self.pointer)
-    }
+    key::json(pointer)
 }
 
 impl ExtractVersion for Json {
@@ -98,43 +84,31 @@ impl ExtractVersion for Json {
     }
 
     fn extract(&self, _parts: &Parts, body: Option<&[u8]>) -> Result<i64, KeyError> {
-        use serde_json::Value;
-        let document: Value =
-            serde_json::from_slice(body.unwrap_or_default()).map_err(|err| KeyError::NotJson {
-                detail: err.to_string(),
-            })?;
+        let pointer = self.pointer();
         let wrong = |kind: &str| {
             KeyError::invalid(format!(
                 "{} is {kind}; expected an integer or an RFC 3339 timestamp",
-                self.expected()
+                pointer.expected()
             ))
         };
-        match document.pointer(&self.pointer) {
-            None => Err(KeyError::missing(self.expected())),
-            Some(Value::Number(n)) => match n.as_i64() {
-                Some(version) => Ok(version),
-                None if n.is_u64() => Err(wrong("an integer too large for 64 bits")),
-                None => Err(wrong("a fractional number")),
-            },
-            Some(Value::String(text)) => parse_timestamp(text)
-                .map_err(|err| KeyError::invalid(format!("{}: {err}", self.expected()))),
-            Some(Value::Null) => Err(wrong("null")),
-            Some(Value::Bool(_)) => Err(wrong("a boolean")),
-            Some(Value::Array(_)) => Err(wrong("an array")),
-            Some(Value::Object(_)) => Err(wrong("an object")),
+        match pointer.seek(body.unwrap_or_default())? {
+            Found::Absent => Err(KeyError::missing(pointer.expected())),
+            Found::Integer(n) => {
+                i64::try_from(n).map_err(|_| wrong("an integer too large for 64 bits"))
+            }
+            Found::Text(text) => parse_timestamp(&text)
+                .map_err(|err| KeyError::invalid(format!("{}: {err}", pointer.expected()))),
+            Found::Other(kind) => Err(wrong(kind)),
         }
     }
-}
-
-/// The version in a request header. Built by [`header`].
-#[derive(Debug, Clone)]
-pub struct Header {
-    name: HeaderName,
 }
 
 /// The version is the value of the header `name`: a decimal integer, or an RFC 3339 timestamp
 /// (converted to microseconds since the Unix epoch, see [`parse_timestamp`]). The body is never
 /// read.
+///
+/// It is the key module's [`Header`] extractor, which reads a version as well as a key. (Its
+/// namespace plays no part in a version.)
 ///
 /// # Panics
 ///
@@ -144,29 +118,19 @@ where
     N: TryInto<HeaderName>,
     N::Error: fmt::Debug,
 {
-    let name = name
-        .try_into()
-        .unwrap_or_else(|err| panic!("invalid header name for a version: {err:?}"));
-    Header { name }
+    key::header(name)
 }
 
 impl ExtractVersion for Header {
     fn extract(&self, parts: &Parts, _body: Option<&[u8]>) -> Result<i64, KeyError> {
-        let expected = || format!("header `{}`", self.name);
-        let value = parts
-            .headers
-            .get(&self.name)
-            .ok_or_else(|| KeyError::missing(expected()))?;
-        let text = value
-            .to_str()
-            .map_err(|_| KeyError::invalid(format!("{} is not visible ASCII text", expected())))?;
+        let text = self.text(parts)?;
         if let Some(version) = parse_integer(text) {
             return Ok(version);
         }
         parse_timestamp(text).map_err(|err| {
             KeyError::invalid(format!(
                 "{}: neither an integer nor an RFC 3339 timestamp ({err})",
-                expected()
+                self.expected()
             ))
         })
     }
