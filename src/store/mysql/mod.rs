@@ -100,12 +100,26 @@
 //!
 //! # Round trips
 //!
-//! - `claim`: one on MariaDB 10.5+; on MySQL (and older MariaDB) one for a new key, two
-//!   otherwise (a duplicate of a done key included).
+//! - `claim`: a read of the key's row first, which answers a duplicate (done, in flight,
+//!   held) alone, writing nothing (see [delivery counts](#delivery-counts)). A new key, a
+//!   released one, or one not renewed for the limit under reclaim then takes the claim
+//!   described above: one more on MariaDB 10.5+, one or two more on MySQL (and older MariaDB).
 //! - `renew`, `commit`, `release`: `UPDATE … WHERE namespace = ? AND `key` = ? AND token = ?
 //!   AND <state>`, one each. sqlx connects with `CLIENT_FOUND_ROWS`, so the server reports
 //!   matched rows and a repeated commit with the same lease answers `Ok`.
 //! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
+//!
+//! # Delivery counts
+//!
+//! A duplicate (of a done key, or of one in flight or held) is answered from the read alone,
+//! which writes nothing and so never waits for a disk flush. Its delivery is counted in the
+//! process and added to the row's `deliveries` and `last_seen_at` by a background task about
+//! once a second ([`with_count_interval`](MySqlStore::with_count_interval)), one `UPDATE` per key
+//! that had duplicates meanwhile. [`describe`](crate::store::Store::describe) and
+//! [`stuck_claims`](crate::store::Store::stuck_claims) on the same store include the counts not
+//! written yet; another instance sees them once they are. A crash loses at most the last
+//! interval's counts of the instance (never a claim: counts are statistics);
+//! [`write_counts`](MySqlStore::write_counts) writes them at once, before shutting down say.
 //!
 //! # Transactional mode
 //!
@@ -162,7 +176,7 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool};
 use tokio::sync::OnceCell;
 
-use super::sql::{ResultExt as _, Table, TableName};
+use super::sql::{AfterRead, ResultExt as _, Table, TableName};
 use super::{
     Claim, ConfigError, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim,
     VersionClaim, VersionLease, VersionStore,
@@ -223,7 +237,7 @@ impl MySqlStore {
     /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes.
     pub fn with_table_name(mut self, name: &str) -> Result<Self, ConfigError> {
         let (sql, claims) = queries(TableName::parse(name, false)?);
-        self.table.sql = Arc::new(sql);
+        self.table = Table::new(self.table.pool, sql);
         self.claims = Arc::new(claims);
         Ok(self)
     }
@@ -252,6 +266,22 @@ impl MySqlStore {
             })
             .await
             .copied()
+    }
+
+    /// How often the deliveries answered without writing (duplicates, see the [module
+    /// docs](self#delivery-counts)) are added to the table: every second unless set. Set it
+    /// before the store is used; clones made earlier keep the old interval.
+    pub fn with_count_interval(mut self, every: Duration) -> Self {
+        self.table = self.table.count_every(every);
+        self
+    }
+
+    /// Adds the deliveries counted since the last write to the table now, rather than within
+    /// the [count interval](Self::with_count_interval): before the process exits, say, or
+    /// before reading the table by hand. [`describe`](Store::describe) and
+    /// [`stuck_claims`](Store::stuck_claims) include them either way.
+    pub async fn write_counts(&self) -> Result<(), StoreError> {
+        self.table.write_counts().await
     }
 
     /// The table's name.
@@ -363,7 +393,13 @@ impl fmt::Debug for MySqlStore {
 /// A claim is one statement on MariaDB 10.5 and later, two on MySQL and older MariaDB; every
 /// other operation is one (see the [module docs](crate::store::mysql#round-trips)).
 impl Store for MySqlStore {
+    /// A read, which answers a duplicate without writing; the claim of the module docs for a
+    /// new key, a released one, or a stale one under reclaim.
     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        let row = self.table.read_claim(key).await?;
+        if let AfterRead::Answer(claim) = self.table.after_read(key, row, None, stale)? {
+            return Ok(claim);
+        }
         match self.flavor().await? {
             MySqlFlavor::MariaDb => self.claim_returning(key, stale).await,
             MySqlFlavor::MySql => self.claim_and_read(key, stale).await,

@@ -149,9 +149,19 @@ VALUES (?, ?, 'done', ?, 1, 1, FALSE, {NOW}, {NOW}, {NOW}, {NOW})"#
     last_seen_at = {NOW}, claimed_at = {NOW}, completed_at = {NOW}
 WHERE namespace = ? AND `key` = ? AND state = 'released'"#
     );
+    // Written in the background: the last delivery's time from how long ago it was.
+    let tally = format!(
+        r#"UPDATE {t} SET deliveries = deliveries + ?,
+    last_seen_at = GREATEST(COALESCE(last_seen_at, claimed_at),
+        TIMESTAMPADD(MICROSECOND, -?, {NOW}))
+WHERE namespace = ? AND `key` = ?"#
+    );
     let (versions, version_returning, version_read, advance_returning, advance_read) =
         version_queries(&table);
+    let claim_read: std::sync::Arc<str> = claim_read.into();
     let queries = Queries {
+        read: claim_read.clone(),
+        tally: tally.into(),
         table,
         versions,
         tx_claim: tx_claim.into(),
@@ -169,7 +179,7 @@ WHERE namespace = ? AND `key` = ? AND state = 'released'"#
     };
     let claims = ClaimQueries {
         returning: claim_returning.into(),
-        read: claim_read.into(),
+        read: claim_read,
         tx_take: tx_take.into(),
         version_returning,
         version_read,

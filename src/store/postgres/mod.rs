@@ -81,16 +81,35 @@
 //!
 //! One per operation (once sqlx has prepared the statement on the connection):
 //!
-//! - `claim`: `INSERT … ON CONFLICT (namespace, "key") DO UPDATE SET deliveries =
-//!   deliveries + 1, last_seen_at = now(), <the claim's columns> = CASE WHEN <released, or
-//!   processing and not renewed for the limit under reclaim> THEN <a new run> ELSE <as was> END
-//!   RETURNING state, token, deliveries, reclaimed, <age>, <since renewal>`. The primary key
-//!   decides between concurrent claims; the claim acquired if the returned token is the one it
-//!   generated. A duplicate of a done key is this one statement too.
+//! - `claim`: `WITH inserted AS (INSERT … ON CONFLICT (namespace, "key") DO NOTHING
+//!   RETURNING …) SELECT … FROM inserted UNION ALL SELECT state, token, deliveries, reclaimed,
+//!   <age>, <since renewal> FROM … WHERE namespace = $1 AND "key" = $2 AND NOT EXISTS (SELECT 1
+//!   FROM inserted)`: a new key is inserted, an existing one read, in one statement. The
+//!   primary key decides between concurrent claims; the claim acquired if the returned token is
+//!   the one it generated. A duplicate (done, in flight, held) is this one statement, which
+//!   then writes nothing and waits for no flush (see [delivery counts](#delivery-counts)). Only
+//!   a released row, or one not renewed for the limit under reclaim, takes a second: `INSERT …
+//!   ON CONFLICT (namespace, "key") DO UPDATE SET deliveries = deliveries + 1, <the claim's
+//!   columns> = CASE WHEN <released, or processing and not renewed for the limit under
+//!   reclaim> THEN <a new run> ELSE <as was> END RETURNING …`, which takes the row over
+//!   atomically. (A row that another delivery committed after the first statement's snapshot
+//!   was taken is missing from it: a plain read follows then.)
 //! - `renew`: `UPDATE … SET renewed_at = now() WHERE namespace = $1 AND "key" = $2 AND token =
 //!   $3 AND state = 'processing'`; `commit` sets `state = 'done'`, `release` sets `state =
 //!   'released'`, fenced the same way.
 //! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
+//!
+//! # Delivery counts
+//!
+//! A duplicate (of a done key, or of one in flight or held) is answered from the read alone,
+//! which writes nothing and so never waits for a disk flush. Its delivery is counted in the
+//! process and added to the row's `deliveries` and `last_seen_at` by a background task about
+//! once a second ([`with_count_interval`](PostgresStore::with_count_interval)), one `UPDATE` per key
+//! that had duplicates meanwhile. [`describe`](crate::store::Store::describe) and
+//! [`stuck_claims`](crate::store::Store::stuck_claims) on the same store include the counts not
+//! written yet; another instance sees them once they are. A crash loses at most the last
+//! interval's counts of the instance (never a claim: counts are statistics);
+//! [`write_counts`](PostgresStore::write_counts) writes them at once, before shutting down say.
 //!
 //! # Transactional mode
 //!
@@ -142,17 +161,19 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, PgPool, Postgres};
 
-use super::sql::{ResultExt as _, Table, TableName};
+use super::sql::{
+    AfterRead, ClaimRow, ResultExt as _, Table, TableName, retry_serialization_failure,
+};
 use super::{
-    Claim, ConfigError, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim,
-    VersionClaim, VersionLease, VersionStore,
+    Claim, ConfigError, KeyRecord, Lease, LeaseToken, Resolution, Stale, Store, StoreError,
+    StuckClaim, VersionClaim, VersionLease, VersionStore,
 };
 use crate::key::IdempotencyKey;
 
 mod queries;
 mod transactional;
 
-use queries::{queries, upgrade};
+use queries::{insert_or_read, queries, upgrade};
 
 /// Claims kept in a PostgreSQL table, shared by every app instance that uses the database.
 ///
@@ -163,22 +184,44 @@ use queries::{queries, upgrade};
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub struct PostgresStore {
     table: Table<Postgres>,
+    /// A claim's first statement, which inserts a new key or reads an existing one.
+    insert_or_read: Arc<str>,
 }
 
 impl PostgresStore {
     /// A store on `pool`, in the table `idempotency_keys`.
     pub fn new(pool: PgPool) -> Self {
+        Self::on(pool, TableName::default_table())
+    }
+
+    fn on(pool: PgPool, table: TableName) -> Self {
         Self {
-            table: Table::new(pool, queries(TableName::default_table())),
+            insert_or_read: insert_or_read(&table).into(),
+            table: Table::new(pool, queries(table)),
         }
     }
 
     /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes, or
     /// `schema.table` with each part so (the schema must exist). It is quoted in SQL, so it is
     /// case-sensitive.
-    pub fn with_table_name(mut self, name: &str) -> Result<Self, ConfigError> {
-        self.table.sql = Arc::new(queries(TableName::parse(name, true)?));
-        Ok(self)
+    pub fn with_table_name(self, name: &str) -> Result<Self, ConfigError> {
+        Ok(Self::on(self.table.pool, TableName::parse(name, true)?))
+    }
+
+    /// How often the deliveries answered without writing (duplicates, see the [module
+    /// docs](self#delivery-counts)) are added to the table: every second unless set. Set it
+    /// before the store is used; clones made earlier keep the old interval.
+    pub fn with_count_interval(mut self, every: Duration) -> Self {
+        self.table = self.table.count_every(every);
+        self
+    }
+
+    /// Adds the deliveries counted since the last write to the table now, rather than within
+    /// the [count interval](Self::with_count_interval): before the process exits, say, or
+    /// before reading the table by hand. [`describe`](Store::describe) and
+    /// [`stuck_claims`](Store::stuck_claims) include them either way.
+    pub async fn write_counts(&self) -> Result<(), StoreError> {
+        self.table.write_counts().await
     }
 
     /// The table's name, as given.
@@ -243,12 +286,40 @@ impl fmt::Debug for PostgresStore {
 /// Every operation is one statement, its round trip the only one (see the [module
 /// docs](crate::store::postgres#round-trips) for the SQL).
 impl Store for PostgresStore {
-    /// The upsert of the module docs; tried once more after a serialization failure.
+    /// The insert-or-read of the module docs; then, only for a released row or a stale one
+    /// under reclaim, the upsert that takes it over. Each is tried once more after a
+    /// serialization failure.
     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
         let table = &self.table;
-        table
-            .claim_upsert(key, stale, is_serialization_failure)
-            .await
+        // The row the insert ran into may be missing from the statement's snapshot (inserted
+        // by a delivery that committed after it was taken), and purged before a second read.
+        for _ in 0..3 {
+            let token = LeaseToken::generate();
+            let first = || {
+                sqlx::query(AssertSqlSafe(self.insert_or_read.clone()))
+                    .bind(key.namespace())
+                    .bind(key.value())
+                    .bind(token.to_i64())
+                    .fetch_optional(&table.pool)
+            };
+            let row = retry_serialization_failure("claim", is_serialization_failure, first).await?;
+            let row = match row.as_ref().map(ClaimRow::read).transpose()? {
+                Some(row) => Some(row),
+                None => table.read_claim(key).await?,
+            };
+            match table.after_read(key, row, Some(token), stale)? {
+                AfterRead::Answer(claim) => return Ok(claim),
+                AfterRead::TakeOver => {
+                    return table
+                        .claim_upsert(key, stale, is_serialization_failure)
+                        .await;
+                }
+                AfterRead::Absent => {}
+            }
+        }
+        Err(StoreError::backend(
+            "the key's row vanished between its insert and its read, three times",
+        ))
     }
 
     async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {

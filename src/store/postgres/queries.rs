@@ -22,6 +22,30 @@ fn columns() -> &'static str {
     completed_at  TIMESTAMPTZ,"#
 }
 
+/// A claim's first statement: inserts a new key (`$1` namespace, `$2` key, `$3` token), or
+/// reads the key's row when it exists, writing nothing then. The read sees the statement's
+/// snapshot: a row another delivery inserted after it was taken, which made the insert do
+/// nothing, is not in it, and the statement answers no row.
+pub(super) fn insert_or_read(table: &TableName) -> String {
+    let t = table.quoted('"');
+    let age_of = |at: &str| format!("(extract(epoch FROM now() - {at}) * 1000000)::bigint");
+    let age = age_of("claimed_at");
+    let idle = age_of("COALESCE(renewed_at, claimed_at)");
+    format!(
+        r#"WITH inserted AS (
+    INSERT INTO {t} (namespace, "key", state, token, deliveries, runs, reclaimed,
+        first_seen_at, last_seen_at, claimed_at, renewed_at)
+    VALUES ($1, $2, 'processing', $3, 1, 1, FALSE, now(), now(), now(), now())
+    ON CONFLICT (namespace, "key") DO NOTHING
+    RETURNING state, token, deliveries, reclaimed, 0::bigint AS age_us, 0::bigint AS idle_us
+)
+SELECT state, token, deliveries, reclaimed, age_us, idle_us FROM inserted
+UNION ALL
+SELECT state, token, deliveries, reclaimed, {age}, {idle} FROM {t}
+WHERE namespace = $1 AND "key" = $2 AND NOT EXISTS (SELECT 1 FROM inserted)"#
+    )
+}
+
 pub(super) fn queries(table: TableName) -> Queries {
     let t = table.quoted('"');
     let check = table.state_check('"');
@@ -120,9 +144,22 @@ ON CONFLICT (namespace, "key") DO UPDATE SET
     completed_at = CASE WHEN {free} THEN now() ELSE t.completed_at END
 RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
     );
+    let read = format!(
+        r#"SELECT state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us
+FROM {t} WHERE namespace = $1 AND "key" = $2"#
+    );
+    // Written in the background: the last delivery's time from how long ago it was.
+    let tally = format!(
+        r#"UPDATE {t} SET deliveries = deliveries + $1,
+    last_seen_at = GREATEST(COALESCE(last_seen_at, claimed_at),
+        now() - $2::bigint * interval '1 microsecond')
+WHERE namespace = $3 AND "key" = $4"#
+    );
     let versions = version_queries(&table);
     Queries {
         table,
+        read: read.into(),
+        tally: tally.into(),
         versions,
         tx_claim: tx_claim.into(),
         tx_check: tx_check.into(),

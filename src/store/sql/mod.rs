@@ -15,17 +15,24 @@ use sqlx::{Row as _, Type};
 mod queries;
 mod rows;
 mod table;
+mod tally;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod upsert;
 
 pub(crate) use queries::{Queries, VersionQueries};
 pub(crate) use rows::{
-    ClaimRow, NEVER_STALE, key_record, micros, stuck_claim, undecodable_stuck_row, version_claim,
-    version_row,
+    ClaimRow, NEVER_STALE, duration_from_micros, key_record, micros, stuck_claim,
+    undecodable_stuck_row, version_claim, version_row,
 };
 pub(crate) use table::TableName;
+use tally::{Seen, Tally};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use upsert::retry_serialization_failure;
 
-use super::{KeyRecord, Lease, LeaseToken, Resolution, StoreError, StuckClaim, VersionLease};
+use super::{
+    Claim, KeyRecord, KeyState, Lease, LeaseToken, Resolution, Stale, StalePolicy, StoreError,
+    StuckClaim, VersionLease,
+};
 use crate::key::IdempotencyKey;
 
 /// A database the SQL stores run on: what [`Table`] needs beyond sqlx's [`Database`].
@@ -56,11 +63,12 @@ impl Backend for sqlx::MySql {
     }
 }
 
-/// A store's table on its pool: the pool, and the statements the backend wrote for the table.
-/// Clones share both.
+/// A store's table on its pool: the pool, the statements the backend wrote for the table, and
+/// the deliveries answered without writing that are not written yet. Clones share all three.
 pub(crate) struct Table<DB: Database> {
     pub(crate) pool: Pool<DB>,
     pub(crate) sql: Arc<Queries>,
+    tally: Arc<Tally>,
 }
 
 impl<DB: Database> Clone for Table<DB> {
@@ -68,8 +76,21 @@ impl<DB: Database> Clone for Table<DB> {
         Self {
             pool: self.pool.clone(),
             sql: self.sql.clone(),
+            tally: self.tally.clone(),
         }
     }
+}
+
+/// What a claim does after reading the key's row.
+pub(crate) enum AfterRead {
+    /// Answer this, having written nothing: a done key, or one in flight or held (the delivery
+    /// is counted in the tally); or the claim acquired by the read's own insert.
+    Answer(Claim),
+    /// Take the row over (it is released, or stale under a reclaiming policy) with the
+    /// backend's upsert.
+    TakeOver,
+    /// There is no row.
+    Absent,
 }
 
 impl<DB: Database> Table<DB> {
@@ -77,6 +98,15 @@ impl<DB: Database> Table<DB> {
         Self {
             pool,
             sql: Arc::new(sql),
+            tally: Arc::default(),
+        }
+    }
+
+    /// The same table, whose deliveries answered without writing are written every `every`.
+    pub(crate) fn count_every(self, every: Duration) -> Self {
+        Self {
+            tally: Arc::new(Tally::every(every)),
+            ..self
         }
     }
 
@@ -162,7 +192,100 @@ where
             .fetch_optional(&self.pool)
             .await
             .store()?;
-        row.as_ref().map(key_record).transpose()
+        let Some(mut record) = row.as_ref().map(key_record).transpose()? else {
+            return Ok(None);
+        };
+        if let Some(unwritten) = self.tally.pending(key) {
+            record.deliveries += unwritten.count;
+            record.last_seen_ago = record.last_seen_ago.min(unwritten.last.elapsed());
+        }
+        Ok(Some(record))
+    }
+
+    /// Reads the row of `key` as a claim sees it (the six columns of [`ClaimRow`]).
+    pub(crate) async fn read_claim(
+        &self,
+        key: &IdempotencyKey,
+    ) -> Result<Option<ClaimRow>, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(self.sql.read.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .fetch_optional(&self.pool)
+            .await
+            .store()?;
+        row.as_ref().map(ClaimRow::read).transpose()
+    }
+
+    /// What a claim of `key` does with the row its first statement found. `ours` is the token
+    /// that statement wrote if it inserted the row (PostgreSQL's insert-or-read).
+    pub(crate) fn after_read(
+        &self,
+        key: &IdempotencyKey,
+        row: Option<ClaimRow>,
+        ours: Option<LeaseToken>,
+        stale: Stale,
+    ) -> Result<AfterRead, StoreError> {
+        let Some(mut row) = row else {
+            return Ok(AfterRead::Absent);
+        };
+        if let Some(ours) = ours.filter(|ours| LeaseToken::from_i64(row.token) == *ours) {
+            return Ok(AfterRead::Answer(Claim::Acquired(Lease::new(
+                key.clone(),
+                ours,
+                false,
+            ))));
+        }
+        let free = match KeyState::parse(&row.state) {
+            Some(KeyState::Released) => true,
+            Some(KeyState::Processing) => {
+                stale.policy() == StalePolicy::Reclaim
+                    && stale.is_stale(duration_from_micros(row.idle_us))
+            }
+            _ => false,
+        };
+        if free {
+            return Ok(AfterRead::TakeOver);
+        }
+        let unwritten = self.count(key);
+        row.deliveries = row
+            .deliveries
+            .saturating_add(i64::try_from(unwritten).unwrap_or(i64::MAX));
+        row.answer(stale).map(AfterRead::Answer)
+    }
+
+    /// Counts a delivery answered without writing; answers how many of the key's deliveries
+    /// are unwritten now, this one included.
+    fn count(&self, key: &IdempotencyKey) -> u64 {
+        let unwritten = self.tally.add(key);
+        if !self.tally.is_flushing() {
+            let (pool, sql) = (self.pool.clone(), self.sql.clone());
+            self.tally.keep_flushed(move |key, seen| {
+                let (pool, sql) = (pool.clone(), sql.clone());
+                async move {
+                    let written = write_tally(&pool, &sql, &key, seen).await;
+                    if let Err(error) = &written {
+                        tracing::warn!(
+                            table = %sql.table.name(),
+                            key = %key,
+                            error = error as &dyn std::error::Error,
+                            "could not write the delivery count of duplicates; trying again \
+                             shortly"
+                        );
+                    }
+                    written.is_ok()
+                }
+            });
+        }
+        unwritten
+    }
+
+    /// Writes every count of the tally now.
+    pub(crate) async fn write_counts(&self) -> Result<(), StoreError> {
+        for (key, seen) in self.tally.snapshot() {
+            write_tally(&self.pool, &self.sql, &key, seen).await?;
+            self.tally.written(&key, seen.count);
+        }
+        Ok(())
     }
 
     /// One row the store cannot read (a key written by hand, or by other code, that is no
@@ -188,7 +311,12 @@ where
         Ok(rows
             .iter()
             .filter_map(|row| match decode(row) {
-                Ok(claim) => Some(claim),
+                Ok(mut claim) => {
+                    if let Some(unwritten) = self.tally.pending(&claim.key) {
+                        claim.deliveries += unwritten.count;
+                    }
+                    Some(claim)
+                }
                 Err(error) => {
                     let (namespace, key) = (row.try_get(0).ok(), row.try_get(1).ok());
                     undecodable_stuck_row(&self.sql.table, namespace, key, &error);
@@ -290,6 +418,32 @@ where
             .store()?;
         Ok(found.is_some())
     }
+}
+
+/// Adds the deliveries of `key` the tally counted (`count` of them, the last `seen.last` ago)
+/// to its row.
+async fn write_tally<DB>(
+    pool: &Pool<DB>,
+    sql: &Queries,
+    key: &IdempotencyKey,
+    seen: Seen,
+) -> Result<(), StoreError>
+where
+    DB: Backend,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    i64: for<'a> Encode<'a, DB> + Type<DB>,
+{
+    sqlx::query(AssertSqlSafe(sql.tally.clone()))
+        .bind(i64::try_from(seen.count).unwrap_or(i64::MAX))
+        .bind(micros(seen.last.elapsed()))
+        .bind(key.namespace())
+        .bind(key.value())
+        .execute(pool)
+        .await
+        .store()
+        .map(drop)
 }
 
 /// Maps a backend result's error into a [`StoreError`], keeping the source.

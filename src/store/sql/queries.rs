@@ -7,13 +7,22 @@ use super::table::TableName;
 
 /// The statements of one store on one table, made once and shared by its clones.
 ///
-/// Parameters, by position: `claim` as the backend documents; `renew`, `commit` and
+/// Parameters, by position: `claim` as the backend documents; `read` (namespace, key);
+/// `tally` (count, microseconds since the last delivery, namespace, key); `renew`, `commit` and
 /// `release` (namespace, key, token); `describe` and `resolve_release` (namespace, key);
 /// `resolve_done` (new token, namespace, key); `stuck` and `purge` (age in microseconds).
 pub(crate) struct Queries {
     pub(crate) table: TableName,
     pub(crate) migrate: Arc<str>,
+    /// A claim's read of the key's row (namespace, key): `state, token, deliveries,
+    /// reclaimed, age_us, idle_us`. It writes nothing.
+    pub(crate) read: Arc<str>,
+    /// The upsert that takes a key: inserts it, or takes the row over when it is released or
+    /// stale under a reclaiming policy, counting the delivery either way.
     pub(crate) claim: Arc<str>,
+    /// Adds the deliveries the tally counted (count, how long ago the last of them arrived in
+    /// microseconds, namespace, key).
+    pub(crate) tally: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) commit: Arc<str>,
     pub(crate) release: Arc<str>,
@@ -24,18 +33,10 @@ pub(crate) struct Queries {
     pub(crate) purge: Arc<str>,
     /// Transactional mode: insert the marker as `done` inside the delivery's transaction
     /// (namespace, key, token); on a conflict, count the delivery and return the row.
-    #[cfg_attr(
-        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-        allow(dead_code)
-    )]
     pub(crate) tx_claim: Arc<str>,
     /// Transactional mode, just before `COMMIT`: whether the delivery's transaction still
     /// holds its marker (namespace, key, token). A transaction a failed statement aborted, or
     /// one the database rolled back, does not.
-    #[cfg_attr(
-        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-        allow(dead_code)
-    )]
     pub(crate) tx_check: Arc<str>,
     /// The entity versions of the version guard.
     pub(crate) versions: VersionQueries,

@@ -80,6 +80,12 @@ impl ClaimRow {
                 self.reclaimed,
             )));
         }
+        self.answer(stale)
+    }
+
+    /// What a claim that did not take the row answers: done, or in flight (held, when stale
+    /// under a holding policy).
+    pub(crate) fn answer(self, stale: Stale) -> Result<Claim, StoreError> {
         let deliveries = count(self.deliveries);
         match KeyState::parse(&self.state) {
             Some(KeyState::Done) => Ok(Claim::Done(Completed::new(deliveries))),

@@ -86,14 +86,28 @@
 //! SQLite runs in-process, so a "round trip" is one statement on sqlx's worker thread. One per
 //! operation:
 //!
-//! - `claim`: `INSERT … ON CONFLICT (namespace, "key") DO UPDATE SET deliveries =
-//!   deliveries + 1, <the claim's columns> = CASE WHEN <released, or processing and not renewed
-//!   for the limit under reclaim> THEN <a new run> ELSE <as was> END RETURNING …`, as on
-//!   PostgreSQL; acquired if the returned token is the one it generated. A duplicate of a done
-//!   key is this one statement too.
+//! - `claim`: a read of the key's row, which answers a duplicate (done, in flight, held)
+//!   without writing, and so without taking the write lock (see [delivery
+//!   counts](#delivery-counts)). A new key, a released one, or one not renewed for the limit
+//!   under reclaim then takes `INSERT … ON CONFLICT (namespace, "key") DO UPDATE SET deliveries
+//!   = deliveries + 1, <the claim's columns> = CASE WHEN <released, or processing and not
+//!   renewed for the limit under reclaim> THEN <a new run> ELSE <as was> END RETURNING …`, as
+//!   on PostgreSQL; acquired if the returned token is the one it generated.
 //! - `renew`, `commit`, `release`: `UPDATE … WHERE namespace = ?1 AND "key" = ?2 AND token =
 //!   ?3 AND <state>`.
 //! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
+//!
+//! # Delivery counts
+//!
+//! A duplicate (of a done key, or of one in flight or held) is answered from the read alone,
+//! which writes nothing and so never waits for a disk flush. Its delivery is counted in the
+//! process and added to the row's `deliveries` and `last_seen_at` by a background task about
+//! once a second ([`with_count_interval`](SqliteStore::with_count_interval)), one `UPDATE` per key
+//! that had duplicates meanwhile. [`describe`](crate::store::Store::describe) and
+//! [`stuck_claims`](crate::store::Store::stuck_claims) on the same store include the counts not
+//! written yet; another instance sees them once they are. A crash loses at most the last
+//! interval's counts of the instance (never a claim: counts are statistics);
+//! [`write_counts`](SqliteStore::write_counts) writes them at once, before shutting down say.
 //!
 //! # Transactional mode
 //!
@@ -131,12 +145,11 @@
 //! As there, only a version older than the applied one is outdated; an equal one runs.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Sqlite, SqlitePool};
 
-use super::sql::{ResultExt as _, Table, TableName};
+use super::sql::{AfterRead, ResultExt as _, Table, TableName};
 use super::{
     Claim, ConfigError, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim,
     VersionClaim, VersionLease, VersionStore,
@@ -168,9 +181,27 @@ impl SqliteStore {
     }
 
     /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes.
-    pub fn with_table_name(mut self, name: &str) -> Result<Self, ConfigError> {
-        self.table.sql = Arc::new(queries(TableName::parse(name, false)?));
-        Ok(self)
+    pub fn with_table_name(self, name: &str) -> Result<Self, ConfigError> {
+        let table = TableName::parse(name, false)?;
+        Ok(Self {
+            table: Table::new(self.table.pool, queries(table)),
+        })
+    }
+
+    /// How often the deliveries answered without writing (duplicates, see the [module
+    /// docs](self#delivery-counts)) are added to the table: every second unless set. Set it
+    /// before the store is used; clones made earlier keep the old interval.
+    pub fn with_count_interval(mut self, every: Duration) -> Self {
+        self.table = self.table.count_every(every);
+        self
+    }
+
+    /// Adds the deliveries counted since the last write to the table now, rather than within
+    /// the [count interval](Self::with_count_interval): before the process exits, say, or
+    /// before reading the table by hand. [`describe`](Store::describe) and
+    /// [`stuck_claims`](Store::stuck_claims) include them either way.
+    pub async fn write_counts(&self) -> Result<(), StoreError> {
+        self.table.write_counts().await
     }
 
     /// The table's name.
@@ -229,12 +260,19 @@ impl fmt::Debug for SqliteStore {
 /// Every operation is one statement, its round trip the only one (see the [module
 /// docs](crate::store::sqlite#round-trips) for the SQL).
 impl Store for SqliteStore {
-    /// The upsert of the module docs.
+    /// A read, which answers a duplicate without writing; the upsert of the module docs for a
+    /// new key, a released one, or a stale one under reclaim.
     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
         let table = &self.table;
-        table
-            .claim_upsert(key, stale, is_serialization_failure)
-            .await
+        let row = table.read_claim(key).await?;
+        match table.after_read(key, row, None, stale)? {
+            AfterRead::Answer(claim) => Ok(claim),
+            AfterRead::TakeOver | AfterRead::Absent => {
+                table
+                    .claim_upsert(key, stale, is_serialization_failure)
+                    .await
+            }
+        }
     }
 
     async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {

@@ -143,9 +143,21 @@ ON CONFLICT (namespace, "key") DO UPDATE SET
     completed_at = CASE WHEN {free} THEN {NOW_US} ELSE t.completed_at END
 RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
     );
+    let read = format!(
+        r#"SELECT state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us
+FROM {t} WHERE namespace = ?1 AND "key" = ?2"#
+    );
+    // Written in the background: the last delivery's time from how long ago it was.
+    let tally = format!(
+        r#"UPDATE {t} SET deliveries = deliveries + ?1,
+    last_seen_at = max(COALESCE(last_seen_at, claimed_at), {NOW_US} - ?2)
+WHERE namespace = ?3 AND "key" = ?4"#
+    );
     let versions = version_queries(&table);
     Queries {
         table,
+        read: read.into(),
+        tally: tally.into(),
         versions,
         tx_claim: tx_claim.into(),
         tx_check: tx_check.into(),
