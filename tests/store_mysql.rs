@@ -1,4 +1,4 @@
-//! The conformance suite and the races on `MySqlStore`, plus its own checks.
+//! Everything `MySqlStore` promises (the suites of `backend_suite!`), plus its own checks.
 //!
 //! The database comes from `MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`). If it
 //! cannot be reached the tests are skipped, or fail when `CI` is set. On MariaDB the suite runs
@@ -20,9 +20,11 @@ async fn store() -> Option<MySqlStore> {
     common::db::mysql_store().await
 }
 
-conformance_suite!(store());
-trust_suite!(store());
-race_suite!(store());
+backend_suite! {
+    claims: store(),
+    trust: store(),
+    races: store(),
+}
 
 /// The claim as MySQL makes it (upsert, then a read), run against whatever server this is.
 mod two_statement_claim {
@@ -32,8 +34,10 @@ mod two_statement_claim {
         Some(super::store().await?.with_flavor(MySqlFlavor::MySql))
     }
 
-    crate::conformance_suite!(store());
-    crate::race_suite!(store());
+    crate::backend_suite! {
+        claims: store(),
+        races: store(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! The conformance suite and the races on `PostgresStore`, plus its own checks.
+//! Everything `PostgresStore` promises (the suites of `backend_suite!`), plus its own checks.
 //!
 //! The database comes from `POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
 //! If it cannot be reached the tests are skipped, or fail when `CI` is set.
@@ -22,9 +22,11 @@ async fn store() -> Option<PostgresStore> {
     common::db::postgres_store().await
 }
 
-conformance_suite!(store());
-trust_suite!(store());
-race_suite!(store());
+backend_suite! {
+    claims: store(),
+    trust: store(),
+    races: store(),
+}
 
 /// A pool whose connections run every transaction SERIALIZABLE, as a role or database with
 /// `default_transaction_isolation = 'serializable'` would: one app instance.
@@ -55,7 +57,9 @@ async fn serializable_store() -> Option<PostgresStore> {
 mod serializable {
     use super::serializable_store;
 
-    crate::conformance_suite!(serializable_store());
+    crate::backend_suite! {
+        claims: serializable_store(),
+    }
 }
 
 /// Concurrent claims of one key, from several pools whose isolation is SERIALIZABLE, make the

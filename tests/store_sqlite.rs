@@ -1,5 +1,5 @@
-//! The conformance suite and the races on `SqliteStore`: a file (several pools on it, as
-//! several processes would share it) and `sqlite::memory:`.
+//! Everything `SqliteStore` promises, on a file (several pools on it, as several processes
+//! would share it), the claims also on `sqlite::memory:`; then its own checks.
 
 #![cfg(feature = "sqlite")]
 
@@ -35,18 +35,19 @@ async fn memory_store() -> Option<SqliteStore> {
     Some(store)
 }
 
-mod file {
-    use super::file_store;
-
-    crate::conformance_suite!(file_store());
-    crate::trust_suite!(file_store());
-    crate::race_suite!(file_store());
+backend_suite! {
+    claims: file_store(),
+    trust: file_store(),
+    races: file_store(),
 }
 
+/// The claims on an in-memory database.
 mod memory {
     use super::memory_store;
 
-    crate::conformance_suite!(memory_store());
+    crate::backend_suite! {
+        claims: memory_store(),
+    }
 }
 
 #[tokio::test]

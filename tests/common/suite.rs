@@ -1,0 +1,38 @@
+//! [`backend_suite!`](crate::backend_suite): every suite of the contract, for one backend.
+
+/// Generates every suite a backend runs, one module each, from the store makers it is given.
+/// A backend's test file invokes it once, so that file is the index of the backend's contract:
+///
+/// ```ignore
+/// backend_suite! {
+///     claims: store(),
+///     trust: store(),
+///     races: store(),
+/// }
+/// ```
+///
+/// Each arm is optional (a variant of a backend, e.g. another connection setting, may run only
+/// some suites), and the arms come in this order:
+///
+/// - `claims: $make` — module `claims`: the `Store` contract, one key at a time
+///   (`claims.rs`);
+/// - `trust: $make` — module `trust`: which deliveries claim a key, and how far it reaches
+///   (`trust.rs`);
+/// - `races: $instance` — module `races`: several app instances claiming at once; each test
+///   calls `$instance` four times, one app instance (its own pool) each (`races.rs`).
+///
+/// Every maker is an expression, evaluated anew in each test, that yields a future of
+/// `Option<Store>` (`None` skips the test); it is resolved inside the generated module, which
+/// sees everything of the module that invokes the macro.
+#[macro_export]
+macro_rules! backend_suite {
+    (
+        $(claims: $claims:expr,)?
+        $(trust: $trust:expr,)?
+        $(races: $races:expr,)?
+    ) => {
+        $($crate::claims_suite!($claims);)?
+        $($crate::trust_suite!($trust);)?
+        $($crate::races_suite!($races);)?
+    };
+}
