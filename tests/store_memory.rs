@@ -21,4 +21,5 @@ backend_suite! {
     claims: store(),
     trust: store(),
     races: instance(),
+    versions: store(), instances: instance(),
 }

@@ -24,6 +24,7 @@ backend_suite! {
     claims: store(),
     trust: store(),
     races: store(),
+    versions: store(),
 }
 
 /// The claim as MySQL makes it (upsert, then a read), run against whatever server this is.
@@ -37,6 +38,7 @@ mod two_statement_claim {
     crate::backend_suite! {
         claims: store(),
         races: store(),
+        versions: store(),
     }
 }
 

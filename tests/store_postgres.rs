@@ -26,6 +26,7 @@ backend_suite! {
     claims: store(),
     trust: store(),
     races: store(),
+    versions: store(),
 }
 
 /// A pool whose connections run every transaction SERIALIZABLE, as a role or database with

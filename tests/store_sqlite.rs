@@ -39,6 +39,7 @@ backend_suite! {
     claims: file_store(),
     trust: file_store(),
     races: file_store(),
+    versions: file_store(),
 }
 
 /// The claims on an in-memory database.

@@ -3,7 +3,7 @@
 //!
 //! A backend's test file (`tests/store_<backend>.rs`) runs the whole contract with one
 //! [`backend_suite!`](crate::backend_suite) (in `suite.rs`); each of its arms is a file here:
-//! `claims.rs`, `races.rs`, `trust.rs`.
+//! `claims.rs`, `races.rs`, `trust.rs`, `versions.rs`.
 //!
 //! A store maker (`$make`) yields `Option<S>`: `None` when the backend's database cannot be
 //! reached and the test is skipped (see [`connect`]; under `CI` it panics instead).
@@ -19,6 +19,7 @@ pub mod proxy;
 pub mod races;
 pub mod suite;
 pub mod trust;
+pub mod versions;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -8,6 +8,7 @@
 ///     claims: store(),
 ///     trust: store(),
 ///     races: store(),
+///     versions: store(),
 /// }
 /// ```
 ///
@@ -19,7 +20,10 @@
 /// - `trust: $make` — module `trust`: which deliveries claim a key, and how far it reaches
 ///   (`trust.rs`);
 /// - `races: $instance` — module `races`: several app instances claiming at once; each test
-///   calls `$instance` four times, one app instance (its own pool) each (`races.rs`).
+///   calls `$instance` four times, one app instance (its own pool) each (`races.rs`);
+/// - `versions: $make` or `versions: $make, instances: $instance` — module `versions`: the
+///   version guard on the backend and the `VersionStore` contract; its tests over four
+///   instances call `$instance` (`$make` unless given) four times (`versions.rs`).
 ///
 /// Every maker is an expression, evaluated anew in each test, that yields a future of
 /// `Option<Store>` (`None` skips the test); it is resolved inside the generated module, which
@@ -30,9 +34,11 @@ macro_rules! backend_suite {
         $(claims: $claims:expr,)?
         $(trust: $trust:expr,)?
         $(races: $races:expr,)?
+        $(versions: $versions:expr $(, instances: $instances:expr)?,)?
     ) => {
         $($crate::claims_suite!($claims);)?
         $($crate::trust_suite!($trust);)?
         $($crate::races_suite!($races);)?
+        $($crate::versions_suite!($versions $(, $instances)?);)?
     };
 }
