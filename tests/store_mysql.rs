@@ -25,6 +25,7 @@ backend_suite! {
     trust: store(),
     races: store(),
     versions: store(),
+    advance: MySqlStore = store(),
 }
 
 /// The claim as MySQL makes it (upsert, then a read), run against whatever server this is.
@@ -39,6 +40,7 @@ mod two_statement_claim {
         claims: store(),
         races: store(),
         versions: store(),
+        advance: MySqlStore = store(),
     }
 }
 

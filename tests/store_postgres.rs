@@ -27,6 +27,7 @@ backend_suite! {
     trust: store(),
     races: store(),
     versions: store(),
+    advance: PostgresStore = store(),
 }
 
 /// A pool whose connections run every transaction SERIALIZABLE, as a role or database with

@@ -40,6 +40,7 @@ backend_suite! {
     trust: file_store(),
     races: file_store(),
     versions: file_store(),
+    advance: SqliteStore = file_store(),
 }
 
 /// The claims on an in-memory database.

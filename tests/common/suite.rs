@@ -9,6 +9,7 @@
 ///     trust: store(),
 ///     races: store(),
 ///     versions: store(),
+///     advance: PostgresStore = store(),
 /// }
 /// ```
 ///
@@ -23,7 +24,10 @@
 ///   calls `$instance` four times, one app instance (its own pool) each (`races.rs`);
 /// - `versions: $make` or `versions: $make, instances: $instance` — module `versions`: the
 ///   version guard on the backend and the `VersionStore` contract; its tests over four
-///   instances call `$instance` (`$make` unless given) four times (`versions.rs`).
+///   instances call `$instance` (`$make` unless given) four times (`versions.rs`);
+/// - `advance: $Store = $make` — module `advance`: `version_guard::advance` in transactional
+///   mode, on a SQL store of type `$Store`, which implements
+///   [`SqlBackend`](super::sql::SqlBackend) (`advance.rs`).
 ///
 /// Every maker is an expression, evaluated anew in each test, that yields a future of
 /// `Option<Store>` (`None` skips the test); it is resolved inside the generated module, which
@@ -35,10 +39,12 @@ macro_rules! backend_suite {
         $(trust: $trust:expr,)?
         $(races: $races:expr,)?
         $(versions: $versions:expr $(, instances: $instances:expr)?,)?
+        $(advance: $advance_store:ty = $advance:expr,)?
     ) => {
         $($crate::claims_suite!($claims);)?
         $($crate::trust_suite!($trust);)?
         $($crate::races_suite!($races);)?
         $($crate::versions_suite!($versions $(, $instances)?);)?
+        $($crate::advance_suite!($advance_store, $advance);)?
     };
 }
