@@ -26,6 +26,7 @@ backend_suite! {
     races: store(),
     versions: store(),
     advance: MySqlStore = store(),
+    transactional: MySqlStore = store(),
 }
 
 /// The claim as MySQL makes it (upsert, then a read), run against whatever server this is.

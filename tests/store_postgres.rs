@@ -28,6 +28,7 @@ backend_suite! {
     races: store(),
     versions: store(),
     advance: PostgresStore = store(),
+    transactional: PostgresStore = store(),
 }
 
 /// A pool whose connections run every transaction SERIALIZABLE, as a role or database with

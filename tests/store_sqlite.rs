@@ -41,6 +41,7 @@ backend_suite! {
     races: file_store(),
     versions: file_store(),
     advance: SqliteStore = file_store(),
+    transactional: SqliteStore = file_store(),
 }
 
 /// The claims on an in-memory database.

@@ -1,4 +1,4 @@
-//! What the SQL suites (`advance`, and `transactional`) need of a backend besides its store:
+//! What the SQL suites (`advance` and `transactional`) need of a backend besides its store:
 //! their statements, in the backend's dialect.
 
 /// The statements of the SQL suites, in a backend's dialect (placeholders, upserts).
@@ -8,6 +8,12 @@ pub trait SqlBackend {
     const UPSERT_SUBSCRIPTION: &'static str;
     /// `advance`: reads `(status, version, writes)` of the subscription `id`.
     const SELECT_SUBSCRIPTION: &'static str;
+    /// `transactional`: writes the business row of an event.
+    const INSERT_EFFECT: &'static str;
+    /// `transactional`: counts the business rows of an event.
+    const COUNT_EFFECTS: &'static str;
+    /// `transactional`: counts the markers (claims) of a namespace.
+    const COUNT_MARKERS: &'static str;
 }
 
 #[cfg(feature = "sqlite")]
@@ -18,6 +24,10 @@ impl SqlBackend for tower_idempotency::store::SqliteStore {
          writes = order_subscriptions.writes + 1";
     const SELECT_SUBSCRIPTION: &'static str =
         "SELECT status, version, writes FROM order_subscriptions WHERE id = ?1";
+    const INSERT_EFFECT: &'static str = "INSERT INTO tx_effects (event) VALUES (?1)";
+    const COUNT_EFFECTS: &'static str = "SELECT COUNT(*) FROM tx_effects WHERE event = ?1";
+    const COUNT_MARKERS: &'static str =
+        "SELECT COUNT(*) FROM idempotency_keys WHERE namespace = ?1";
 }
 
 #[cfg(feature = "postgres")]
@@ -28,6 +38,10 @@ impl SqlBackend for tower_idempotency::store::PostgresStore {
          writes = order_subscriptions.writes + 1";
     const SELECT_SUBSCRIPTION: &'static str =
         "SELECT status, version, writes FROM order_subscriptions WHERE id = $1";
+    const INSERT_EFFECT: &'static str = "INSERT INTO tx_effects (event) VALUES ($1)";
+    const COUNT_EFFECTS: &'static str = "SELECT COUNT(*) FROM tx_effects WHERE event = $1";
+    const COUNT_MARKERS: &'static str =
+        "SELECT COUNT(*) FROM idempotency_keys WHERE namespace = $1";
 }
 
 #[cfg(feature = "mysql")]
@@ -38,4 +52,7 @@ impl SqlBackend for tower_idempotency::store::MySqlStore {
          writes = writes + 1";
     const SELECT_SUBSCRIPTION: &'static str =
         "SELECT status, version, writes FROM order_subscriptions WHERE id = ?";
+    const INSERT_EFFECT: &'static str = "INSERT INTO tx_effects (event) VALUES (?)";
+    const COUNT_EFFECTS: &'static str = "SELECT COUNT(*) FROM tx_effects WHERE event = ?";
+    const COUNT_MARKERS: &'static str = "SELECT COUNT(*) FROM idempotency_keys WHERE namespace = ?";
 }

@@ -10,6 +10,7 @@
 ///     races: store(),
 ///     versions: store(),
 ///     advance: PostgresStore = store(),
+///     transactional: PostgresStore = store(),
 /// }
 /// ```
 ///
@@ -27,7 +28,10 @@
 ///   instances call `$instance` (`$make` unless given) four times (`versions.rs`);
 /// - `advance: $Store = $make` — module `advance`: `version_guard::advance` in transactional
 ///   mode, on a SQL store of type `$Store`, which implements
-///   [`SqlBackend`](super::sql::SqlBackend) (`advance.rs`).
+///   [`SqlBackend`](super::sql::SqlBackend) (`advance.rs`);
+/// - `transactional: $Store = $make` — module `transactional`: the marker and the handler's
+///   write commit together or not at all, on a SQL store of type `$Store`, which implements
+///   `SqlBackend` (`transactional.rs`).
 ///
 /// Every maker is an expression, evaluated anew in each test, that yields a future of
 /// `Option<Store>` (`None` skips the test); it is resolved inside the generated module, which
@@ -40,11 +44,13 @@ macro_rules! backend_suite {
         $(races: $races:expr,)?
         $(versions: $versions:expr $(, instances: $instances:expr)?,)?
         $(advance: $advance_store:ty = $advance:expr,)?
+        $(transactional: $tx_store:ty = $tx:expr,)?
     ) => {
         $($crate::claims_suite!($claims);)?
         $($crate::trust_suite!($trust);)?
         $($crate::races_suite!($races);)?
         $($crate::versions_suite!($versions $(, $instances)?);)?
         $($crate::advance_suite!($advance_store, $advance);)?
+        $($crate::transactional_suite!($tx_store, $tx);)?
     };
 }
