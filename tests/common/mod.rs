@@ -3,8 +3,8 @@
 //!
 //! A backend's test file (`tests/store_<backend>.rs`) runs the whole contract with one
 //! [`backend_suite!`](crate::backend_suite) (in `suite.rs`); each of its arms is a file here:
-//! `claims.rs`, `races.rs`, `trust.rs`, `versions.rs`, and for SQL backends `advance.rs` and
-//! `transactional.rs` (with the statements of `sql.rs`).
+//! `claims.rs`, `races.rs`, `trust.rs`, `versions.rs`, and for SQL backends `advance.rs`,
+//! `transactional.rs` (with the statements of `sql.rs`) and `tables.rs`.
 //!
 //! A store maker (`$make`) yields `Option<S>`: `None` when the backend's database cannot be
 //! reached and the test is skipped (see [`connect`]; under `CI` it panics instead).
@@ -22,6 +22,7 @@ pub mod races;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub mod sql;
 pub mod suite;
+pub mod tables;
 pub mod transactional;
 pub mod trust;
 pub mod versions;

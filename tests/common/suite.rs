@@ -11,6 +11,7 @@
 ///     versions: store(),
 ///     advance: PostgresStore = store(),
 ///     transactional: PostgresStore = store(),
+///     table_names: lazy_store(), rejects: ["", "a.b.c"], accepts: "app.claims",
 /// }
 /// ```
 ///
@@ -31,7 +32,10 @@
 ///   [`SqlBackend`](super::sql::SqlBackend) (`advance.rs`);
 /// - `transactional: $Store = $make` — module `transactional`: the marker and the handler's
 ///   write commit together or not at all, on a SQL store of type `$Store`, which implements
-///   `SqlBackend` (`transactional.rs`).
+///   `SqlBackend` (`transactional.rs`);
+/// - `table_names: $store, rejects: [$bad, ...], accepts: $good` — module `tables`: `$store`
+///   (a SQL store whose pool connects lazily) is named `idempotency_keys` by default, refuses
+///   each `$bad` name and accepts `$good` (`tables.rs`).
 ///
 /// Every maker is an expression, evaluated anew in each test, that yields a future of
 /// `Option<Store>` (`None` skips the test); it is resolved inside the generated module, which
@@ -45,6 +49,7 @@ macro_rules! backend_suite {
         $(versions: $versions:expr $(, instances: $instances:expr)?,)?
         $(advance: $advance_store:ty = $advance:expr,)?
         $(transactional: $tx_store:ty = $tx:expr,)?
+        $(table_names: $tables:expr, rejects: [$($bad:expr),* $(,)?], accepts: $good:expr,)?
     ) => {
         $($crate::claims_suite!($claims);)?
         $($crate::trust_suite!($trust);)?
@@ -52,5 +57,6 @@ macro_rules! backend_suite {
         $($crate::versions_suite!($versions $(, $instances)?);)?
         $($crate::advance_suite!($advance_store, $advance);)?
         $($crate::transactional_suite!($tx_store, $tx);)?
+        $($crate::table_names_suite!($tables, rejects: [$($bad),*], accepts: $good);)?
     };
 }
