@@ -1,9 +1,9 @@
 //! Everything `MySqlStore` promises (the suites of `backend_suite!`), plus its own checks.
 //!
 //! The database comes from `MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`). If it
-//! cannot be reached the tests are skipped, or fail when `CI` is set. On MariaDB the suite runs
-//! twice: with the detected one-statement claim, and forced to the two-statement claim MySQL
-//! needs.
+//! cannot be reached the tests are skipped, or fail when `CI` is set. On MariaDB the suites of
+//! claims, races, versions and `advance` run twice: with the detected one-statement claim, and
+//! forced to the two-statement claim MySQL needs.
 
 #![cfg(feature = "mysql")]
 

@@ -64,7 +64,7 @@ async fn serializable_store() -> Option<PostgresStore> {
     Some(store)
 }
 
-/// Every check of the contract holds when the connections' isolation is SERIALIZABLE.
+/// The claims hold when the connections' isolation is SERIALIZABLE.
 mod serializable {
     use super::serializable_store;
 

@@ -6,6 +6,12 @@
 //! (`tests/common/transactional.rs`), which each `tests/store_<backend>.rs` runs.
 
 #![cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+// Each test here needs PostgreSQL, or SQLite and axum; without them, what only they use is
+// unused.
+#![cfg_attr(
+    not(all(feature = "postgres", feature = "sqlite", feature = "axum")),
+    allow(unused)
+)]
 
 mod common;
 

@@ -37,9 +37,10 @@
 ///   (a SQL store whose pool connects lazily) is named `idempotency_keys` by default, refuses
 ///   each `$bad` name and accepts `$good` (`tables.rs`).
 ///
-/// Every maker is an expression, evaluated anew in each test, that yields a future of
-/// `Option<Store>` (`None` skips the test); it is resolved inside the generated module, which
-/// sees everything of the module that invokes the macro.
+/// Every `$make` and `$instance` is an expression, evaluated anew in each test, that yields a
+/// future of `Option<Store>` (`None` skips the test); it is resolved inside the generated
+/// module, which sees everything of the module that invokes the macro. Every test holds
+/// [`SHARED_TABLE`](super::SHARED_TABLE) shared, the tests that purge hold it alone.
 #[macro_export]
 macro_rules! backend_suite {
     (
