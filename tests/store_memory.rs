@@ -1,15 +1,25 @@
-//! The conformance suite and the races, on `MemoryStore`.
+//! Everything `MemoryStore` promises: the suites of `backend_suite!`.
 
 mod common;
 
 use tower_idempotency::store::MemoryStore;
 
-conformance_suite!(async { Some(MemoryStore::new()) });
-trust_suite!(async { Some(MemoryStore::new()) });
+/// A store of the test's own.
+async fn store() -> Option<MemoryStore> {
+    Some(MemoryStore::new())
+}
 
-// In-process "instances" share one map: the race checks the locking, not a database index.
-race_suite!(async {
+/// One app instance: in-process "instances" share one map, so the races check the locking,
+/// not a database index.
+async fn instance() -> Option<MemoryStore> {
     use std::sync::OnceLock;
     static SHARED: OnceLock<MemoryStore> = OnceLock::new();
     Some(SHARED.get_or_init(MemoryStore::new).clone())
-});
+}
+
+backend_suite! {
+    claims: store(),
+    trust: store(),
+    races: instance(),
+    versions: store(), instances: instance(),
+}

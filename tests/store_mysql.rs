@@ -1,16 +1,16 @@
-//! The conformance suite and the races on `MySqlStore`, plus its own checks.
+//! Everything `MySqlStore` promises (the suites of `backend_suite!`), plus its own checks.
 //!
 //! The database comes from `MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`). If it
-//! cannot be reached the tests are skipped, or fail when `CI` is set. On MariaDB the suite runs
-//! twice: with the detected one-statement claim, and forced to the two-statement claim MySQL
-//! needs.
+//! cannot be reached the tests are skipped, or fail when `CI` is set. On MariaDB the suites of
+//! claims, races, versions and `advance` run twice: with the detected one-statement claim, and
+//! forced to the two-statement claim MySQL needs.
 
 #![cfg(feature = "mysql")]
 
 mod common;
 
 use sqlx::mysql::MySqlPool;
-use tower_idempotency::store::{Claim, ConfigError, MySqlFlavor, MySqlStore, Store, StoreError};
+use tower_idempotency::store::{Claim, MySqlFlavor, MySqlStore, Store, StoreError};
 
 fn url() -> String {
     common::db::mysql_url()
@@ -20,9 +20,22 @@ async fn store() -> Option<MySqlStore> {
     common::db::mysql_store().await
 }
 
-conformance_suite!(store());
-trust_suite!(store());
-race_suite!(store());
+/// A store whose pool would connect on first use: the table-name checks need no database.
+fn lazy_store() -> MySqlStore {
+    MySqlStore::new(MySqlPool::connect_lazy(&url()).unwrap())
+}
+
+backend_suite! {
+    claims: store(),
+    trust: store(),
+    races: store(),
+    versions: store(),
+    advance: MySqlStore = store(),
+    transactional: MySqlStore = store(),
+    table_names: lazy_store(),
+        rejects: ["", "bad-name", "1st", "x`; DROP TABLE t; --", "db.t", &"t".repeat(50)],
+        accepts: "Claims_2",
+}
 
 /// The claim as MySQL makes it (upsert, then a read), run against whatever server this is.
 mod two_statement_claim {
@@ -32,8 +45,12 @@ mod two_statement_claim {
         Some(super::store().await?.with_flavor(MySqlFlavor::MySql))
     }
 
-    crate::conformance_suite!(store());
-    crate::race_suite!(store());
+    crate::backend_suite! {
+        claims: store(),
+        races: store(),
+        versions: store(),
+        advance: MySqlStore = store(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,30 +74,6 @@ async fn the_server_flavor_is_detected() {
     assert_eq!(store.flavor().await.unwrap(), expected, "{version}");
     let forced = store.with_flavor(MySqlFlavor::MySql);
     assert_eq!(forced.flavor().await.unwrap(), MySqlFlavor::MySql);
-}
-
-#[tokio::test]
-async fn table_names_are_validated() {
-    let store = MySqlStore::new(MySqlPool::connect_lazy(&url()).unwrap());
-    assert_eq!(store.table_name(), "idempotency_keys");
-    for bad in [
-        "",
-        "bad-name",
-        "1st",
-        "x`; DROP TABLE t; --",
-        "db.t",
-        &"t".repeat(50),
-    ] {
-        let err = store.clone().with_table_name(bad).unwrap_err();
-        assert!(
-            matches!(err, ConfigError::InvalidTableName { .. }),
-            "{bad}: {err}"
-        );
-    }
-    assert_eq!(
-        store.with_table_name("Claims_2").unwrap().table_name(),
-        "Claims_2"
-    );
 }
 
 async fn rows_in(pool: &MySqlPool, table: &str, ns: &str) -> i64 {

@@ -1,4 +1,4 @@
-//! The conformance suite and the races on `PostgresStore`, plus its own checks.
+//! Everything `PostgresStore` promises (the suites of `backend_suite!`), plus its own checks.
 //!
 //! The database comes from `POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
 //! If it cannot be reached the tests are skipped, or fail when `CI` is set.
@@ -8,7 +8,7 @@
 mod common;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use tower_idempotency::store::{Claim, ConfigError, PostgresStore, Store, StoreError};
+use tower_idempotency::store::{Claim, PostgresStore, Store, StoreError};
 
 fn url() -> String {
     common::db::postgres_url()
@@ -22,9 +22,22 @@ async fn store() -> Option<PostgresStore> {
     common::db::postgres_store().await
 }
 
-conformance_suite!(store());
-trust_suite!(store());
-race_suite!(store());
+/// A store whose pool would connect on first use: the table-name checks need no database.
+fn lazy_store() -> PostgresStore {
+    PostgresStore::new(PgPoolOptions::new().connect_lazy(&url()).unwrap())
+}
+
+backend_suite! {
+    claims: store(),
+    trust: store(),
+    races: store(),
+    versions: store(),
+    advance: PostgresStore = store(),
+    transactional: PostgresStore = store(),
+    table_names: lazy_store(),
+        rejects: ["", "bad-name", "1st", "x\"; DROP TABLE t; --", "a.b.c", &"t".repeat(50)],
+        accepts: "app.claims",
+}
 
 /// A pool whose connections run every transaction SERIALIZABLE, as a role or database with
 /// `default_transaction_isolation = 'serializable'` would: one app instance.
@@ -51,11 +64,13 @@ async fn serializable_store() -> Option<PostgresStore> {
     Some(store)
 }
 
-/// Every check of the contract holds when the connections' isolation is SERIALIZABLE.
+/// The claims hold when the connections' isolation is SERIALIZABLE.
 mod serializable {
     use super::serializable_store;
 
-    crate::conformance_suite!(serializable_store());
+    crate::backend_suite! {
+        claims: serializable_store(),
+    }
 }
 
 /// Concurrent claims of one key, from several pools whose isolation is SERIALIZABLE, make the
@@ -161,29 +176,6 @@ async fn a_serialization_failure_of_a_version_claim_is_tried_once_more() {
         }
         assert_eq!(acquired, 1, "exactly one claim of {entity} acquired");
     }
-}
-
-#[tokio::test]
-async fn table_names_are_validated() {
-    let pool = PgPoolOptions::new().connect_lazy(&url()).unwrap();
-    let store = PostgresStore::new(pool);
-    assert_eq!(store.table_name(), "idempotency_keys");
-    for bad in [
-        "",
-        "bad-name",
-        "1st",
-        "x\"; DROP TABLE t; --",
-        "a.b.c",
-        &"t".repeat(50),
-    ] {
-        let err = store.clone().with_table_name(bad).unwrap_err();
-        assert!(
-            matches!(err, ConfigError::InvalidTableName { .. }),
-            "{bad}: {err}"
-        );
-    }
-    let named = store.clone().with_table_name("app.claims").unwrap();
-    assert_eq!(named.table_name(), "app.claims");
 }
 
 async fn rows_in(pool: &PgPool, table: &str, ns: &str) -> i64 {

@@ -1,12 +1,12 @@
-//! The conformance suite and the races on `SqliteStore`: a file (several pools on it, as
-//! several processes would share it) and `sqlite::memory:`.
+//! Everything `SqliteStore` promises, on a file (several pools on it, as several processes
+//! would share it), the claims also on `sqlite::memory:`; then its own checks.
 
 #![cfg(feature = "sqlite")]
 
 mod common;
 
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
-use tower_idempotency::store::{Claim, ConfigError, SqliteStore, Store, StoreError};
+use tower_idempotency::store::{Claim, SqliteStore, Store, StoreError};
 
 /// A new pool on this run's database file: one app instance.
 async fn file_pool() -> SqlitePool {
@@ -35,42 +35,30 @@ async fn memory_store() -> Option<SqliteStore> {
     Some(store)
 }
 
-mod file {
-    use super::file_store;
-
-    crate::conformance_suite!(file_store());
-    crate::trust_suite!(file_store());
-    crate::race_suite!(file_store());
+/// A store whose pool would connect on first use: the table-name checks need no database.
+fn lazy_store() -> SqliteStore {
+    SqliteStore::new(SqlitePool::connect_lazy("sqlite::memory:").unwrap())
 }
 
+backend_suite! {
+    claims: file_store(),
+    trust: file_store(),
+    races: file_store(),
+    versions: file_store(),
+    advance: SqliteStore = file_store(),
+    transactional: SqliteStore = file_store(),
+    table_names: lazy_store(),
+        rejects: ["", "bad-name", "1st", "x\"; DROP TABLE t; --", "main.t", &"t".repeat(50)],
+        accepts: "Claims_2",
+}
+
+/// The claims on an in-memory database.
 mod memory {
     use super::memory_store;
 
-    crate::conformance_suite!(memory_store());
-}
-
-#[tokio::test]
-async fn table_names_are_validated() {
-    let store = SqliteStore::new(SqlitePool::connect_lazy("sqlite::memory:").unwrap());
-    assert_eq!(store.table_name(), "idempotency_keys");
-    for bad in [
-        "",
-        "bad-name",
-        "1st",
-        "x\"; DROP TABLE t; --",
-        "main.t",
-        &"t".repeat(50),
-    ] {
-        let err = store.clone().with_table_name(bad).unwrap_err();
-        assert!(
-            matches!(err, ConfigError::InvalidTableName { .. }),
-            "{bad}: {err}"
-        );
+    crate::backend_suite! {
+        claims: memory_store(),
     }
-    assert_eq!(
-        store.with_table_name("Claims_2").unwrap().table_name(),
-        "Claims_2"
-    );
 }
 
 async fn rows_in(pool: &SqlitePool, table: &str, ns: &str) -> i64 {

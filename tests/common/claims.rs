@@ -1,0 +1,427 @@
+//! The claims every `Store` makes the same way: acquire, duplicate, release, reclaim, hold,
+//! renew, resolve, describe and purge, one key at a time.
+
+use std::time::Duration;
+
+use tower_idempotency::Stale;
+use tower_idempotency::store::{Claim, KeyState, Resolution, Store, StoreError};
+
+use super::{LONG, PAST_SHORT, SHORT, acquire, key_in, unique_namespace};
+
+pub async fn claim_commit_duplicate<S: Store>(store: S) {
+    let ns = unique_namespace("commit");
+    let key = key_in(&ns, "evt_1");
+    let lease = acquire(&store, &key, LONG).await;
+    assert!(!lease.reclaimed());
+    assert_eq!(lease.key(), &key);
+    match store.claim(&key, LONG).await.unwrap() {
+        Claim::InFlight(p) => assert_eq!(p.deliveries, 2),
+        other => panic!("expected in flight, got {other:?}"),
+    }
+    store.commit(&lease).await.unwrap();
+    // Committing again with the same lease is harmless (a retried commit).
+    store.commit(&lease).await.unwrap();
+    match store.claim(&key, LONG).await.unwrap() {
+        Claim::Done(done) => assert_eq!(done.deliveries, 3),
+        other => panic!("expected done, got {other:?}"),
+    }
+    // Other keys and other namespaces are independent.
+    acquire(&store, &key_in(&ns, "evt_2"), LONG).await;
+    acquire(&store, &key_in(&format!("{ns}-other"), "evt_1"), LONG).await;
+}
+
+pub async fn release_lets_the_retry_run<S: Store>(store: S) {
+    let key = key_in(&unique_namespace("release"), "evt_1");
+    let lease = acquire(&store, &key, LONG).await;
+    store.release(&lease).await.unwrap();
+    let again = acquire(&store, &key, LONG).await;
+    assert_ne!(
+        again.token(),
+        lease.token(),
+        "every claim gets a fresh token"
+    );
+    // The first lease is gone: releasing or committing with it changes nothing.
+    assert!(matches!(
+        store.release(&lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.commit(&lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::InFlight(_)
+    ));
+    store.commit(&again).await.unwrap();
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    // A done row cannot be released.
+    assert!(matches!(
+        store.release(&again).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+}
+
+pub async fn stale_reclaim_fences_the_old_owner<S: Store>(store: S) {
+    let key = key_in(&unique_namespace("reclaim"), "evt_1");
+    let old = acquire(&store, &key, LONG).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    // Not stale under a long limit...
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::InFlight(_)
+    ));
+    // ...stale under a short one: reclaimed with a new token.
+    let new = acquire(&store, &key, Stale::reclaim_after(SHORT)).await;
+    assert!(new.reclaimed());
+    assert_ne!(new.token(), old.token());
+    // The old owner's late commit and release change nothing.
+    assert!(matches!(
+        store.commit(&old).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.release(&old).await,
+        Err(StoreError::LeaseLost)
+    ));
+    match store.claim(&key, LONG).await.unwrap() {
+        // The reclaim restarted the claim's clock: the row is younger than the first claim.
+        Claim::InFlight(p) => assert!(p.age < PAST_SHORT, "age {:?}", p.age),
+        other => panic!("expected in flight, got {other:?}"),
+    }
+    store.commit(&new).await.unwrap();
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    assert!(matches!(
+        store.commit(&old).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+}
+
+pub async fn stale_hold_keeps_the_row<S: Store>(store: S) {
+    let key = key_in(&unique_namespace("hold"), "evt_1");
+    let hold = Stale::hold_after(SHORT);
+    let owner = acquire(&store, &key, hold).await;
+    assert!(matches!(
+        store.claim(&key, hold).await.unwrap(),
+        Claim::InFlight(_)
+    ));
+    tokio::time::sleep(PAST_SHORT).await;
+    match store.claim(&key, hold).await.unwrap() {
+        Claim::Held(p) => {
+            assert!(p.age >= SHORT, "age {:?}", p.age);
+            assert_eq!(p.deliveries, 3);
+        }
+        other => panic!("expected held, got {other:?}"),
+    }
+    assert!(matches!(
+        store.claim(&key, hold).await.unwrap(),
+        Claim::Held(_)
+    ));
+    // The owner may still finish: its lease was never taken over.
+    store.commit(&owner).await.unwrap();
+    assert!(matches!(
+        store.claim(&key, hold).await.unwrap(),
+        Claim::Done(_)
+    ));
+}
+
+pub async fn stuck_claims_and_resolve<S: Store>(store: S) {
+    let ns = unique_namespace("stuck");
+    let old = key_in(&ns, "old");
+    let done = key_in(&ns, "done");
+    let young = key_in(&ns, "young");
+    let old_lease = acquire(&store, &old, LONG).await;
+    let done_lease = acquire(&store, &done, LONG).await;
+    store.commit(&done_lease).await.unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    acquire(&store, &young, LONG).await;
+
+    let stuck: Vec<_> = store
+        .stuck_claims(SHORT)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.key.namespace() == ns)
+        .collect();
+    assert_eq!(stuck.len(), 1, "{stuck:?}");
+    assert_eq!(stuck[0].key, old);
+    assert!(stuck[0].age >= SHORT);
+    assert_eq!(stuck[0].deliveries, 1);
+
+    // Resolve as done: later deliveries are duplicates, the old owner is fenced off.
+    assert!(store.resolve(&old, Resolution::Done).await.unwrap());
+    assert!(matches!(
+        store.claim(&old, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    assert!(matches!(
+        store.release(&old_lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.claim(&old, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    // Only processing rows are resolved.
+    assert!(!store.resolve(&old, Resolution::Release).await.unwrap());
+    assert!(!store.resolve(&done, Resolution::Release).await.unwrap());
+    assert!(
+        !store
+            .resolve(&key_in(&ns, "absent"), Resolution::Done)
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store.claim(&done, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+
+    // Resolve by release: the next delivery runs.
+    assert!(store.resolve(&young, Resolution::Release).await.unwrap());
+    acquire(&store, &young, LONG).await;
+}
+
+pub async fn purge_completed_keeps_recent_and_processing<S: Store>(store: S) {
+    let ns = unique_namespace("purge");
+    let old_done = key_in(&ns, "old-done");
+    let processing = key_in(&ns, "processing");
+    let lease = acquire(&store, &old_done, LONG).await;
+    store.commit(&lease).await.unwrap();
+    acquire(&store, &processing, LONG).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    let recent_done = key_in(&ns, "recent-done");
+    let lease = acquire(&store, &recent_done, LONG).await;
+    store.commit(&lease).await.unwrap();
+
+    let purged = store.purge_completed(SHORT).await.unwrap();
+    assert!(purged >= 1, "purged {purged}");
+    // The old done key is forgotten: a delivery now runs again.
+    acquire(&store, &old_done, LONG).await;
+    assert!(matches!(
+        store.claim(&recent_done, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    assert!(matches!(
+        store.claim(&processing, LONG).await.unwrap(),
+        Claim::InFlight(_)
+    ));
+}
+
+/// A renewal moves the heartbeat: an old claim renewed just now is not stale, and it turns
+/// stale one limit after its last renewal.
+pub async fn renew_keeps_a_claim_fresh<S: Store>(store: S) {
+    let key = key_in(&unique_namespace("renew"), "evt_1");
+    let short = Stale::reclaim_after(SHORT);
+    let owner = acquire(&store, &key, short).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    store.renew(&owner).await.unwrap();
+    match store.claim(&key, short).await.unwrap() {
+        Claim::InFlight(p) => {
+            assert!(p.age >= SHORT, "age {:?}", p.age);
+            assert!(
+                p.since_renewal < SHORT,
+                "since renewal {:?}",
+                p.since_renewal
+            );
+        }
+        other => panic!("a claim renewed just now is not stale, got {other:?}"),
+    }
+    assert!(
+        store
+            .stuck_claims(SHORT)
+            .await
+            .unwrap()
+            .iter()
+            .all(|s| s.key != key),
+        "a renewed claim is not stuck"
+    );
+    tokio::time::sleep(PAST_SHORT).await;
+    let stuck = store.stuck_claims(SHORT).await.unwrap();
+    let listed = stuck.iter().find(|s| s.key == key).expect("stale now");
+    assert!(listed.since_renewal >= SHORT && listed.age >= listed.since_renewal);
+    let new = acquire(&store, &key, short).await;
+    assert!(
+        new.reclaimed(),
+        "taken over one limit after the last renewal"
+    );
+    // The old owner is fenced off.
+    assert!(matches!(
+        store.renew(&owner).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.commit(&owner).await,
+        Err(StoreError::LeaseLost)
+    ));
+    store.renew(&new).await.unwrap();
+    store.commit(&new).await.unwrap();
+    // Only processing rows are renewed.
+    assert!(matches!(
+        store.renew(&new).await,
+        Err(StoreError::LeaseLost)
+    ));
+    let released = key_in(&unique_namespace("renew"), "evt_2");
+    let lease = acquire(&store, &released, LONG).await;
+    store.release(&lease).await.unwrap();
+    store.release(&lease).await.unwrap(); // a retried release is harmless
+    assert!(matches!(
+        store.renew(&lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.commit(&lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+}
+
+/// The journal: deliveries against runs, through a failed run, a retry and a duplicate; a
+/// released row is claimed as if it were new, and purged like a done one.
+pub async fn describe_counts_deliveries_and_runs<S: Store>(store: S) {
+    let ns = unique_namespace("describe");
+    let key = key_in(&ns, "evt_1");
+    assert_eq!(store.describe(&key).await.unwrap(), None);
+
+    let first = acquire(&store, &key, LONG).await;
+    let record = store.describe(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, KeyState::Processing);
+    assert_eq!((record.deliveries, record.runs), (1, 1));
+    assert!(!record.reclaimed);
+    assert!(record.renewed_ago.is_some() && record.settled_ago.is_none());
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::InFlight(_)
+    ));
+    store.release(&first).await.unwrap();
+    let record = store.describe(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, KeyState::Released);
+    assert_eq!((record.deliveries, record.runs), (2, 1));
+    assert!(record.settled_ago.is_some() && record.renewed_ago.is_none());
+    // A released row is not stuck, and nothing to resolve.
+    assert!(
+        store
+            .stuck_claims(Duration::ZERO)
+            .await
+            .unwrap()
+            .iter()
+            .all(|s| s.key != key)
+    );
+    assert!(!store.resolve(&key, Resolution::Done).await.unwrap());
+
+    // The retry runs again.
+    let second = acquire(&store, &key, LONG).await;
+    assert!(
+        !second.reclaimed(),
+        "a released claim is free, not reclaimed"
+    );
+    store.commit(&second).await.unwrap();
+    assert!(matches!(
+        store.claim(&key, LONG).await.unwrap(),
+        Claim::Done(_)
+    ));
+    let record = store.describe(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, KeyState::Done);
+    assert_eq!(
+        (record.deliveries, record.runs),
+        (4, 2),
+        "sent 4 times, run twice"
+    );
+    assert!(record.first_seen_ago >= record.last_seen_ago);
+    assert!(record.first_seen_ago >= record.claimed_ago);
+
+    // A reclaim counts a run too, and says so.
+    let stale_key = key_in(&ns, "evt_2");
+    acquire(&store, &stale_key, LONG).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    let taken = acquire(&store, &stale_key, Stale::reclaim_after(SHORT)).await;
+    assert!(taken.reclaimed());
+    let record = store.describe(&stale_key).await.unwrap().unwrap();
+    assert_eq!((record.deliveries, record.runs), (2, 2));
+    assert!(record.reclaimed);
+
+    // Released rows are purged past the retention, like done ones.
+    let gone = key_in(&ns, "evt_3");
+    let lease = acquire(&store, &gone, LONG).await;
+    store.release(&lease).await.unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(store.purge_completed(SHORT).await.unwrap() >= 1);
+    assert_eq!(store.describe(&gone).await.unwrap(), None);
+    assert!(
+        store.describe(&stale_key).await.unwrap().is_some(),
+        "processing rows stay"
+    );
+}
+
+/// The `claims` arm of [`backend_suite!`](crate::backend_suite): module `claims`, one
+/// `#[tokio::test]` per check, each with a store made by `$make` (`None` skips the test).
+#[macro_export]
+macro_rules! claims_suite {
+    ($make:expr) => {
+        mod claims {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn claim_commit_duplicate() {
+                let _shared = $crate::common::SHARED_TABLE.read().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::claims::claim_commit_duplicate(store).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn release_lets_the_retry_run() {
+                let _shared = $crate::common::SHARED_TABLE.read().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::claims::release_lets_the_retry_run(store).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn stale_reclaim_fences_the_old_owner() {
+                let _shared = $crate::common::SHARED_TABLE.read().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::claims::stale_reclaim_fences_the_old_owner(store).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn stale_hold_keeps_the_row() {
+                let _shared = $crate::common::SHARED_TABLE.read().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::claims::stale_hold_keeps_the_row(store).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn stuck_claims_and_resolve() {
+                let _shared = $crate::common::SHARED_TABLE.read().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::claims::stuck_claims_and_resolve(store).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn renew_keeps_a_claim_fresh() {
+                let _shared = $crate::common::SHARED_TABLE.read().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::claims::renew_keeps_a_claim_fresh(store).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn describe_counts_deliveries_and_runs() {
+                let _alone = $crate::common::SHARED_TABLE.write().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::claims::describe_counts_deliveries_and_runs(store).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn purge_completed_keeps_recent_and_processing() {
+                let _alone = $crate::common::SHARED_TABLE.write().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::claims::purge_completed_keeps_recent_and_processing(store).await;
+            }
+        }
+    };
+}
