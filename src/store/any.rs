@@ -71,8 +71,8 @@ use std::error::Error as StdError;
 use std::time::Duration;
 
 use super::{
-    Claim, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim, VersionClaim,
-    VersionLease, VersionStore,
+    Claim, ConfigError, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim,
+    VersionClaim, VersionLease, VersionStore,
 };
 use crate::key::IdempotencyKey;
 
@@ -215,6 +215,41 @@ impl AnyStore {
                 feature: backend.feature(),
             }),
         }
+    }
+
+    /// Uses the table `name` instead of `idempotency_keys`, as the SQL stores'
+    /// `with_table_name` (and its rules: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes, on
+    /// PostgreSQL optionally `schema.table`). The memory store has no table: it is returned
+    /// unchanged.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::AnyStore;
+    ///
+    /// let store = AnyStore::connect("sqlite::memory:").await?.with_table_name("webhook_claims")?;
+    /// store.migrate().await?;
+    /// assert!(AnyStore::connect("sqlite::memory:").await?.with_table_name("no-dashes").is_err());
+    /// # Ok(())
+    /// # }
+    /// # #[cfg(not(feature = "sqlite"))]
+    /// # fn main() {}
+    /// ```
+    pub fn with_table_name(self, name: &str) -> Result<Self, ConfigError> {
+        Ok(match self {
+            #[cfg(feature = "memory")]
+            Self::Memory(store) => {
+                let _ = name;
+                Self::Memory(store)
+            }
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(store) => Self::Sqlite(store.with_table_name(name)?),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(store) => Self::Postgres(store.with_table_name(name)?),
+            #[cfg(feature = "mysql")]
+            Self::MySql(store) => Self::MySql(store.with_table_name(name)?),
+        })
     }
 
     /// Creates the chosen store's tables if they do not exist, and upgrades them (the SQL
@@ -476,12 +511,35 @@ async fn connect_sqlite(url: &str) -> Result<SqliteStore, sqlx::Error> {
         let options = options
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal);
-        SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await?
+        // Processes opening a new file at once can find it locked while one of them switches
+        // it to WAL (the switch does not wait on the busy timeout): try again for a while.
+        let mut attempt = 0;
+        loop {
+            let pool = SqlitePoolOptions::new()
+                .max_connections(4)
+                .connect_with(options.clone())
+                .await;
+            match pool {
+                Err(err) if attempt < 10 && sqlite_busy(&err) => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+                }
+                pool => break pool?,
+            }
+        }
     };
     Ok(SqliteStore::new(pool))
+}
+
+/// SQLITE_BUSY, or one of its extended codes (the low byte is 5): "database is locked".
+#[cfg(feature = "sqlite")]
+fn sqlite_busy(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(err) = err else {
+        return false;
+    };
+    err.code()
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| code & 0xff == 5)
 }
 
 /// Whether sqlx opens the SQLite URL `url` as an in-memory database: `sqlite::memory:`,
