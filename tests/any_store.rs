@@ -316,29 +316,36 @@ async fn mysql_and_mariadb_urls() {
     }
 }
 
-/// A database that cannot be reached: the error names the store and keeps the driver's error
-/// as its source, and the URL's password appears nowhere.
-#[cfg(feature = "postgres")]
+/// A server that cannot be reached: the error comes at once (not after the pool's 30 s acquire
+/// timeout), names the store, keeps the driver's own error (connection refused) as its source,
+/// and shows the URL's password nowhere.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[tokio::test]
-async fn unreachable_database_is_a_connect_error() {
-    // Port 1 on loopback: refused at once.
-    let err = AnyStore::connect("postgres://postgres:hunter2@127.0.0.1:1/test")
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ConnectError::Connect {
-                backend: "postgres",
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    assert!(std::error::Error::source(&err).is_some());
-    let message = err.to_string();
-    assert!(message.contains("postgres"), "{message}");
-    assert!(!format!("{message} {err:?}").contains("hunter2"));
+async fn unreachable_server_is_a_connect_error_at_once() {
+    let mut urls = Vec::new();
+    #[cfg(feature = "postgres")]
+    urls.push(("postgres", "postgres://postgres:hunter2@127.0.0.1:1/test"));
+    #[cfg(feature = "mysql")]
+    urls.push(("mysql", "mariadb://root:hunter2@127.0.0.1:1/test"));
+    for (backend, url) in urls {
+        // Port 1 on loopback: refused at once.
+        let started = std::time::Instant::now();
+        let err = AnyStore::connect(url).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(10), "{url}");
+        let ConnectError::Connect {
+            backend: named,
+            source,
+        } = &err
+        else {
+            panic!("{url}: {err:?}");
+        };
+        assert_eq!(*named, backend);
+        let source = source.downcast_ref::<sqlx::Error>().expect("sqlx's error");
+        assert!(matches!(source, sqlx::Error::Io(_)), "{url}: {source:?}");
+        let message = err.to_string();
+        assert!(message.contains(backend), "{message}");
+        assert!(!format!("{message} {err:?}").contains("hunter2"));
+    }
 }
 
 #[tokio::test]

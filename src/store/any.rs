@@ -39,8 +39,8 @@
 //!
 //! | scheme | store | feature | how [`AnyStore::connect`] opens it |
 //! |---|---|---|---|
-//! | `postgres://`, `postgresql://` | `PostgresStore` | `postgres` | sqlx's default pool (10 connections) |
-//! | `mysql://`, `mariadb://` | `MySqlStore` | `mysql` | sqlx's default pool; `mariadb://` is passed on as `mysql://` |
+//! | `postgres://`, `postgresql://` | `PostgresStore` | `postgres` | one connection to check the server, then sqlx's default pool (up to 10 connections) |
+//! | `mysql://`, `mariadb://` | `MySqlStore` | `mysql` | the same; `mariadb://` is passed on as `mysql://` |
 //! | `sqlite:` | `SqliteStore` | `sqlite` | a file: created if missing, WAL, a pool of 4; `sqlite::memory:`: one connection kept open |
 //! | `memory:` | `MemoryStore` | `memory` | a new, empty store; the rest of the URL is ignored |
 //!
@@ -185,7 +185,8 @@ macro_rules! each {
 impl AnyStore {
     /// Connects the store that `url`'s scheme names (see the [module docs](self#urls)).
     ///
-    /// Connects eagerly, so an unreachable database fails here, at start-up. It does not
+    /// Connects before it answers, so a database that cannot be reached (or refuses the
+    /// login) fails here, at start-up, with the driver's error as the source. It does not
     /// create tables: call [`migrate`](Self::migrate) next.
     pub async fn connect(url: &str) -> Result<Self, ConnectError> {
         let (scheme, backend) = parse(url)?;
@@ -198,14 +199,12 @@ impl AnyStore {
                 .map(Self::Sqlite)
                 .map_err(|source| backend.failed(source)),
             #[cfg(feature = "postgres")]
-            Backend::Postgres => sqlx::postgres::PgPoolOptions::new()
-                .connect(&driver_url(url, scheme, "postgres"))
+            Backend::Postgres => server_pool(&driver_url(url, scheme, "postgres"))
                 .await
                 .map(|pool| Self::Postgres(PostgresStore::new(pool)))
                 .map_err(|source| backend.failed(source)),
             #[cfg(feature = "mysql")]
-            Backend::MySql => sqlx::mysql::MySqlPoolOptions::new()
-                .connect(&driver_url(url, scheme, "mysql"))
+            Backend::MySql => server_pool(&driver_url(url, scheme, "mysql"))
                 .await
                 .map(|pool| Self::MySql(MySqlStore::new(pool)))
                 .map_err(|source| backend.failed(source)),
@@ -487,6 +486,19 @@ fn parse(url: &str) -> Result<(&str, Backend), ConnectError> {
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 fn driver_url(url: &str, scheme: &str, driver: &str) -> String {
     format!("{driver}{}", &url[scheme.len()..])
+}
+
+/// A pool of sqlx's default settings (up to 10 connections) on the server at `url`, after one
+/// connection of its own: a server that refuses the connection or the login fails at once with
+/// its cause, where the pool would try again until its acquire timeout (30 s) and then report
+/// only the timeout.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn server_pool<DB: sqlx::Database>(url: &str) -> Result<sqlx::Pool<DB>, sqlx::Error> {
+    use sqlx::{ConnectOptions as _, Connection as _};
+
+    let options: <DB::Connection as sqlx::Connection>::Options = url.parse()?;
+    options.connect().await?.close().await?;
+    Ok(sqlx::pool::PoolOptions::new().connect_lazy_with(options))
 }
 
 /// Opens a SQLite database as the [SQLite store's docs](super::sqlite#connecting) advise: a
