@@ -52,8 +52,8 @@
 //! # What the enum cannot do
 //!
 //! `AnyStore` implements [`Store`] and [`VersionStore`], so it serves
-//! [`IdempotencyLayer`](crate::IdempotencyLayer) and the
-//! [version guard](crate::version_guard)'s claim mode. It does not implement
+//! [`IdempotencyLayer`](crate::IdempotencyLayer) and the version guard's
+//! [`VersionGuardLayer`](crate::version_guard::VersionGuardLayer). It does not implement
 //! `TransactionalStore`: that trait names one database (its `Database` type), and a
 //! transactional handler's `Tx<DB>` is typed with it at compile time. Take the concrete store
 //! out of the variant for those routes, as the [`AnyStore`] docs show.
