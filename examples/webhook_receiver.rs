@@ -5,7 +5,8 @@
 //! ```
 //!
 //! Claims live in an embedded SQLite file by default; set `DATABASE_URL` to a `postgres://`
-//! or `mysql://` URL to share them between several instances instead. `PORT` picks the port
+//! or `mysql://` (`mariadb://`) URL to share them between several instances instead, or to
+//! another `sqlite:` file: `AnyStore::connect` picks the store by the scheme. `PORT` picks the port
 //! (default 3000). Every delivery prints one line: provider, key, outcome, and for processed
 //! events the side effect it had. `GET /side-effects` lists every side effect recorded, so a
 //! sender (see the `replay_storm` example) can check that each event had exactly one.
@@ -32,7 +33,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use http::StatusCode;
-use tower_idempotency::store::{MySqlStore, PostgresStore, SqliteStore, StoreError};
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
+use tower_idempotency::store::{AnyStore, Store};
 use tower_idempotency::transactional::{TransactionalLayer, TransactionalStore, Tx};
 use tower_idempotency::{Drain, IdempotencyKey, IdempotencyLayer, Outcome, Stale, key, verify};
 
@@ -40,29 +42,38 @@ use tower_idempotency::{Drain, IdempotencyKey, IdempotencyLayer, Outcome, Stale,
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let port: u16 = std::env::var("PORT").map_or(Ok(3000), |p| p.parse())?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    match std::env::var("DATABASE_URL") {
-        Ok(url) if url.starts_with("postgres") => {
-            let store = PostgresStore::new(sqlx::PgPool::connect(&url).await?);
-            serve(store, addr, &format!("PostgreSQL at {url}")).await
-        }
-        Ok(url) if url.starts_with("mysql") || url.starts_with("mariadb") => {
-            let store = MySqlStore::new(sqlx::MySqlPool::connect(&url).await?);
-            serve(store, addr, &format!("MySQL at {url}")).await
-        }
+    let (store, storage) = match std::env::var("DATABASE_URL") {
         Ok(url) => {
-            let store = SqliteStore::new(sqlx::SqlitePool::connect(&url).await?);
-            serve(store, addr, &format!("SQLite at {url}")).await
+            let store = AnyStore::connect(&url).await?;
+            let storage = format!("{} (DATABASE_URL)", store.backend());
+            (store, storage)
         }
         Err(_) => {
             let path = std::env::temp_dir().join("tower-idempotency-webhook-receiver.sqlite3");
-            let options = sqlx::sqlite::SqliteConnectOptions::new()
-                .filename(&path)
-                .create_if_missing(true)
-                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
-            let store = SqliteStore::new(sqlx::SqlitePool::connect_with(options).await?);
-            serve(store, addr, &format!("SQLite file {}", path.display())).await
+            let store = AnyStore::connect(&format!("sqlite://{}", path.display())).await?;
+            (store, format!("SQLite file {}", path.display()))
         }
-    }
+    };
+    store.migrate().await?;
+    let drain = Drain::new();
+    // The one place that needs the concrete database: the Stripe route runs in the marker's
+    // transaction, whose type names the database, and the receiver's own table of side
+    // effects is SQL on that database. The claim-then-commit layers and GET /stuck take the
+    // `AnyStore` itself.
+    let app = match &store {
+        AnyStore::Sqlite(sqlite) => app(&store, sqlite.clone(), sqlite.pool(), &drain).await?,
+        AnyStore::Postgres(pg) => app(&store, pg.clone(), pg.pool(), &drain).await?,
+        AnyStore::MySql(mysql) => app(&store, mysql.clone(), mysql.pool(), &drain).await?,
+        _ => {
+            return Err(format!(
+                "the receiver records its side effects in SQL, which the {} store is not: \
+                 set DATABASE_URL to a sqlite:, postgres:// or mysql:// URL",
+                store.backend()
+            )
+            .into());
+        }
+    };
+    serve(app, addr, &storage, drain).await
 }
 
 /// A route's signing secret, from the environment.
@@ -71,13 +82,22 @@ fn secret(var: &str) -> Option<String> {
 }
 
 /// Builds the routes, one per sender, each with its own key and stale policy (and, where its
-/// secret is set, its signature check), all tracked by one drain.
-fn app<B: Backend>(store: B, drain: &Drain) -> Router {
+/// secret is set, its signature check), all tracked by one drain. `sql` is the store inside
+/// `store`, for the transactional route; `pool` its pool, for the table of side effects.
+async fn app<S>(
+    store: &AnyStore,
+    sql: S,
+    pool: &Pool<S::Database>,
+    drain: &Drain,
+) -> Result<Router, Box<dyn std::error::Error>>
+where
+    S: TransactionalStore,
+    S::Database: Journal,
+{
+    S::Database::create_table(pool).await?;
     // Stripe: the work is a database write (the order is paid), so it runs in the marker's
     // transaction: all or nothing, and a crash leaves no stale claim to decide.
-    let stripe_layer = TransactionalLayer::new(store.clone())
-        .key(key::stripe())
-        .drain(drain);
+    let stripe_layer = TransactionalLayer::new(sql).key(key::stripe()).drain(drain);
     let stripe_layer = match secret("STRIPE_WEBHOOK_SECRET") {
         Some(secret) => stripe_layer.verify(verify::stripe(secret)),
         None => stripe_layer,
@@ -118,28 +138,39 @@ fn app<B: Backend>(store: B, drain: &Drain) -> Router {
         Some(secret) => standard_layer.verify(verify::standard_webhooks(secret)),
         None => standard_layer,
     };
-    Router::new()
-        .route("/webhooks/stripe", post(stripe::<B>).layer(stripe_layer))
-        .route("/webhooks/github", post(github::<B>).layer(github_layer))
-        .route("/webhooks/shopify", post(shopify::<B>).layer(shopify_layer))
+    let stuck = Router::new()
+        .route("/stuck", get(stuck))
+        .with_state(store.clone());
+    Ok(Router::new()
+        .route(
+            "/webhooks/stripe",
+            post(stripe::<S::Database>).layer(stripe_layer),
+        )
+        .route(
+            "/webhooks/github",
+            post(github::<S::Database>).layer(github_layer),
+        )
+        .route(
+            "/webhooks/shopify",
+            post(shopify::<S::Database>).layer(shopify_layer),
+        )
         .route(
             "/webhooks/standard",
-            post(standard::<B>).layer(standard_layer),
+            post(standard::<S::Database>).layer(standard_layer),
         )
         // One log line per delivery, whatever answered it.
         .route_layer(middleware::from_fn(log_delivery))
-        .route("/side-effects", get(side_effects::<B>))
-        .route("/stuck", get(stuck::<B>))
-        .with_state(store)
+        .route("/side-effects", get(side_effects::<S::Database>))
+        .with_state(pool.clone())
+        .merge(stuck))
 }
 
-async fn serve<B: Backend>(
-    store: B,
+async fn serve(
+    app: Router,
     addr: SocketAddr,
     storage: &str,
+    drain: Drain,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    store.migrate().await?;
-    store.create_effects_table().await?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("webhook receiver on http://{addr}, claims in {storage}");
     println!("  POST /webhooks/stripe    key: body /id                transactional");
@@ -169,14 +200,13 @@ async fn serve<B: Backend>(
     );
     println!("  curl -s http://{addr}/side-effects");
     println!();
-    let drain = Drain::new();
     let closing = drain.clone();
     let shutdown = async move {
         shutdown_signal().await;
         println!("shutting down: new deliveries get 503, running ones finish");
         closing.close();
     };
-    axum::serve(listener, app(store, &drain))
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;
     // The connections are closed; handlers whose sender hung up may still run.
@@ -237,7 +267,7 @@ fn event_id(key: Option<Extension<IdempotencyKey>>) -> String {
 }
 
 /// Marks the order paid, in the delivery's transaction.
-async fn stripe<B: Backend>(mut tx: Tx<B::Database>, body: String) -> Answer {
+async fn stripe<DB: Journal>(mut tx: Tx<DB>, body: String) -> Answer {
     let event: serde_json::Value = serde_json::from_str(&body).map_err(failed)?;
     let order = event
         .pointer("/data/object/metadata/order_id")
@@ -245,14 +275,14 @@ async fn stripe<B: Backend>(mut tx: Tx<B::Database>, body: String) -> Answer {
         .unwrap_or("unknown");
     let id = event["id"].as_str().unwrap_or_default();
     let effect = format!("order {order} marked paid");
-    B::record_in(&mut tx, "stripe", id, &effect)
+    DB::record(&mut tx, "stripe", id, &effect)
         .await
         .map_err(failed)?;
     Ok((Extension(SideEffect(effect)), "paid"))
 }
 
 /// Sends a notification (here: records that it was sent).
-async fn github<B: Backend>(State(store): State<B>, headers: http::HeaderMap) -> Answer {
+async fn github<DB: Journal>(State(pool): State<Pool<DB>>, headers: http::HeaderMap) -> Answer {
     let id = headers
         .get("x-github-delivery")
         .and_then(|v| v.to_str().ok())
@@ -262,24 +292,24 @@ async fn github<B: Backend>(State(store): State<B>, headers: http::HeaderMap) ->
         .and_then(|v| v.to_str().ok())
         .map_or_else(|| "an event".to_owned(), |kind| format!("a {kind} event"));
     let effect = format!("notification sent for {kind}");
-    store.record("github", id, &effect).await.map_err(failed)?;
+    record(&pool, "github", id, &effect).await?;
     Ok((Extension(SideEffect(effect)), "noted"))
 }
 
 /// Requests a fulfilment.
-async fn shopify<B: Backend>(State(store): State<B>, headers: http::HeaderMap) -> Answer {
+async fn shopify<DB: Journal>(State(pool): State<Pool<DB>>, headers: http::HeaderMap) -> Answer {
     let id = headers
         .get("x-shopify-webhook-id")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
     let effect = "fulfilment requested".to_owned();
-    store.record("shopify", id, &effect).await.map_err(failed)?;
+    record(&pool, "shopify", id, &effect).await?;
     Ok((Extension(SideEffect(effect)), "shipping"))
 }
 
 /// Refreshes a cache; `WORK_MS` makes it slow.
-async fn standard<B: Backend>(
-    State(store): State<B>,
+async fn standard<DB: Journal>(
+    State(pool): State<Pool<DB>>,
     key: Option<Extension<IdempotencyKey>>,
     headers: http::HeaderMap,
 ) -> Answer {
@@ -291,18 +321,15 @@ async fn standard<B: Backend>(
     let work = std::env::var("WORK_MS").ok().and_then(|ms| ms.parse().ok());
     tokio::time::sleep(Duration::from_millis(work.unwrap_or(0))).await;
     let effect = "cache refreshed".to_owned();
-    store
-        .record("standard", &id, &effect)
-        .await
-        .map_err(failed)?;
+    record(&pool, "standard", &id, &effect).await?;
     Ok((Extension(SideEffect(effect)), "refreshed"))
 }
 
 /// Every side effect recorded: `[{"provider", "event", "count"}]`.
-async fn side_effects<B: Backend>(
-    State(store): State<B>,
+async fn side_effects<DB: Journal>(
+    State(pool): State<Pool<DB>>,
 ) -> Result<impl IntoResponse, (StatusCode, String)> {
-    let rows = store.effects().await.map_err(failed)?;
+    let rows = DB::effects(&pool).await.map_err(failed)?;
     let list: Vec<_> = rows
         .into_iter()
         .map(|(provider, event, count)| serde_json::json!({"provider": provider, "event": event, "count": count}))
@@ -311,9 +338,7 @@ async fn side_effects<B: Backend>(
 }
 
 /// Claims stuck for more than a minute: what a person looks at for held claims.
-async fn stuck<B: Backend>(
-    State(store): State<B>,
-) -> Result<impl IntoResponse, (StatusCode, String)> {
+async fn stuck(State(store): State<AnyStore>) -> Result<impl IntoResponse, (StatusCode, String)> {
     let stuck = store
         .stuck_claims(Duration::from_secs(60))
         .await
@@ -325,83 +350,80 @@ async fn stuck<B: Backend>(
     Ok(Json(list))
 }
 
-/// What differs between the databases the receiver runs on: only the SQL of its own table.
-trait Backend: TransactionalStore + Clone + Send + Sync + 'static {
-    fn migrate(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
-    fn create_effects_table(&self) -> impl Future<Output = sqlx::Result<()>> + Send;
-    /// Records a side effect through the pool (claim-then-commit routes).
+/// Records a side effect through the pool (the claim-then-commit routes).
+async fn record<DB: Journal>(
+    pool: &Pool<DB>,
+    provider: &str,
+    event: &str,
+    effect: &str,
+) -> Result<(), (StatusCode, String)> {
+    let mut conn = pool.acquire().await.map_err(failed)?;
+    DB::record(&mut conn, provider, event, effect)
+        .await
+        .map_err(failed)
+}
+
+/// The receiver's own table of side effects. Written once for every sqlx database: the query
+/// builder writes each one's placeholders, and the bounds of the one `impl` below are what the
+/// SQL needs of a driver (SQLite, PostgreSQL and MySQL all have it).
+trait Journal: Database {
+    /// Creates the table if it does not exist.
+    fn create_table(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<()>> + Send;
+    /// Records a side effect on `conn`: a pooled connection, or the delivery's transaction.
     fn record(
-        &self,
+        conn: &mut Self::Connection,
         provider: &str,
         event: &str,
         effect: &str,
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
-    /// Records a side effect in the delivery's transaction (the transactional route).
-    fn record_in(
-        tx: &mut Tx<Self::Database>,
+    /// `(provider, event, how many side effects)`, for every event recorded.
+    fn effects(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = sqlx::Result<Vec<(String, String, i64)>>> + Send;
+}
+
+impl<DB> Journal for DB
+where
+    DB: Database,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'r> (String, String, i64): FromRow<'r, DB::Row>,
+{
+    async fn create_table(pool: &Pool<DB>) -> sqlx::Result<()> {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS side_effects (
+                provider VARCHAR(32) NOT NULL,
+                event VARCHAR(255) NOT NULL,
+                effect VARCHAR(255) NOT NULL)",
+        )
+        .execute(pool)
+        .await
+        .map(drop)
+    }
+
+    async fn record(
+        conn: &mut DB::Connection,
         provider: &str,
         event: &str,
         effect: &str,
-    ) -> impl Future<Output = sqlx::Result<()>> + Send;
-    fn effects(&self) -> impl Future<Output = sqlx::Result<Vec<(String, String, i64)>>> + Send;
+    ) -> sqlx::Result<()> {
+        let mut insert =
+            QueryBuilder::<DB>::new("INSERT INTO side_effects (provider, event, effect) VALUES (");
+        insert
+            .separated(", ")
+            .push_bind(provider)
+            .push_bind(event)
+            .push_bind(effect);
+        insert.push(")").build().execute(conn).await.map(drop)
+    }
+
+    async fn effects(pool: &Pool<DB>) -> sqlx::Result<Vec<(String, String, i64)>> {
+        sqlx::query_as(
+            "SELECT provider, event, COUNT(*) FROM side_effects \
+             GROUP BY provider, event ORDER BY provider, event",
+        )
+        .fetch_all(pool)
+        .await
+    }
 }
-
-/// The same code for each database; only the placeholders differ.
-macro_rules! backend {
-    ($store:ty, $insert:literal) => {
-        impl Backend for $store {
-            async fn migrate(&self) -> Result<(), StoreError> {
-                <$store>::migrate(self).await
-            }
-
-            async fn create_effects_table(&self) -> sqlx::Result<()> {
-                sqlx::query(
-                    "CREATE TABLE IF NOT EXISTS side_effects (
-                        provider VARCHAR(32) NOT NULL,
-                        event VARCHAR(255) NOT NULL,
-                        effect VARCHAR(255) NOT NULL)",
-                )
-                .execute(self.pool())
-                .await
-                .map(drop)
-            }
-
-            async fn record(&self, provider: &str, event: &str, effect: &str) -> sqlx::Result<()> {
-                let insert = sqlx::query($insert).bind(provider).bind(event).bind(effect);
-                insert.execute(self.pool()).await.map(drop)
-            }
-
-            async fn record_in(
-                tx: &mut Tx<Self::Database>,
-                provider: &str,
-                event: &str,
-                effect: &str,
-            ) -> sqlx::Result<()> {
-                let insert = sqlx::query($insert).bind(provider).bind(event).bind(effect);
-                insert.execute(&mut **tx).await.map(drop)
-            }
-
-            async fn effects(&self) -> sqlx::Result<Vec<(String, String, i64)>> {
-                sqlx::query_as(
-                    "SELECT provider, event, COUNT(*) FROM side_effects \
-                     GROUP BY provider, event ORDER BY provider, event",
-                )
-                .fetch_all(self.pool())
-                .await
-            }
-        }
-    };
-}
-
-backend!(
-    SqliteStore,
-    "INSERT INTO side_effects (provider, event, effect) VALUES (?, ?, ?)"
-);
-backend!(
-    PostgresStore,
-    "INSERT INTO side_effects (provider, event, effect) VALUES ($1, $2, $3)"
-);
-backend!(
-    MySqlStore,
-    "INSERT INTO side_effects (provider, event, effect) VALUES (?, ?, ?)"
-);

@@ -86,6 +86,13 @@ use std::time::Duration;
 
 use crate::key::IdempotencyKey;
 
+#[cfg(any(
+    feature = "memory",
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql"
+))]
+pub mod any;
 #[cfg(feature = "memory")]
 mod memory;
 #[cfg(feature = "mysql")]
@@ -104,6 +111,13 @@ pub mod sqlite;
 mod transactional;
 mod versions;
 
+#[cfg(any(
+    feature = "memory",
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql"
+))]
+pub use any::{AnyStore, ConnectError};
 #[cfg(feature = "memory")]
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
 pub use memory::MemoryStore;

@@ -1,0 +1,679 @@
+//! Choosing the store at run time: [`AnyStore`], one type for every backend the crate was
+//! built with, connected from a URL.
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::convert::Infallible;
+//!
+//! use http::{Request, Response};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//! use tower_idempotency::store::{AnyStore, KeyState, Store};
+//! use tower_idempotency::{IdempotencyKey, IdempotencyLayer, key};
+//!
+//! // The URL would come from the configuration (`DATABASE_URL`, say): the scheme picks the store.
+//! let store = AnyStore::connect("sqlite::memory:").await?;
+//! store.migrate().await?;
+//! assert!(matches!(store, AnyStore::Sqlite(_)));
+//! assert_eq!(store.backend(), "sqlite");
+//!
+//! let svc = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::new(store.clone()).key(key::github()))
+//!     .service(service_fn(|_req| async { Ok::<_, Infallible>(Response::new(String::new())) }));
+//! let delivery = || Request::post("/hook").header("x-github-delivery", "d-1").body(String::new());
+//! svc.clone().oneshot(delivery()?).await?;
+//! let again = svc.oneshot(delivery()?).await?;
+//! assert_eq!(again.headers()["idempotency-outcome"], "duplicate");
+//!
+//! let stored = IdempotencyKey::new("github", "d-1")?.scoped("/hook")?;
+//! let record = store.describe(&stored).await?.expect("the key is known");
+//! assert_eq!((record.state, record.deliveries, record.runs), (KeyState::Done, 2, 1));
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
+//! ```
+//!
+//! # URLs
+//!
+//! | scheme | store | feature | how [`AnyStore::connect`] opens it |
+//! |---|---|---|---|
+//! | `postgres://`, `postgresql://` | `PostgresStore` | `postgres` | one connection to check the server, then sqlx's default pool (up to 10 connections) |
+//! | `mysql://`, `mariadb://` | `MySqlStore` | `mysql` | the same; `mariadb://` is passed on as `mysql://` |
+//! | `sqlite:` | `SqliteStore` | `sqlite` | a file: created if missing, WAL, a pool of 4; `sqlite::memory:`: one connection kept open |
+//! | `memory:` | `MemoryStore` | `memory` | a new, empty store; the rest of the URL is ignored |
+//!
+//! Schemes are case-insensitive. A scheme the crate does not know, or one whose feature was
+//! not enabled, is a [`ConnectError`] that names the scheme (and the feature), never the
+//! whole URL, which may hold a password. For other pool settings, build the store yourself and
+//! convert it: every store is `Into<AnyStore>`.
+//!
+//! # What the enum cannot do
+//!
+//! `AnyStore` implements [`Store`] and [`VersionStore`], so it serves
+//! [`IdempotencyLayer`](crate::IdempotencyLayer) and the version guard's
+//! [`VersionGuardLayer`](crate::version_guard::VersionGuardLayer). It does not implement
+//! `TransactionalStore`: that trait names one database (its `Database` type), and a
+//! transactional handler's `Tx<DB>` is typed with it at compile time. Take the concrete store
+//! out of the variant for those routes, as the [`AnyStore`] docs show.
+#![cfg_attr(
+    docsrs,
+    doc(cfg(any(
+        feature = "memory",
+        feature = "postgres",
+        feature = "sqlite",
+        feature = "mysql"
+    )))
+)]
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use super::{
+    Claim, ConfigError, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim,
+    VersionClaim, VersionLease, VersionStore,
+};
+use crate::key::IdempotencyKey;
+
+#[cfg(feature = "memory")]
+use super::MemoryStore;
+#[cfg(feature = "mysql")]
+use super::MySqlStore;
+#[cfg(feature = "postgres")]
+use super::PostgresStore;
+#[cfg(feature = "sqlite")]
+use super::SqliteStore;
+
+/// One of the stores this crate was built with, chosen at run time (from a URL with
+/// [`connect`](Self::connect), or converted from a store with `into()`).
+///
+/// Every [`Store`] and [`VersionStore`] method is the chosen store's own. Cloning is cheap:
+/// each store's clones share its pool (or map). The enum is `#[non_exhaustive]`, and its
+/// variants follow the crate's features, which any crate in the build may turn on: a `match`
+/// on it needs a `_` arm.
+///
+/// # Transactional routes
+///
+/// `AnyStore` is no `TransactionalStore`: a transactional handler's `Tx<DB>` names its
+/// database at compile time, so one type cannot stand for several. Build such routes with a
+/// function generic over the store, and call it with the store taken out of the variant:
+///
+/// ```
+/// # #[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql", feature = "axum"))]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use axum::Router;
+/// use axum::routing::{MethodRouter, post};
+/// use tower_idempotency::store::AnyStore;
+/// use tower_idempotency::transactional::{TransactionalLayer, TransactionalStore, Tx};
+/// use tower_idempotency::{IdempotencyLayer, key};
+///
+/// /// Marks the order paid in the marker's transaction, on whichever database that is.
+/// async fn paid<DB: sqlx::Database>(_tx: Tx<DB>, _body: String) -> &'static str {
+///     // The order's `UPDATE` runs on `&mut *_tx`, in the marker's transaction.
+///     "paid"
+/// }
+///
+/// fn stripe_route<S: TransactionalStore>(store: S) -> MethodRouter {
+///     post(paid::<S::Database>).layer(TransactionalLayer::new(store).key(key::stripe()))
+/// }
+///
+/// let store = AnyStore::connect("sqlite::memory:").await?;
+/// store.migrate().await?;
+/// let stripe = match &store {
+///     AnyStore::Sqlite(sqlite) => stripe_route(sqlite.clone()),
+///     AnyStore::Postgres(postgres) => stripe_route(postgres.clone()),
+///     AnyStore::MySql(mysql) => stripe_route(mysql.clone()),
+///     // The memory store has no transactions (nor does a store of a later release).
+///     _ => return Err("the Stripe route needs a SQL database".into()),
+/// };
+/// let app: Router = Router::new()
+///     .route("/webhooks/stripe", stripe)
+///     // Claim-then-commit routes take the `AnyStore` itself.
+///     .route(
+///         "/webhooks/github",
+///         post(|| async { "noted" }).layer(IdempotencyLayer::new(store).key(key::github())),
+///     );
+/// # let _ = app;
+/// # Ok(())
+/// # }
+/// # #[cfg(not(all(feature = "sqlite", feature = "postgres", feature = "mysql", feature = "axum")))]
+/// # fn main() {}
+/// ```
+///
+/// The same holds for [`version_guard::advance`](crate::version_guard), which works inside
+/// a transaction of the concrete store.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum AnyStore {
+    /// A [`MemoryStore`]: `memory:`.
+    #[cfg(feature = "memory")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
+    Memory(MemoryStore),
+    /// A [`SqliteStore`]: `sqlite:`.
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    Sqlite(SqliteStore),
+    /// A [`PostgresStore`]: `postgres://`, `postgresql://`.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    Postgres(PostgresStore),
+    /// A [`MySqlStore`], on MySQL or MariaDB: `mysql://`, `mariadb://`.
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    MySql(MySqlStore),
+}
+
+/// `match $store { Variant($s) => $body, .. }` for each variant built: the delegation of
+/// every trait method below, written once.
+macro_rules! each {
+    ($store:expr, $s:ident => $body:expr) => {
+        match $store {
+            #[cfg(feature = "memory")]
+            AnyStore::Memory($s) => $body,
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite($s) => $body,
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres($s) => $body,
+            #[cfg(feature = "mysql")]
+            AnyStore::MySql($s) => $body,
+        }
+    };
+}
+
+impl AnyStore {
+    /// Connects the store that `url`'s scheme names (see the [module docs](self#urls)).
+    ///
+    /// Connects before it answers, so a database that cannot be reached (or refuses the
+    /// login) fails here, at start-up, with the driver's error as the source. It does not
+    /// create tables: call [`migrate`](Self::migrate) next.
+    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
+        let (scheme, backend) = parse(url)?;
+        match backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory => Ok(Self::Memory(MemoryStore::new())),
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite => connect_sqlite(&driver_url(url, scheme, "sqlite"))
+                .await
+                .map(Self::Sqlite)
+                .map_err(|source| backend.failed(source)),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => server_pool(&driver_url(url, scheme, "postgres"))
+                .await
+                .map(|pool| Self::Postgres(PostgresStore::new(pool)))
+                .map_err(|source| backend.failed(source)),
+            #[cfg(feature = "mysql")]
+            Backend::MySql => server_pool(&driver_url(url, scheme, "mysql"))
+                .await
+                .map(|pool| Self::MySql(MySqlStore::new(pool)))
+                .map_err(|source| backend.failed(source)),
+            #[allow(unreachable_patterns)] // with every feature on
+            _ => Err(ConnectError::FeatureDisabled {
+                scheme: scheme.to_owned(),
+                feature: backend.feature(),
+            }),
+        }
+    }
+
+    /// Uses the table `name` instead of `idempotency_keys`, as the SQL stores'
+    /// `with_table_name` (and its rules: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes, on
+    /// PostgreSQL optionally `schema.table`). The memory store has no table: it is returned
+    /// unchanged.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::AnyStore;
+    ///
+    /// let store = AnyStore::connect("sqlite::memory:").await?.with_table_name("webhook_claims")?;
+    /// store.migrate().await?;
+    /// assert!(AnyStore::connect("sqlite::memory:").await?.with_table_name("no-dashes").is_err());
+    /// # Ok(())
+    /// # }
+    /// # #[cfg(not(feature = "sqlite"))]
+    /// # fn main() {}
+    /// ```
+    pub fn with_table_name(self, name: &str) -> Result<Self, ConfigError> {
+        Ok(match self {
+            #[cfg(feature = "memory")]
+            Self::Memory(store) => {
+                let _ = name;
+                Self::Memory(store)
+            }
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(store) => Self::Sqlite(store.with_table_name(name)?),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(store) => Self::Postgres(store.with_table_name(name)?),
+            #[cfg(feature = "mysql")]
+            Self::MySql(store) => Self::MySql(store.with_table_name(name)?),
+        })
+    }
+
+    /// Creates the chosen store's tables if they do not exist, and upgrades them (the SQL
+    /// stores' own `migrate`). Nothing to do for the memory store.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        match self {
+            #[cfg(feature = "memory")]
+            Self::Memory(_) => Ok(()),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(store) => store.migrate().await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(store) => store.migrate().await,
+            #[cfg(feature = "mysql")]
+            Self::MySql(store) => store.migrate().await,
+        }
+    }
+
+    /// The chosen backend, named as its feature: `"memory"`, `"sqlite"`, `"postgres"` or
+    /// `"mysql"` (MySQL and MariaDB). For logs.
+    pub fn backend(&self) -> &'static str {
+        let backend = match self {
+            #[cfg(feature = "memory")]
+            Self::Memory(_) => Backend::Memory,
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(_) => Backend::Sqlite,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => Backend::Postgres,
+            #[cfg(feature = "mysql")]
+            Self::MySql(_) => Backend::MySql,
+        };
+        backend.feature()
+    }
+}
+
+#[cfg(feature = "memory")]
+impl From<MemoryStore> for AnyStore {
+    fn from(store: MemoryStore) -> Self {
+        Self::Memory(store)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl From<SqliteStore> for AnyStore {
+    fn from(store: SqliteStore) -> Self {
+        Self::Sqlite(store)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<PostgresStore> for AnyStore {
+    fn from(store: PostgresStore) -> Self {
+        Self::Postgres(store)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<MySqlStore> for AnyStore {
+    fn from(store: MySqlStore) -> Self {
+        Self::MySql(store)
+    }
+}
+
+impl Store for AnyStore {
+    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        each!(self, s => s.claim(key, stale).await)
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+        each!(self, s => s.renew(lease).await)
+    }
+
+    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
+        each!(self, s => s.commit(lease).await)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        each!(self, s => s.release(lease).await)
+    }
+
+    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
+        each!(self, s => s.describe(key).await)
+    }
+
+    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
+        each!(self, s => s.stuck_claims(older_than).await)
+    }
+
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        resolution: Resolution,
+    ) -> Result<bool, StoreError> {
+        each!(self, s => s.resolve(key, resolution).await)
+    }
+
+    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
+        each!(self, s => s.purge_completed(older_than).await)
+    }
+}
+
+impl VersionStore for AnyStore {
+    async fn begin_version(
+        &self,
+        entity: &IdempotencyKey,
+        version: i64,
+        stale: Stale,
+    ) -> Result<VersionClaim, StoreError> {
+        each!(self, s => s.begin_version(entity, version, stale).await)
+    }
+
+    async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        each!(self, s => s.renew_version(lease).await)
+    }
+
+    async fn commit_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        each!(self, s => s.commit_version(lease).await)
+    }
+
+    async fn release_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
+        each!(self, s => s.release_version(lease).await)
+    }
+
+    async fn applied_version(&self, entity: &IdempotencyKey) -> Result<Option<i64>, StoreError> {
+        each!(self, s => s.applied_version(entity).await)
+    }
+
+    async fn resolve_version(
+        &self,
+        entity: &IdempotencyKey,
+        resolution: Resolution,
+    ) -> Result<bool, StoreError> {
+        each!(self, s => s.resolve_version(entity, resolution).await)
+    }
+}
+
+/// Why [`AnyStore::connect`] returned no store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The URL has no scheme this crate knows (`scheme` is empty when it has none at all).
+    #[error("{}", unknown_scheme(scheme))]
+    UnknownScheme {
+        /// The scheme, as written in the URL.
+        scheme: String,
+    },
+    /// The scheme names a store whose feature this build of the crate does not have.
+    #[error(
+        "the database URL scheme `{scheme}:` needs the `{feature}` feature of tower-idempotency, which is not enabled"
+    )]
+    FeatureDisabled {
+        /// The scheme, as written in the URL.
+        scheme: String,
+        /// The feature to enable.
+        feature: &'static str,
+    },
+    /// The store's database could not be reached, or its driver rejected the URL.
+    #[error("the {backend} store could not connect to its database")]
+    Connect {
+        /// The store, named as its feature (see [`AnyStore::backend`]).
+        backend: &'static str,
+        /// The driver's error.
+        #[source]
+        source: Box<dyn StdError + Send + Sync>,
+    },
+}
+
+/// The schemes [`AnyStore::connect`] knows, for error messages.
+const SCHEMES: &str = "postgres://, postgresql://, mysql://, mariadb://, sqlite: or memory:";
+
+fn unknown_scheme(scheme: &str) -> String {
+    if scheme.is_empty() {
+        format!("the database URL has no scheme: expected {SCHEMES}")
+    } else {
+        format!("unknown database URL scheme `{scheme}:`: expected {SCHEMES}")
+    }
+}
+
+/// The backends a URL can name, whether or not their feature is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Memory,
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+impl Backend {
+    /// The feature that builds this backend, which is also its name.
+    fn feature(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+            Self::MySql => "mysql",
+        }
+    }
+
+    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+    fn failed(self, source: impl Into<Box<dyn StdError + Send + Sync>>) -> ConnectError {
+        ConnectError::Connect {
+            backend: self.feature(),
+            source: source.into(),
+        }
+    }
+}
+
+/// The scheme of `url` as written, and the backend it names.
+fn parse(url: &str) -> Result<(&str, Backend), ConnectError> {
+    let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
+    let valid = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    if !valid {
+        return Err(ConnectError::UnknownScheme {
+            scheme: String::new(),
+        });
+    }
+    let backend = match scheme.to_ascii_lowercase().as_str() {
+        "memory" => Backend::Memory,
+        "sqlite" => Backend::Sqlite,
+        "postgres" | "postgresql" => Backend::Postgres,
+        "mysql" | "mariadb" => Backend::MySql,
+        _ => {
+            return Err(ConnectError::UnknownScheme {
+                scheme: scheme.to_owned(),
+            });
+        }
+    };
+    Ok((scheme, backend))
+}
+
+/// `url` with its scheme replaced by `driver`'s: sqlx's MySQL driver wants `mysql://`, and
+/// its SQLite driver a lowercase `sqlite:`.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+fn driver_url(url: &str, scheme: &str, driver: &str) -> String {
+    format!("{driver}{}", &url[scheme.len()..])
+}
+
+/// A pool of sqlx's default settings (up to 10 connections) on the server at `url`, after one
+/// connection of its own: a server that refuses the connection or the login fails at once with
+/// its cause, where the pool would try again until its acquire timeout (30 s) and then report
+/// only the timeout.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn server_pool<DB: sqlx::Database>(url: &str) -> Result<sqlx::Pool<DB>, sqlx::Error> {
+    use sqlx::{ConnectOptions as _, Connection as _};
+
+    let options: <DB::Connection as sqlx::Connection>::Options = url.parse()?;
+    options.connect().await?.close().await?;
+    Ok(sqlx::pool::PoolOptions::new().connect_lazy_with(options))
+}
+
+/// Opens a SQLite database as the [SQLite store's docs](super::sqlite#connecting) advise: a
+/// file created if missing, in WAL mode, with a small pool; an in-memory database on one
+/// connection that the pool never closes (the database lives as long as its connections).
+#[cfg(feature = "sqlite")]
+async fn connect_sqlite(url: &str) -> Result<SqliteStore, sqlx::Error> {
+    use std::str::FromStr as _;
+
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+
+    let options = SqliteConnectOptions::from_str(url)?;
+    let pool = if sqlite_in_memory(url) {
+        SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options)
+            .await?
+    } else {
+        let options = options
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal);
+        // Processes opening a new file at once can find it locked while one of them switches
+        // it to WAL (the switch does not wait on the busy timeout): try again for a while.
+        let mut attempt = 0;
+        loop {
+            let pool = SqlitePoolOptions::new()
+                .max_connections(4)
+                .connect_with(options.clone())
+                .await;
+            match pool {
+                Err(err) if attempt < 10 && sqlite_busy(&err) => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+                }
+                pool => break pool?,
+            }
+        }
+    };
+    Ok(SqliteStore::new(pool))
+}
+
+/// SQLITE_BUSY, or one of its extended codes (the low byte is 5): "database is locked".
+#[cfg(feature = "sqlite")]
+fn sqlite_busy(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(err) = err else {
+        return false;
+    };
+    err.code()
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| code & 0xff == 5)
+}
+
+/// Whether sqlx opens the SQLite URL `url` as an in-memory database: `sqlite::memory:`,
+/// `sqlite://:memory:`, or `mode=memory`.
+#[cfg(feature = "sqlite")]
+fn sqlite_in_memory(url: &str) -> bool {
+    // As sqlx reads the URL (`SqliteConnectOptions::from_str`).
+    let rest = url
+        .trim_start_matches("sqlite://")
+        .trim_start_matches("sqlite:");
+    let (database, params) = rest.split_once('?').unwrap_or((rest, ""));
+    database == ":memory:" || params.split('&').any(|param| param == "mode=memory")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_name_backends() {
+        for (url, scheme, backend) in [
+            ("memory:", "memory", Backend::Memory),
+            ("sqlite::memory:", "sqlite", Backend::Sqlite),
+            ("sqlite://webhooks.db", "sqlite", Backend::Sqlite),
+            ("SQLite:webhooks.db", "SQLite", Backend::Sqlite),
+            ("postgres://u@h/db", "postgres", Backend::Postgres),
+            ("postgresql://u@h/db", "postgresql", Backend::Postgres),
+            ("mysql://root@h/db", "mysql", Backend::MySql),
+            ("MariaDB://root@h/db", "MariaDB", Backend::MySql),
+        ] {
+            assert_eq!(parse(url).unwrap(), (scheme, backend), "{url}");
+        }
+    }
+
+    #[test]
+    fn unknown_schemes_are_named_and_urls_are_not() {
+        let err = parse("redis://:hunter2@h").unwrap_err();
+        assert!(matches!(&err, ConnectError::UnknownScheme { scheme } if scheme == "redis"));
+        let message = err.to_string();
+        assert!(message.contains("`redis:`"), "{message}");
+        assert!(message.contains("postgres://"), "{message}");
+        assert!(!message.contains("hunter2"), "{message}");
+
+        for url in [
+            "",
+            "webhooks.db",
+            "/var/lib/x.db",
+            "1x://h",
+            "c:\\x",
+            "hunter2@h",
+        ] {
+            let err = parse(url).unwrap_err();
+            if url == "c:\\x" {
+                // A drive letter is a scheme as far as URLs go.
+                assert!(matches!(&err, ConnectError::UnknownScheme { scheme } if scheme == "c"));
+                continue;
+            }
+            assert!(
+                matches!(&err, ConnectError::UnknownScheme { scheme } if scheme.is_empty()),
+                "{url}: {err:?}"
+            );
+            assert!(err.to_string().contains("no scheme"), "{err}");
+        }
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn in_memory_sqlite_urls() {
+        for url in [
+            "sqlite::memory:",
+            "sqlite://:memory:",
+            "sqlite://?mode=memory",
+            "sqlite:x.db?cache=shared&mode=memory",
+        ] {
+            assert!(sqlite_in_memory(url), "{url}");
+        }
+        for url in [
+            "sqlite:x.db",
+            "sqlite://x.db?mode=rwc",
+            "sqlite://memory.db",
+        ] {
+            assert!(!sqlite_in_memory(url), "{url}");
+        }
+    }
+
+    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+    #[test]
+    fn driver_urls() {
+        assert_eq!(
+            driver_url("MariaDB://root@h:3306/db", "MariaDB", "mysql"),
+            "mysql://root@h:3306/db"
+        );
+        assert_eq!(driver_url("SQLITE:x.db", "SQLITE", "sqlite"), "sqlite:x.db");
+    }
+
+    /// Each backend whose feature is off: a clear error naming the scheme and the feature.
+    #[tokio::test]
+    async fn disabled_features_are_named() {
+        let urls = [
+            (cfg!(feature = "memory"), "memory:", "memory"),
+            (cfg!(feature = "sqlite"), "sqlite::memory:", "sqlite"),
+            (
+                cfg!(feature = "postgres"),
+                "postgresql://u@h/db",
+                "postgres",
+            ),
+            (cfg!(feature = "mysql"), "mariadb://u@h/db", "mysql"),
+        ];
+        for (_, url, feature) in urls.into_iter().filter(|(on, ..)| !on) {
+            let err = AnyStore::connect(url).await.unwrap_err();
+            let scheme = url.split(':').next().unwrap();
+            assert!(
+                matches!(&err, ConnectError::FeatureDisabled { scheme: s, feature: f }
+                    if s == scheme && *f == feature),
+                "{url}: {err:?}"
+            );
+            let message = err.to_string();
+            assert!(message.contains(&format!("`{scheme}:`")), "{message}");
+            assert!(
+                message.contains(&format!("`{feature}` feature")),
+                "{message}"
+            );
+        }
+    }
+}
