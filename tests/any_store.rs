@@ -93,8 +93,8 @@ mod memory {
         Some(SHARED.get_or_init(|| MemoryStore::new().into()).clone())
     }
 
-    crate::conformance_suite!(store());
-    crate::race_suite!(shared());
+    crate::claims_suite!(store());
+    crate::races_suite!(shared());
 
     #[tokio::test]
     async fn versions() {
@@ -134,8 +134,8 @@ mod sqlite {
     mod file {
         use super::file_store;
 
-        crate::conformance_suite!(file_store());
-        crate::race_suite!(file_store());
+        crate::claims_suite!(file_store());
+        crate::races_suite!(file_store());
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn versions() {
@@ -146,7 +146,7 @@ mod sqlite {
     mod memory {
         use super::memory_store;
 
-        crate::conformance_suite!(memory_store());
+        crate::claims_suite!(memory_store());
     }
 }
 
@@ -160,8 +160,8 @@ mod postgres {
         Some(store)
     }
 
-    crate::conformance_suite!(store());
-    crate::race_suite!(store());
+    crate::claims_suite!(store());
+    crate::races_suite!(store());
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn versions() {
@@ -180,8 +180,8 @@ mod mysql {
         Some(store)
     }
 
-    crate::conformance_suite!(store());
-    crate::race_suite!(store());
+    crate::claims_suite!(store());
+    crate::races_suite!(store());
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn versions() {
