@@ -41,7 +41,7 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_idempotency::store::{
     Claim, DEFAULT_RETENTION, MySqlStore, PostgresStore, SqliteStore, Store, StoreError,
 };
-use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Stale, key};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Scope, Stale, key};
 
 /// Connections per pool, for the layer and the baseline alike.
 const POOL_SIZE: u32 = 16;
@@ -596,8 +596,10 @@ fn layered<St: BenchStore>(
 + Clone
 + Send
 + 'static {
+    // The key alone, as the baseline and the prefilled rows have it: no route scope.
     IdempotencyLayer::new(store)
         .key(key::header("x-event-id").namespace(NAMESPACE))
+        .scope(Scope::shared())
         .layer(service_fn(work))
 }
 

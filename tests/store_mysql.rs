@@ -210,6 +210,19 @@ async fn upgrade_a_table_of_the_first_release(prefix: &str, flavor: Option<MySql
     for instance in instances {
         instance.await.unwrap().unwrap();
     }
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+    )
+    .bind(&table)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        ["PRIMARY"],
+        "the indexes every commit updated are gone"
+    );
     common::upgraded_table_keeps_its_rows(store, &ns).await;
     let drop = format!("DROP TABLE {table}, {table}_versions");
     sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
@@ -499,4 +512,79 @@ async fn transactional_mode_keeps_the_connections_lock_wait_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactional_mode_keeps_the_connections_lock_wait_timeout_two_statement_claim() {
     transactional_mode_keeps_the_lock_wait_timeout(Some(MySqlFlavor::MySql)).await;
+}
+
+/// A store whose duplicate counts are written only when asked: one app instance.
+async fn quiet_store() -> Option<MySqlStore> {
+    let store = MySqlStore::new(common::db::mysql_pool().await?)
+        .with_count_interval(common::hot_path::NEVER);
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+/// Where InnoDB's redo log is: it moves with every write to the server.
+async fn log_position(pool: &MySqlPool) -> String {
+    let (_, lsn): (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Innodb_lsn_current'")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    lsn
+}
+
+/// Duplicates of a done key leave InnoDB's redo log where it was: they write nothing. (On
+/// MariaDB the claim's insert returns the existing row, assigning a column to itself, which
+/// InnoDB skips; on MySQL the insert is ignored and the row read.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_writes_nothing() {
+    // Alone: the other tests' writes would move the log.
+    let _alone = common::SHARED_TABLE.write().await;
+    let Some(store) = quiet_store().await else {
+        return;
+    };
+    let pool = store.pool().clone();
+    common::hot_path::duplicates_leave_the_log_alone(store.clone(), || log_position(&pool)).await;
+    let two_statements = store.with_flavor(MySqlFlavor::MySql);
+    common::hot_path::duplicates_leave_the_log_alone(two_statements, || log_position(&pool)).await;
+}
+
+/// Duplicates are counted at once in their instance, and in the table once written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_counts_reach_the_table() {
+    let _shared = common::SHARED_TABLE.read().await;
+    let (Some(store), Some(other)) = (quiet_store().await, quiet_store().await) else {
+        return;
+    };
+    common::hot_path::duplicate_counts_reach_the_table(store, other, |store| async move {
+        store.write_counts().await.unwrap();
+    })
+    .await;
+}
+
+/// A purge of more rows than one batch holds deletes them all, and only them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_walks_the_table_in_batches() {
+    let _alone = common::SHARED_TABLE.write().await;
+    let Some(store) = store().await else { return };
+    let pool = store.pool().clone();
+    common::hot_path::purge_walks_the_table_in_batches(store, |ns, count| async move {
+        let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                      UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+                      UNION ALL SELECT 8 UNION ALL SELECT 9)";
+        let fill = format!(
+            "INSERT INTO idempotency_keys \
+             (namespace, `key`, state, token, deliveries, claimed_at, completed_at) \
+             SELECT ?, CONCAT('old-', n), 'done', n, 1, \
+                 UTC_TIMESTAMP(6) - INTERVAL 2 DAY, UTC_TIMESTAMP(6) - INTERVAL 2 DAY \
+             FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d AS n \
+                   FROM {digits} a, {digits} b, {digits} c, {digits} e) AS numbers \
+             WHERE n < ?"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(fill))
+            .bind(&ns)
+            .bind(i64::try_from(count).unwrap())
+            .execute(&pool)
+            .await
+            .unwrap();
+    })
+    .await;
 }

@@ -295,6 +295,19 @@ INSERT INTO {table} VALUES
         .unwrap();
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname",
+    )
+    .bind(&table)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        // The primary key keeps the name it had before the table was renamed.
+        [format!("{table}_before_pkey"), format!("{table}_stuck_idx")],
+        "the indexes every commit updated are gone, the one of processing rows is there"
+    );
     common::upgraded_table_keeps_its_rows(store, &ns).await;
     let drop = format!("DROP TABLE {table}, {table}_versions");
     sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
@@ -351,4 +364,88 @@ async fn stuck_claims_skip_a_row_that_is_no_valid_key() {
             .unwrap();
     }
     common::db::assert_undecodable_rows_skipped(listed, &events, &ns, &[older, newer], bad.len());
+}
+
+/// A store whose lock waits give up after 300 ms, its duplicate counts written only when
+/// asked: one app instance.
+async fn impatient_store() -> Option<PostgresStore> {
+    let url = url();
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET lock_timeout = '300ms'")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&url);
+    let pool = common::connect("POSTGRES_URL", &url, pool).await?;
+    let store = PostgresStore::new(pool).with_count_interval(common::hot_path::NEVER);
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+/// Duplicates of a done key are answered while another transaction holds its row locked:
+/// they write nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_writes_nothing() {
+    let _shared = common::SHARED_TABLE.read().await;
+    let (Some(store), Some(locker)) = (impatient_store().await, pool().await) else {
+        return;
+    };
+    common::hot_path::a_duplicate_writes_nothing(store, |done, released| async move {
+        let mut tx = locker.begin().await.unwrap();
+        let locked = sqlx::query(
+            r#"SELECT 1 FROM idempotency_keys
+            WHERE (namespace, "key") IN (($1, $2), ($3, $4)) FOR UPDATE"#,
+        )
+        .bind(done.namespace())
+        .bind(done.value())
+        .bind(released.namespace())
+        .bind(released.value())
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        assert_eq!(locked.len(), 2);
+        tx
+    })
+    .await;
+}
+
+/// Duplicates are counted at once in their instance, and in the table once written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_counts_reach_the_table() {
+    let _shared = common::SHARED_TABLE.read().await;
+    let (Some(store), Some(other)) = (impatient_store().await, impatient_store().await) else {
+        return;
+    };
+    common::hot_path::duplicate_counts_reach_the_table(store, other, |store| async move {
+        store.write_counts().await.unwrap();
+    })
+    .await;
+}
+
+/// A purge of more rows than one batch holds deletes them all, and only them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_walks_the_table_in_batches() {
+    let _alone = common::SHARED_TABLE.write().await;
+    let Some(store) = store().await else { return };
+    let pool = store.pool().clone();
+    common::hot_path::purge_walks_the_table_in_batches(store, |ns, count| async move {
+        sqlx::query(
+            r#"INSERT INTO idempotency_keys
+            (namespace, "key", state, token, deliveries, claimed_at, completed_at)
+            SELECT $1, 'old-' || i, 'done', i, 1,
+                now() - interval '2 days', now() - interval '2 days'
+            FROM generate_series(0, $2 - 1) AS i"#,
+        )
+        .bind(&ns)
+        .bind(i64::try_from(count).unwrap())
+        .execute(&pool)
+        .await
+        .unwrap();
+    })
+    .await;
 }

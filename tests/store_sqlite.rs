@@ -155,14 +155,18 @@ INSERT INTO {table} VALUES
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
     common::upgraded_table_keeps_its_rows(store, &ns).await;
-    let indexes: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 AND sql IS NOT NULL",
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 AND sql IS NOT NULL",
     )
     .bind(&table)
-    .fetch_one(&pool)
+    .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(indexes, 2, "the rebuilt table has its indexes back");
+    assert_eq!(
+        indexes,
+        [format!("{table}_stuck_idx")],
+        "the rebuilt table has the index of processing rows, and none that every commit updates"
+    );
     let drop = format!("DROP TABLE {table}; DROP TABLE {table}_versions");
     sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
         .execute(&pool)
@@ -372,4 +376,78 @@ async fn transactional_mode_keeps_the_connections_busy_timeout() {
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
+}
+
+/// A store on this run's file whose writes give up after 200 ms of waiting for the write
+/// lock, its duplicate counts written only when asked: one app instance.
+async fn impatient_store() -> Option<SqliteStore> {
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(common::db::sqlite_file("store"))
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(std::time::Duration::from_millis(200));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .expect("open the SQLite file");
+    let store = SqliteStore::new(pool).with_count_interval(common::hot_path::NEVER);
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+/// Duplicates of a done key are answered while another connection holds the database's
+/// write lock: they write nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_writes_nothing() {
+    // Alone: the write lock held stops every other test's writes on the file.
+    let _alone = common::SHARED_TABLE.write().await;
+    let Some(store) = impatient_store().await else {
+        return;
+    };
+    let locker = file_pool().await;
+    common::hot_path::a_duplicate_writes_nothing(store, |_done, _released| async move {
+        locker.begin_with("BEGIN IMMEDIATE").await.unwrap()
+    })
+    .await;
+}
+
+/// Duplicates are counted at once in their instance, and in the table once written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_counts_reach_the_table() {
+    let _shared = common::SHARED_TABLE.read().await;
+    let (Some(store), Some(other)) = (impatient_store().await, impatient_store().await) else {
+        return;
+    };
+    common::hot_path::duplicate_counts_reach_the_table(store, other, |store| async move {
+        store.write_counts().await.unwrap();
+    })
+    .await;
+}
+
+/// A purge of more rows than one batch holds deletes them all, and only them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_walks_the_table_in_batches() {
+    let _alone = common::SHARED_TABLE.write().await;
+    let Some(store) = file_store().await else {
+        return;
+    };
+    let pool = store.pool().clone();
+    common::hot_path::purge_walks_the_table_in_batches(store, |ns, count| async move {
+        let two_days_ago = "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000 \
+                            - 2 * 86400 * 1000000)";
+        let fill = format!(
+            r#"WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?2)
+            INSERT INTO idempotency_keys
+                (namespace, "key", state, token, deliveries, claimed_at, completed_at)
+            SELECT ?1, 'old-' || i, 'done', i, 1, {two_days_ago}, {two_days_ago} FROM n"#
+        );
+        sqlx::query(sqlx::AssertSqlSafe(fill))
+            .bind(&ns)
+            .bind(i64::try_from(count).unwrap())
+            .execute(&pool)
+            .await
+            .unwrap();
+    })
+    .await;
 }

@@ -17,6 +17,7 @@
 pub mod advance;
 pub mod claims;
 pub mod db;
+pub mod hot_path;
 pub mod proxy;
 pub mod races;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]

@@ -32,6 +32,46 @@ impl MySqlStore {
         query
     }
 
+    /// A claim's first statement: inserts `key` if it is new (answering the token it wrote),
+    /// or reads its row without writing it. MariaDB does both in one statement; MySQL reads
+    /// after an insert that was ignored.
+    pub(super) async fn insert_or_read(
+        &self,
+        flavor: MySqlFlavor,
+        key: &IdempotencyKey,
+    ) -> Result<(Option<ClaimRow>, Option<LeaseToken>), StoreError> {
+        let token = LeaseToken::generate();
+        let insert = |sql: &Arc<str>| {
+            sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(key.namespace())
+                .bind(key.value())
+                .bind(token.to_i64())
+        };
+        if flavor == MySqlFlavor::MariaDb {
+            let row = insert(&self.claims.insert_or_read)
+                .fetch_one(&self.table.pool)
+                .await
+                .store()?;
+            return Ok((Some(ClaimRow::read(&row)?), Some(token)));
+        }
+        let inserted = insert(&self.claims.insert_new)
+            .execute(&self.table.pool)
+            .await
+            .store()?;
+        if inserted.rows_affected() == 1 {
+            let row = ClaimRow {
+                state: "processing".to_owned(),
+                token: token.to_i64(),
+                deliveries: 1,
+                reclaimed: false,
+                age_us: 0,
+                idle_us: 0,
+            };
+            return Ok((Some(row), Some(token)));
+        }
+        Ok((self.table.read_claim(key).await?, None))
+    }
+
     /// MariaDB 10.5 and later: one upsert, returning the row.
     pub(super) async fn claim_returning(
         &self,

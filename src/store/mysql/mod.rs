@@ -69,12 +69,18 @@
 //!     claimed_at    DATETIME(6)  NOT NULL,
 //!     completed_at  DATETIME(6)  NULL,
 //!     PRIMARY KEY (namespace, `key`),
-//!     KEY `idempotency_keys_claimed_idx` (state, claimed_at),
-//!     KEY `idempotency_keys_completed_idx` (state, completed_at),
 //!     CONSTRAINT `idempotency_keys_state_check`
 //!         CHECK (state IN ('processing', 'done', 'released'))
 //! ) ENGINE = InnoDB
 //! ```
+//!
+//! There is no index beside the primary key (MySQL has no partial index, and one on `state`
+//! would be updated by every commit): [`stuck_claims`](crate::store::Store::stuck_claims) reads
+//! the whole table (it is an operator's query, not one on the delivery path), and
+//! [`purge_completed`](crate::store::Store::purge_completed) walks the primary key, 1,000 keys
+//! at a time, so no statement holds many row locks for long. `migrate()` drops the two indexes
+//! of earlier releases (`<table>_claimed_idx` on `(state, claimed_at)`, `<table>_completed_idx`
+//! on `(state, completed_at)`) in place.
 //!
 //! A table of the first release (without `runs`) is upgraded with one `ALTER TABLE` that needs
 //! no copy of the table: the new columns added, and the server-named check on `state` (found
@@ -100,10 +106,14 @@
 //!
 //! # Round trips
 //!
-//! - `claim`: a read of the key's row first, which answers a duplicate (done, in flight,
-//!   held) alone, writing nothing (see [delivery counts](#delivery-counts)). A new key, a
-//!   released one, or one not renewed for the limit under reclaim then takes the claim
-//!   described above: one more on MariaDB 10.5+, one or two more on MySQL (and older MariaDB).
+//! - `claim`: first an insert of the key as new. On MariaDB 10.5+ it is `INSERT … ON
+//!   DUPLICATE KEY UPDATE token = token RETURNING …`: one round trip inserts a new key or
+//!   returns the existing row, which assigning a column to itself leaves unchanged (InnoDB
+//!   skips the write, nothing reaches the redo log; the row is locked for the statement). On
+//!   MySQL and older MariaDB it is `INSERT IGNORE`, followed by a read of the row unless it
+//!   inserted. A duplicate (done, in flight, held) is answered so, writing nothing (see
+//!   [delivery counts](#delivery-counts)). Only a released row, or one not renewed for the
+//!   limit under reclaim, then takes the upsert described above, which takes it over.
 //! - `renew`, `commit`, `release`: `UPDATE … WHERE namespace = ? AND `key` = ? AND token = ?
 //!   AND <state>`, one each. sqlx connects with `CLIENT_FOUND_ROWS`, so the server reports
 //!   matched rows and a repeated commit with the same lease answers `Ok`.
@@ -325,6 +335,41 @@ impl MySqlStore {
         unlocked.store().map(drop)
     }
 
+    /// Drops the indexes of earlier releases on `(state, claimed_at)` and `(state,
+    /// completed_at)`, which every commit had to update (InnoDB drops a secondary index in
+    /// place, without copying the table).
+    async fn drop_old_indexes(&self, conn: &mut sqlx::MySqlConnection) -> Result<(), StoreError> {
+        let table = &self.table.sql.table;
+        let unquote = |name: String| name.trim_matches('`').to_owned();
+        let old = [
+            unquote(table.claimed_index('`')),
+            unquote(table.completed_index('`')),
+        ];
+        let found: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND INDEX_NAME IN (?, ?)",
+        )
+        .bind(table.bare())
+        .bind(&old[0])
+        .bind(&old[1])
+        .fetch_all(&mut *conn)
+        .await
+        .store()?;
+        if found.is_empty() {
+            return Ok(());
+        }
+        let drops: Vec<String> = found
+            .iter()
+            .map(|name| format!("DROP INDEX `{name}`"))
+            .collect();
+        let alter = format!("ALTER TABLE {} {}", table.quoted('`'), drops.join(", "));
+        sqlx::raw_sql(AssertSqlSafe(alter))
+            .execute(&mut *conn)
+            .await
+            .store()
+            .map(drop)
+    }
+
     async fn migrate_locked(&self, conn: &mut sqlx::MySqlConnection) -> Result<(), StoreError> {
         let (version, session_mode, global_mode): (String, String, String) =
             sqlx::query_as("SELECT VERSION(), @@SESSION.sql_mode, @@GLOBAL.sql_mode")
@@ -376,6 +421,7 @@ impl MySqlStore {
                 .await
                 .store()?;
         }
+        self.drop_old_indexes(conn).await?;
         sqlx::raw_sql(AssertSqlSafe(self.table.sql.versions.migrate.clone()))
             .execute(&mut *conn)
             .await
@@ -393,14 +439,22 @@ impl fmt::Debug for MySqlStore {
 /// A claim is one statement on MariaDB 10.5 and later, two on MySQL and older MariaDB; every
 /// other operation is one (see the [module docs](crate::store::mysql#round-trips)).
 impl Store for MySqlStore {
-    /// A read, which answers a duplicate without writing; the claim of the module docs for a
-    /// new key, a released one, or a stale one under reclaim.
+    /// An insert that writes nothing on a duplicate, and answers it (MariaDB returns the row
+    /// in the same statement; MySQL reads it); only a released row, or a stale one under
+    /// reclaim, takes the upsert of the module docs.
     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
-        let row = self.table.read_claim(key).await?;
-        if let AfterRead::Answer(claim) = self.table.after_read(key, row, None, stale)? {
-            return Ok(claim);
+        let flavor = self.flavor().await?;
+        // A row that vanishes between the two statements more than twice in a row means
+        // something else is deleting keys as fast as they are claimed.
+        for _ in 0..3 {
+            let (row, ours) = self.insert_or_read(flavor, key).await?;
+            match self.table.after_read(key, row, ours, stale)? {
+                AfterRead::Answer(claim) => return Ok(claim),
+                AfterRead::TakeOver => break,
+                AfterRead::Absent => {}
+            }
         }
-        match self.flavor().await? {
+        match flavor {
             MySqlFlavor::MariaDb => self.claim_returning(key, stale).await,
             MySqlFlavor::MySql => self.claim_and_read(key, stale).await,
         }

@@ -4,11 +4,16 @@
 
 use std::sync::Arc;
 
-use super::super::sql::{Queries, TableName, VersionQueries};
+use super::super::sql::{PURGE_BATCH, Queries, TALLY_CHUNK, TableName, VersionQueries};
 
 /// The claim statements only this backend needs.
 pub(super) struct ClaimQueries {
-    /// MariaDB: the upsert with `RETURNING`.
+    /// MySQL: a claim's first statement, `INSERT IGNORE` of a new key.
+    pub(super) insert_new: Arc<str>,
+    /// MariaDB: a claim's first statement, which inserts a new key or returns the existing row
+    /// without changing it.
+    pub(super) insert_or_read: Arc<str>,
+    /// MariaDB: the upsert with `RETURNING`, which takes a released or stale row over.
     pub(super) returning: Arc<str>,
 
     /// MySQL: the read after an upsert that updated.
@@ -55,12 +60,8 @@ pub(super) fn queries(table: TableName) -> (Queries, ClaimQueries) {
     claimed_at    DATETIME(6)  NOT NULL,
     completed_at  DATETIME(6)  NULL,
     PRIMARY KEY (namespace, `key`),
-    KEY {claimed} (state, claimed_at),
-    KEY {completed} (state, completed_at),
     CONSTRAINT {check} CHECK (state IN ('processing', 'done', 'released'))
-) ENGINE = InnoDB"#,
-        claimed = table.claimed_index('`'),
-        completed = table.completed_index('`'),
+) ENGINE = InnoDB"#
     );
     // Parameters: namespace, key, our token, whether the policy reclaims, the stale limit in
     // microseconds, then our token seven times. The assignments run left to right: `token` is
@@ -125,13 +126,35 @@ WHERE namespace = ? AND `key` = ? AND state = 'processing'"#
         r#"UPDATE {t} SET state = 'released', completed_at = {NOW}
 WHERE namespace = ? AND `key` = ? AND state = 'processing'"#
     );
-    let purge = format!(
-        r#"DELETE FROM {t}
-WHERE state IN ('done', 'released') AND completed_at <= {NOW} - INTERVAL ? MICROSECOND"#
+    // The purge walks the primary key in batches: no index on the settle time for every
+    // commit to update, and no statement that holds many row locks for long. A position is
+    // spelt out (MariaDB reads a row-value comparison as no range of the key).
+    let after = "(namespace > ? OR (namespace = ? AND `key` > ?))";
+    let purge_bound = format!(
+        "SELECT namespace, `key` FROM {t} WHERE {after} \
+         ORDER BY namespace, `key` LIMIT 1 OFFSET {skip}",
+        skip = PURGE_BATCH - 1
     );
+    let purge_rest = format!(
+        r#"DELETE FROM {t}
+WHERE state IN ('done', 'released') AND completed_at <= {NOW} - INTERVAL ? MICROSECOND
+    AND {after}"#
+    );
+    let purge = format!("{purge_rest} AND (namespace < ? OR (namespace = ? AND `key` <= ?))");
     let columns =
         format!("state, token, deliveries, reclaimed, {AGE_US} AS age_us, {IDLE_US} AS idle_us");
     let claim_returning = format!("{claim}\nRETURNING {columns}");
+    // A claim's first statement (namespace, key, token): a new key inserted. On a duplicate
+    // the MySQL flavor's insert is ignored, and MariaDB's "update" assigns a column to itself,
+    // which InnoDB skips: neither writes a row, nor anything to the redo log.
+    let insert = format!(
+        r#"INTO {t} (namespace, `key`, state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, renewed_at)
+VALUES (?, ?, 'processing', ?, 1, 1, FALSE, {NOW}, {NOW}, {NOW}, {NOW})"#
+    );
+    let insert_new = format!("INSERT IGNORE {insert}");
+    let insert_or_read =
+        format!("INSERT {insert}\nON DUPLICATE KEY UPDATE token = token\nRETURNING {columns}");
     let claim_read = format!("SELECT {columns} FROM {t} WHERE namespace = ? AND `key` = ?");
     // INSERT IGNORE rather than ON DUPLICATE KEY UPDATE: duplicates waiting on an open
     // transaction then share a lock and never need an exclusive one on the same row, which
@@ -149,12 +172,22 @@ VALUES (?, ?, 'done', ?, 1, 1, FALSE, {NOW}, {NOW}, {NOW}, {NOW})"#
     last_seen_at = {NOW}, claimed_at = {NOW}, completed_at = {NOW}
 WHERE namespace = ? AND `key` = ? AND state = 'released'"#
     );
-    // Written in the background: the last delivery's time from how long ago it was.
+    // Written in the background, many keys a statement: the last delivery's time from how
+    // long ago it was. The first row names the columns, in the table's own collation.
+    let text = "CAST(? AS CHAR CHARACTER SET utf8mb4) COLLATE utf8mb4_bin";
+    let counts = std::iter::once(format!(
+        "SELECT {text} AS namespace, {text} AS k, CAST(? AS SIGNED) AS n, CAST(? AS SIGNED) AS ago"
+    ))
+    .chain((1..TALLY_CHUNK).map(|_| "SELECT ?, ?, ?, ?".to_owned()))
+    .collect::<Vec<_>>()
+    .join("\n    UNION ALL ");
     let tally = format!(
-        r#"UPDATE {t} SET deliveries = deliveries + ?,
-    last_seen_at = GREATEST(COALESCE(last_seen_at, claimed_at),
-        TIMESTAMPADD(MICROSECOND, -?, {NOW}))
-WHERE namespace = ? AND `key` = ?"#
+        r#"UPDATE {t} AS t JOIN (
+    {counts}
+) AS v ON t.namespace = v.namespace AND t.`key` = v.k
+SET t.deliveries = t.deliveries + v.n,
+    t.last_seen_at = GREATEST(COALESCE(t.last_seen_at, t.claimed_at),
+        TIMESTAMPADD(MICROSECOND, -v.ago, {NOW}))"#
     );
     let (versions, version_returning, version_read, advance_returning, advance_read) =
         version_queries(&table);
@@ -175,9 +208,13 @@ WHERE namespace = ? AND `key` = ?"#
         stuck: stuck.into(),
         resolve_done: resolve_done.into(),
         resolve_release: resolve_release.into(),
+        purge_bound: purge_bound.into(),
         purge: purge.into(),
+        purge_rest: purge_rest.into(),
     };
     let claims = ClaimQueries {
+        insert_new: insert_new.into(),
+        insert_or_read: insert_or_read.into(),
         returning: claim_returning.into(),
         read: claim_read,
         tx_take: tx_take.into(),

@@ -1,7 +1,7 @@
 //! The SQL of the PostgreSQL store: its tables, their upgrade, and every statement, written
 //! once per table name.
 
-use super::super::sql::{Queries, TableName, VersionQueries};
+use super::super::sql::{PURGE_BATCH, Queries, TALLY_CHUNK, TableName, VersionQueries};
 
 /// Serialises concurrent `migrate()` calls: an arbitrary constant ("tower_id" in ASCII).
 const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6964;
@@ -60,11 +60,13 @@ CREATE TABLE IF NOT EXISTS {t} (
     PRIMARY KEY (namespace, "key"),
     CONSTRAINT {check} CHECK (state IN ('processing', 'done', 'released'))
 );
-CREATE INDEX IF NOT EXISTS {claimed} ON {t} (state, claimed_at);
-CREATE INDEX IF NOT EXISTS {completed} ON {t} (state, completed_at);"#,
+CREATE INDEX IF NOT EXISTS {stuck} ON {t} (claimed_at) WHERE state = 'processing';
+DROP INDEX IF EXISTS {claimed};
+DROP INDEX IF EXISTS {completed};"#,
         columns = columns(),
-        claimed = table.claimed_index('"'),
-        completed = table.completed_index('"'),
+        stuck = table.stuck_index('"'),
+        claimed = table.index_in_schema(&table.claimed_index('"'), '"'),
+        completed = table.index_in_schema(&table.completed_index('"'), '"'),
     );
     // $4: whether the policy reclaims; $5: the stale limit in microseconds. A released row is
     // free; a processing one only once its owner stopped renewing it.
@@ -121,11 +123,20 @@ WHERE namespace = $2 AND "key" = $3 AND state = 'processing'"#
         r#"UPDATE {t} SET state = 'released', completed_at = now()
 WHERE namespace = $1 AND "key" = $2 AND state = 'processing'"#
     );
-    let purge = format!(
+    // The purge walks the primary key in batches: no index on the settle time for every
+    // commit to update, and no statement that holds many rows at once.
+    let purge_bound = format!(
+        r#"SELECT namespace, "key" FROM {t} WHERE (namespace, "key") > ($1, $2)
+ORDER BY namespace, "key" LIMIT 1 OFFSET {skip}"#,
+        skip = PURGE_BATCH - 1
+    );
+    let purge_rest = format!(
         r#"DELETE FROM {t}
 WHERE state IN ('done', 'released')
-    AND completed_at <= now() - $1::bigint * interval '1 microsecond'"#
+    AND completed_at <= now() - $1::bigint * interval '1 microsecond'
+    AND (namespace, "key") > ($2, $3)"#
     );
+    let purge = format!(r#"{purge_rest} AND (namespace, "key") <= ($4, $5)"#);
     let tx_check = format!("SELECT 1 FROM {t} WHERE {fenced}");
     // A released row is free for the marker too.
     let free = "t.state = 'released'";
@@ -148,12 +159,24 @@ RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_u
         r#"SELECT state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us
 FROM {t} WHERE namespace = $1 AND "key" = $2"#
     );
-    // Written in the background: the last delivery's time from how long ago it was.
+    // Written in the background, many keys a statement: the last delivery's time from how
+    // long ago it was.
+    let counts = (0..TALLY_CHUNK)
+        .map(|row| {
+            let p = 4 * row;
+            let (ns, key, n, ago) = (p + 1, p + 2, p + 3, p + 4);
+            format!("(${ns}::text, ${key}::text, ${n}::bigint, ${ago}::bigint)")
+        })
+        .collect::<Vec<_>>()
+        .join(",\n    ");
     let tally = format!(
-        r#"UPDATE {t} SET deliveries = deliveries + $1,
-    last_seen_at = GREATEST(COALESCE(last_seen_at, claimed_at),
-        now() - $2::bigint * interval '1 microsecond')
-WHERE namespace = $3 AND "key" = $4"#
+        r#"UPDATE {t} AS t SET deliveries = t.deliveries + v.n,
+    last_seen_at = GREATEST(COALESCE(t.last_seen_at, t.claimed_at),
+        now() - v.ago * interval '1 microsecond')
+FROM (VALUES
+    {counts}
+) AS v (namespace, "key", n, ago)
+WHERE t.namespace = v.namespace AND t."key" = v."key""#
     );
     let versions = version_queries(&table);
     Queries {
@@ -172,7 +195,9 @@ WHERE namespace = $3 AND "key" = $4"#
         stuck: stuck.into(),
         resolve_done: resolve_done.into(),
         resolve_release: resolve_release.into(),
+        purge_bound: purge_bound.into(),
         purge: purge.into(),
+        purge_rest: purge_rest.into(),
     }
 }
 

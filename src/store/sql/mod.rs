@@ -25,6 +25,7 @@ pub(crate) use rows::{
     undecodable_stuck_row, version_claim, version_row,
 };
 pub(crate) use table::TableName;
+pub(crate) use tally::CHUNK as TALLY_CHUNK;
 use tally::{Seen, Tally};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use upsert::retry_serialization_failure;
@@ -35,17 +36,41 @@ use super::{
 };
 use crate::key::IdempotencyKey;
 
+/// How many rows a purge deletes at most in one statement.
+pub(crate) const PURGE_BATCH: u32 = 1_000;
+
+/// A statement of `DB` with its arguments.
+type Statement<'q, DB> = sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
+
 /// A database the SQL stores run on: what [`Table`] needs beyond sqlx's [`Database`].
 pub(crate) trait Backend: Database {
     /// How many rows a statement changed (or matched: MySQL's connections report matched
     /// rows, sqlx sets `CLIENT_FOUND_ROWS`).
     fn rows_affected(done: &Self::QueryResult) -> u64;
+
+    /// Binds a position in key order, as the backend's statements compare with one: a row
+    /// value `(namespace, key)` on PostgreSQL and SQLite (two parameters); on MySQL, whose
+    /// optimizer reads only the spelt-out `namespace > ? OR (namespace = ? AND key > ?)` as a
+    /// range of the primary key, three.
+    fn bind_position<'q>(
+        query: Statement<'q, Self>,
+        namespace: &str,
+        key: &str,
+    ) -> Statement<'q, Self>;
 }
 
 #[cfg(feature = "postgres")]
 impl Backend for sqlx::Postgres {
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
+    }
+
+    fn bind_position<'q>(
+        query: Statement<'q, Self>,
+        namespace: &str,
+        key: &str,
+    ) -> Statement<'q, Self> {
+        query.bind(namespace.to_owned()).bind(key.to_owned())
     }
 }
 
@@ -54,12 +79,32 @@ impl Backend for sqlx::Sqlite {
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
     }
+
+    fn bind_position<'q>(
+        query: Statement<'q, Self>,
+        namespace: &str,
+        key: &str,
+    ) -> Statement<'q, Self> {
+        query.bind(namespace.to_owned()).bind(key.to_owned())
+    }
 }
 
 #[cfg(feature = "mysql")]
 impl Backend for sqlx::MySql {
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
+    }
+
+    fn bind_position<'q>(
+        query: Statement<'q, Self>,
+        namespace: &str,
+        key: &str,
+    ) -> Statement<'q, Self> {
+        let namespace = namespace.to_owned();
+        query
+            .bind(namespace.clone())
+            .bind(namespace)
+            .bind(key.to_owned())
     }
 }
 
@@ -259,16 +304,16 @@ where
         let unwritten = self.tally.add(key);
         if !self.tally.is_flushing() {
             let (pool, sql) = (self.pool.clone(), self.sql.clone());
-            self.tally.keep_flushed(move |key, seen| {
+            self.tally.keep_flushed(move |chunk| {
                 let (pool, sql) = (pool.clone(), sql.clone());
                 async move {
-                    let written = write_tally(&pool, &sql, &key, seen).await;
+                    let written = write_tally(&pool, &sql, &chunk).await;
                     if let Err(error) = &written {
                         tracing::warn!(
                             table = %sql.table.name(),
-                            key = %key,
+                            keys = chunk.len(),
                             error = error as &dyn std::error::Error,
-                            "could not write the delivery count of duplicates; trying again \
+                            "could not write the delivery counts of duplicates; trying again \
                              shortly"
                         );
                     }
@@ -281,9 +326,11 @@ where
 
     /// Writes every count of the tally now.
     pub(crate) async fn write_counts(&self) -> Result<(), StoreError> {
-        for (key, seen) in self.tally.snapshot() {
-            write_tally(&self.pool, &self.sql, &key, seen).await?;
-            self.tally.written(&key, seen.count);
+        for chunk in self.tally.snapshot().chunks(tally::CHUNK) {
+            write_tally(&self.pool, &self.sql, chunk).await?;
+            for (key, seen) in chunk {
+                self.tally.written(key, seen.count);
+            }
         }
         Ok(())
     }
@@ -349,13 +396,38 @@ where
         Ok(changed > 0)
     }
 
+    /// Walks the table in key order, [`PURGE_BATCH`] keys at a time: each batch is two short
+    /// statements (the batch's last key, then the delete), so claims wait at most for one
+    /// batch's locks, and no index on the settle time is needed.
     pub(crate) async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(self.sql.purge.clone()))
-            .bind(micros(older_than))
-            .execute(&self.pool)
-            .await
-            .store()?;
-        Ok(DB::rows_affected(&done))
+        let age = micros(older_than);
+        let (mut after_namespace, mut after_key) = (String::new(), String::new());
+        let mut purged = 0;
+        loop {
+            let bound = sqlx::query(AssertSqlSafe(self.sql.purge_bound.clone()));
+            let bound = DB::bind_position(bound, &after_namespace, &after_key)
+                .fetch_optional(&self.pool)
+                .await
+                .store()?;
+            let bound: Option<(String, String)> = bound
+                .map(|row| Ok::<_, StoreError>((row.try_get(0).store()?, row.try_get(1).store()?)))
+                .transpose()?;
+            let sql = match bound {
+                Some(_) => &self.sql.purge,
+                None => &self.sql.purge_rest,
+            };
+            let delete = sqlx::query(AssertSqlSafe(sql.clone())).bind(age);
+            let mut delete = DB::bind_position(delete, &after_namespace, &after_key);
+            if let Some((namespace, key)) = &bound {
+                delete = DB::bind_position(delete, namespace, key);
+            }
+            let done = delete.execute(&self.pool).await.store()?;
+            purged += DB::rows_affected(&done);
+            match bound {
+                Some((namespace, key)) => (after_namespace, after_key) = (namespace, key),
+                None => return Ok(purged),
+            }
+        }
     }
 
     pub(crate) async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
@@ -420,13 +492,12 @@ where
     }
 }
 
-/// Adds the deliveries of `key` the tally counted (`count` of them, the last `seen.last` ago)
-/// to its row.
+/// Adds the deliveries the tally counted of each key of `chunk` (at most [`tally::CHUNK`]) to
+/// its row, in one statement: the rows left over are bound to a key that matches no row.
 async fn write_tally<DB>(
     pool: &Pool<DB>,
     sql: &Queries,
-    key: &IdempotencyKey,
-    seen: Seen,
+    chunk: &[(IdempotencyKey, Seen)],
 ) -> Result<(), StoreError>
 where
     DB: Backend,
@@ -435,15 +506,18 @@ where
     for<'a> &'a str: Encode<'a, DB> + Type<DB>,
     i64: for<'a> Encode<'a, DB> + Type<DB>,
 {
-    sqlx::query(AssertSqlSafe(sql.tally.clone()))
-        .bind(i64::try_from(seen.count).unwrap_or(i64::MAX))
-        .bind(micros(seen.last.elapsed()))
-        .bind(key.namespace())
-        .bind(key.value())
-        .execute(pool)
-        .await
-        .store()
-        .map(drop)
+    let mut statement = sqlx::query(AssertSqlSafe(sql.tally.clone()));
+    for (key, seen) in chunk {
+        statement = statement
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(i64::try_from(seen.count).unwrap_or(i64::MAX))
+            .bind(micros(seen.last.elapsed()));
+    }
+    for _ in chunk.len()..tally::CHUNK {
+        statement = statement.bind("").bind("").bind(0_i64).bind(0_i64);
+    }
+    statement.execute(pool).await.store().map(drop)
 }
 
 /// Maps a backend result's error into a [`StoreError`], keeping the source.

@@ -8,9 +8,14 @@ use super::table::TableName;
 /// The statements of one store on one table, made once and shared by its clones.
 ///
 /// Parameters, by position: `claim` as the backend documents; `read` (namespace, key);
-/// `tally` (count, microseconds since the last delivery, namespace, key); `renew`, `commit` and
+/// `tally` ([`TALLY_CHUNK`](super::TALLY_CHUNK) rows of namespace, key, count, microseconds
+/// since the last delivery); `renew`, `commit` and
 /// `release` (namespace, key, token); `describe` and `resolve_release` (namespace, key);
-/// `resolve_done` (new token, namespace, key); `stuck` and `purge` (age in microseconds).
+/// `resolve_done` (new token, namespace, key); `stuck` (age in microseconds); `purge_bound` (a position); `purge` (age in microseconds, the
+/// position after which, the position up to which) and `purge_rest` (age, the position after
+/// which). A position is a namespace and a key, bound as [`Backend::bind_position`] does.
+///
+/// [`Backend::bind_position`]: super::Backend::bind_position
 pub(crate) struct Queries {
     pub(crate) table: TableName,
     pub(crate) migrate: Arc<str>,
@@ -20,8 +25,8 @@ pub(crate) struct Queries {
     /// The upsert that takes a key: inserts it, or takes the row over when it is released or
     /// stale under a reclaiming policy, counting the delivery either way.
     pub(crate) claim: Arc<str>,
-    /// Adds the deliveries the tally counted (count, how long ago the last of them arrived in
-    /// microseconds, namespace, key).
+    /// Adds the deliveries the tally counted to the rows of up to
+    /// [`TALLY_CHUNK`](super::TALLY_CHUNK) keys, in one statement.
     pub(crate) tally: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) commit: Arc<str>,
@@ -30,7 +35,14 @@ pub(crate) struct Queries {
     pub(crate) stuck: Arc<str>,
     pub(crate) resolve_done: Arc<str>,
     pub(crate) resolve_release: Arc<str>,
+    /// The last key of the next batch a purge walks: the `PURGE_BATCH`-th key after a
+    /// position (bound as the backend binds one), in key order; none when fewer are left.
+    pub(crate) purge_bound: Arc<str>,
+    /// Deletes the settled rows past the retention (microseconds) after one position and up
+    /// to another, in key order.
     pub(crate) purge: Arc<str>,
+    /// The same, after a position to the end.
+    pub(crate) purge_rest: Arc<str>,
     /// Transactional mode: insert the marker as `done` inside the delivery's transaction
     /// (namespace, key, token); on a conflict, count the delivery and return the row.
     pub(crate) tx_claim: Arc<str>,

@@ -14,6 +14,10 @@ const _: () = assert!(
     "update the message in TableName::parse"
 );
 
+/// The index of `processing` rows only, for `stuck_claims`.
+const STUCK_INDEX_SUFFIX: &str = "_stuck_idx";
+/// The indexes of earlier releases on `(state, claimed_at)` and `(state, completed_at)`, which
+/// every commit had to update; `migrate` drops them.
 const CLAIMED_INDEX_SUFFIX: &str = "_claimed_idx";
 const COMPLETED_INDEX_SUFFIX: &str = "_completed_idx";
 /// The suffix of the entity versions table of the [version guard](crate::version_guard).
@@ -111,6 +115,22 @@ impl TableName {
     #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     pub(crate) fn bare(&self) -> &str {
         &self.table
+    }
+
+    /// The quoted, unqualified name of the index of `processing` rows.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    pub(crate) fn stuck_index(&self, quote: char) -> String {
+        format!("{quote}{}{STUCK_INDEX_SUFFIX}{quote}", self.table)
+    }
+
+    /// An index of this table by its quoted name, schema-qualified if the table is: for
+    /// `DROP INDEX` on PostgreSQL, where an index lives in its table's schema.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn index_in_schema(&self, index: &str, quote: char) -> String {
+        match &self.schema {
+            Some(schema) => format!("{quote}{schema}{quote}.{index}"),
+            None => index.to_owned(),
+        }
     }
 
     /// The quoted, unqualified name of the index on `(state, claimed_at)`.

@@ -18,6 +18,14 @@ use crate::key::IdempotencyKey;
 /// How often the counts are written, unless the store says otherwise.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
+/// How many keys' counts one statement writes: the backend's `tally` statement has this many
+/// rows of parameters (namespace, key, count, microseconds since the last), the unused ones
+/// filled with a key that matches no row.
+pub(crate) const CHUNK: usize = 64;
+
+/// One statement's worth of counts.
+pub(crate) type Chunk = Vec<(IdempotencyKey, Seen)>;
+
 /// The most keys the tally holds unwritten: past it, a duplicate's count is dropped (and
 /// logged) rather than let the tally grow while the database is unreachable.
 const MAX_KEYS: usize = 100_000;
@@ -120,7 +128,7 @@ impl Tally {
     /// once every store holding the tally is gone and nothing is left to write.
     pub(crate) fn keep_flushed<W, Fut>(self: &Arc<Self>, write: W)
     where
-        W: Fn(IdempotencyKey, Seen) -> Fut + Send + 'static,
+        W: Fn(Chunk) -> Fut + Send + 'static,
         Fut: Future<Output = bool> + Send + 'static,
     {
         if self.flushing.swap(true, Ordering::AcqRel) {
@@ -133,7 +141,7 @@ impl Tally {
 
 async fn flush<W, Fut>(tally: Weak<Tally>, every: Duration, write: W)
 where
-    W: Fn(IdempotencyKey, Seen) -> Fut,
+    W: Fn(Chunk) -> Fut,
     Fut: Future<Output = bool>,
 {
     loop {
@@ -145,12 +153,13 @@ where
         // Not held across the writes: the last store gone, the task writes what is left and
         // ends.
         drop(strong);
-        for (key, seen) in due {
-            let count = seen.count;
-            if write(key.clone(), seen).await
+        for chunk in due.chunks(CHUNK) {
+            if write(chunk.to_vec()).await
                 && let Some(strong) = tally.upgrade()
             {
-                strong.written(&key, count);
+                for (key, seen) in chunk {
+                    strong.written(key, seen.count);
+                }
             }
         }
         if tally.strong_count() == 0 {
@@ -209,14 +218,15 @@ mod tests {
         tally.add(&key("a"));
         tally.add(&key("a"));
         let (w, a) = (written.clone(), attempts.clone());
-        tally.keep_flushed(move |_key, seen| {
+        tally.keep_flushed(move |chunk| {
             let (w, a) = (w.clone(), a.clone());
             async move {
                 // The first write fails: the counts stay for the next round.
                 if a.fetch_add(1, Ordering::SeqCst) == 0 {
                     return false;
                 }
-                w.fetch_add(seen.count, Ordering::SeqCst);
+                let counts: u64 = chunk.iter().map(|(_, seen)| seen.count).sum();
+                w.fetch_add(counts, Ordering::SeqCst);
                 true
             }
         });

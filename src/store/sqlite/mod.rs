@@ -70,11 +70,16 @@
 //!     completed_at  INTEGER,
 //!     PRIMARY KEY (namespace, "key")
 //! );
-//! CREATE INDEX IF NOT EXISTS "idempotency_keys_claimed_idx"
-//!     ON "idempotency_keys" (state, claimed_at);
-//! CREATE INDEX IF NOT EXISTS "idempotency_keys_completed_idx"
-//!     ON "idempotency_keys" (state, completed_at);
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_stuck_idx"
+//!     ON "idempotency_keys" (claimed_at) WHERE state = 'processing';
 //! ```
+//!
+//! The only index beside the primary key holds the `processing` rows, for
+//! [`stuck_claims`](crate::store::Store::stuck_claims): small, as few rows are in flight at a
+//! time. Nothing indexes the settle time, so a commit updates no index but the primary key's;
+//! [`purge_completed`](crate::store::Store::purge_completed) walks the primary key instead,
+//! 1,000 keys at a time. `migrate()` drops the two indexes of earlier releases (`<table>_claimed_idx`
+//! on `(state, claimed_at)`, `<table>_completed_idx` on `(state, completed_at)`).
 //!
 //! SQLite cannot change a `CHECK` constraint in place, so a table of the first release
 //! (without `runs`) is rebuilt in the same transaction: renamed to `<table>_previous`, the new

@@ -1,7 +1,7 @@
 //! The SQL of the SQLite store: its tables, their upgrade, and every statement, written once
 //! per table name.
 
-use super::super::sql::{Queries, TableName, VersionQueries};
+use super::super::sql::{PURGE_BATCH, Queries, TALLY_CHUNK, TableName, VersionQueries};
 
 /// Now, in microseconds since the Unix epoch, from SQLite's clock.
 const NOW_US: &str = "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
@@ -31,8 +31,10 @@ fn create_table(table: &TableName) -> String {
 fn create_indexes(table: &TableName) -> String {
     let t = table.quoted('"');
     format!(
-        r#"CREATE INDEX IF NOT EXISTS {claimed} ON {t} (state, claimed_at);
-CREATE INDEX IF NOT EXISTS {completed} ON {t} (state, completed_at);"#,
+        r#"CREATE INDEX IF NOT EXISTS {stuck} ON {t} (claimed_at) WHERE state = 'processing';
+DROP INDEX IF EXISTS {claimed};
+DROP INDEX IF EXISTS {completed};"#,
+        stuck = table.stuck_index('"'),
         claimed = table.claimed_index('"'),
         completed = table.completed_index('"'),
     )
@@ -121,10 +123,19 @@ WHERE namespace = ?2 AND "key" = ?3 AND state = 'processing'"#
         r#"UPDATE {t} SET state = 'released', completed_at = {NOW_US}
 WHERE namespace = ?1 AND "key" = ?2 AND state = 'processing'"#
     );
-    let purge = format!(
-        r#"DELETE FROM {t}
-WHERE state IN ('done', 'released') AND completed_at <= {NOW_US} - ?1"#
+    // The purge walks the primary key in batches: no index on the settle time for every
+    // commit to update, and the write lock held for one batch at a time.
+    let purge_bound = format!(
+        r#"SELECT namespace, "key" FROM {t} WHERE (namespace, "key") > (?1, ?2)
+ORDER BY namespace, "key" LIMIT 1 OFFSET {skip}"#,
+        skip = PURGE_BATCH - 1
     );
+    let purge_rest = format!(
+        r#"DELETE FROM {t}
+WHERE state IN ('done', 'released') AND completed_at <= {NOW_US} - ?1
+    AND (namespace, "key") > (?2, ?3)"#
+    );
+    let purge = format!(r#"{purge_rest} AND (namespace, "key") <= (?4, ?5)"#);
     let tx_check = format!("SELECT 1 FROM {t} WHERE {fenced}");
     // A released row is free for the marker too.
     let free = "t.state = 'released'";
@@ -147,11 +158,23 @@ RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_u
         r#"SELECT state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us
 FROM {t} WHERE namespace = ?1 AND "key" = ?2"#
     );
-    // Written in the background: the last delivery's time from how long ago it was.
+    // Written in the background, many keys a statement: the last delivery's time from how
+    // long ago it was.
+    let counts = (0..TALLY_CHUNK)
+        .map(|row| {
+            let p = 4 * row;
+            let (ns, key, n, ago) = (p + 1, p + 2, p + 3, p + 4);
+            format!("(?{ns}, ?{key}, ?{n}, ?{ago})")
+        })
+        .collect::<Vec<_>>()
+        .join(",\n    ");
     let tally = format!(
-        r#"UPDATE {t} SET deliveries = deliveries + ?1,
-    last_seen_at = max(COALESCE(last_seen_at, claimed_at), {NOW_US} - ?2)
-WHERE namespace = ?3 AND "key" = ?4"#
+        r#"WITH v (namespace, "key", n, ago) AS (VALUES
+    {counts}
+)
+UPDATE {t} AS t SET deliveries = t.deliveries + v.n,
+    last_seen_at = max(COALESCE(t.last_seen_at, t.claimed_at), {NOW_US} - v.ago)
+FROM v WHERE t.namespace = v.namespace AND t."key" = v."key""#
     );
     let versions = version_queries(&table);
     Queries {
@@ -170,7 +193,9 @@ WHERE namespace = ?3 AND "key" = ?4"#
         stuck: stuck.into(),
         resolve_done: resolve_done.into(),
         resolve_release: resolve_release.into(),
+        purge_bound: purge_bound.into(),
         purge: purge.into(),
+        purge_rest: purge_rest.into(),
     }
 }
 
