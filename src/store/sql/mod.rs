@@ -12,6 +12,7 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool};
 use sqlx::{Row as _, Type};
 
+mod backend;
 mod queries;
 mod rows;
 mod table;
@@ -19,6 +20,7 @@ mod tally;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod upsert;
 
+pub(crate) use backend::Backend;
 pub(crate) use queries::{Queries, VersionQueries};
 pub(crate) use rows::{
     ClaimRow, NEVER_STALE, duration_from_micros, key_record, micros, stuck_claim,
@@ -26,8 +28,8 @@ pub(crate) use rows::{
 };
 pub(crate) use table::TableName;
 pub(crate) use tally::CHUNK as TALLY_CHUNK;
-use tally::{Seen, Tally};
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use tally::Tally;
+#[cfg(feature = "postgres")]
 pub(crate) use upsert::retry_serialization_failure;
 
 use super::{
@@ -38,75 +40,6 @@ use crate::key::IdempotencyKey;
 
 /// How many rows a purge deletes at most in one statement.
 pub(crate) const PURGE_BATCH: u32 = 1_000;
-
-/// A statement of `DB` with its arguments.
-type Statement<'q, DB> = sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
-
-/// A database the SQL stores run on: what [`Table`] needs beyond sqlx's [`Database`].
-pub(crate) trait Backend: Database {
-    /// How many rows a statement changed (or matched: MySQL's connections report matched
-    /// rows, sqlx sets `CLIENT_FOUND_ROWS`).
-    fn rows_affected(done: &Self::QueryResult) -> u64;
-
-    /// Binds a position in key order, as the backend's statements compare with one: a row
-    /// value `(namespace, key)` on PostgreSQL and SQLite (two parameters); on MySQL, whose
-    /// optimizer reads only the spelt-out `namespace > ? OR (namespace = ? AND key > ?)` as a
-    /// range of the primary key, three.
-    fn bind_position<'q>(
-        query: Statement<'q, Self>,
-        namespace: &str,
-        key: &str,
-    ) -> Statement<'q, Self>;
-}
-
-#[cfg(feature = "postgres")]
-impl Backend for sqlx::Postgres {
-    fn rows_affected(done: &Self::QueryResult) -> u64 {
-        done.rows_affected()
-    }
-
-    fn bind_position<'q>(
-        query: Statement<'q, Self>,
-        namespace: &str,
-        key: &str,
-    ) -> Statement<'q, Self> {
-        query.bind(namespace.to_owned()).bind(key.to_owned())
-    }
-}
-
-#[cfg(feature = "sqlite")]
-impl Backend for sqlx::Sqlite {
-    fn rows_affected(done: &Self::QueryResult) -> u64 {
-        done.rows_affected()
-    }
-
-    fn bind_position<'q>(
-        query: Statement<'q, Self>,
-        namespace: &str,
-        key: &str,
-    ) -> Statement<'q, Self> {
-        query.bind(namespace.to_owned()).bind(key.to_owned())
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl Backend for sqlx::MySql {
-    fn rows_affected(done: &Self::QueryResult) -> u64 {
-        done.rows_affected()
-    }
-
-    fn bind_position<'q>(
-        query: Statement<'q, Self>,
-        namespace: &str,
-        key: &str,
-    ) -> Statement<'q, Self> {
-        let namespace = namespace.to_owned();
-        query
-            .bind(namespace.clone())
-            .bind(namespace)
-            .bind(key.to_owned())
-    }
-}
 
 /// A store's table on its pool: the pool, the statements the backend wrote for the table, and
 /// the deliveries answered without writing that are not written yet. Clones share all three.
@@ -307,7 +240,7 @@ where
             self.tally.keep_flushed(move |chunk| {
                 let (pool, sql) = (pool.clone(), sql.clone());
                 async move {
-                    let written = write_tally(&pool, &sql, &chunk).await;
+                    let written = tally::write(&pool, &sql, &chunk).await;
                     if let Err(error) = &written {
                         tracing::warn!(
                             table = %sql.table.name(),
@@ -327,7 +260,7 @@ where
     /// Writes every count of the tally now.
     pub(crate) async fn write_counts(&self) -> Result<(), StoreError> {
         for chunk in self.tally.snapshot().chunks(tally::CHUNK) {
-            write_tally(&self.pool, &self.sql, chunk).await?;
+            tally::write(&self.pool, &self.sql, chunk).await?;
             for (key, seen) in chunk {
                 self.tally.written(key, seen.count);
             }
@@ -490,34 +423,6 @@ where
             .store()?;
         Ok(found.is_some())
     }
-}
-
-/// Adds the deliveries the tally counted of each key of `chunk` (at most [`tally::CHUNK`]) to
-/// its row, in one statement: the rows left over are bound to a key that matches no row.
-async fn write_tally<DB>(
-    pool: &Pool<DB>,
-    sql: &Queries,
-    chunk: &[(IdempotencyKey, Seen)],
-) -> Result<(), StoreError>
-where
-    DB: Backend,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
-    i64: for<'a> Encode<'a, DB> + Type<DB>,
-{
-    let mut statement = sqlx::query(AssertSqlSafe(sql.tally.clone()));
-    for (key, seen) in chunk {
-        statement = statement
-            .bind(key.namespace())
-            .bind(key.value())
-            .bind(i64::try_from(seen.count).unwrap_or(i64::MAX))
-            .bind(micros(seen.last.elapsed()));
-    }
-    for _ in chunk.len()..tally::CHUNK {
-        statement = statement.bind("").bind("").bind(0_i64).bind(0_i64);
-    }
-    statement.execute(pool).await.store().map(drop)
 }
 
 /// Maps a backend result's error into a [`StoreError`], keeping the source.

@@ -13,7 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use sqlx::{AssertSqlSafe, Encode, Executor, IntoArguments, Pool, Type};
+
+use super::{Backend, Queries, ResultExt as _, micros};
 use crate::key::IdempotencyKey;
+use crate::store::StoreError;
 
 /// How often the counts are written, unless the store says otherwise.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(1);
@@ -166,6 +170,34 @@ where
             return;
         }
     }
+}
+
+/// Adds the deliveries the tally counted of each key of `chunk` (at most [`CHUNK`]) to
+/// its row, in one statement: the rows left over are bound to a key that matches no row.
+pub(crate) async fn write<DB>(
+    pool: &Pool<DB>,
+    sql: &Queries,
+    chunk: &[(IdempotencyKey, Seen)],
+) -> Result<(), StoreError>
+where
+    DB: Backend,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    i64: for<'a> Encode<'a, DB> + Type<DB>,
+{
+    let mut statement = sqlx::query(AssertSqlSafe(sql.tally.clone()));
+    for (key, seen) in chunk {
+        statement = statement
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(i64::try_from(seen.count).unwrap_or(i64::MAX))
+            .bind(micros(seen.last.elapsed()));
+    }
+    for _ in chunk.len()..CHUNK {
+        statement = statement.bind("").bind("").bind(0_i64).bind(0_i64);
+    }
+    statement.execute(pool).await.store().map(drop)
 }
 
 #[cfg(test)]

@@ -1,0 +1,72 @@
+//! What the SQL stores need of a database beyond sqlx's [`Database`], one impl per backend.
+
+use sqlx::Database;
+
+/// A statement of `DB` with its arguments.
+type Statement<'q, DB> = sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
+
+/// A database the SQL stores run on: what [`Table`] needs beyond sqlx's [`Database`].
+pub(crate) trait Backend: Database {
+    /// How many rows a statement changed (or matched: MySQL's connections report matched
+    /// rows, sqlx sets `CLIENT_FOUND_ROWS`).
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+
+    /// Binds a position in key order, as the backend's statements compare with one: a row
+    /// value `(namespace, key)` on PostgreSQL and SQLite (two parameters); on MySQL, whose
+    /// optimizer reads only the spelt-out `namespace > ? OR (namespace = ? AND key > ?)` as a
+    /// range of the primary key, three.
+    fn bind_position<'q>(
+        query: Statement<'q, Self>,
+        namespace: &str,
+        key: &str,
+    ) -> Statement<'q, Self>;
+}
+
+#[cfg(feature = "postgres")]
+impl Backend for sqlx::Postgres {
+    fn rows_affected(done: &Self::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    fn bind_position<'q>(
+        query: Statement<'q, Self>,
+        namespace: &str,
+        key: &str,
+    ) -> Statement<'q, Self> {
+        query.bind(namespace.to_owned()).bind(key.to_owned())
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl Backend for sqlx::Sqlite {
+    fn rows_affected(done: &Self::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    fn bind_position<'q>(
+        query: Statement<'q, Self>,
+        namespace: &str,
+        key: &str,
+    ) -> Statement<'q, Self> {
+        query.bind(namespace.to_owned()).bind(key.to_owned())
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Backend for sqlx::MySql {
+    fn rows_affected(done: &Self::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    fn bind_position<'q>(
+        query: Statement<'q, Self>,
+        namespace: &str,
+        key: &str,
+    ) -> Statement<'q, Self> {
+        let namespace = namespace.to_owned();
+        query
+            .bind(namespace.clone())
+            .bind(namespace)
+            .bind(key.to_owned())
+    }
+}
