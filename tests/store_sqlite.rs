@@ -451,3 +451,68 @@ async fn purge_walks_the_table_in_batches() {
     })
     .await;
 }
+
+/// 600 deliveries at once (300 events, each twice) through four stores opened on one new file,
+/// as four pools of one process: writers queue in the process instead of sleeping in SQLite's
+/// busy handler, so none is answered 5xx, each event runs once, and no claim is left
+/// `processing`. The busy timeout is zero: a write of this process that met another's lock
+/// would fail at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_on_an_opened_file_queues_its_writes() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tower::ServiceExt as _;
+    use tower_idempotency::{IdempotencyLayer, key};
+
+    let dir = std::env::temp_dir().join(common::unique_namespace("burst"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("burst.db");
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        let options = SqliteStore::options(&path).busy_timeout(std::time::Duration::ZERO);
+        stores.push(SqliteStore::open_with(options).await.expect("open"));
+    }
+    let ns = common::unique_namespace("burst");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let services: Vec<_> = stores
+        .iter()
+        .map(|store| {
+            let layer = IdempotencyLayer::new(store.clone())
+                .key(key::header("x-event-id").namespace(ns.clone()));
+            common::counting_layer_service(layer, runs.clone())
+        })
+        .collect();
+    let tasks: Vec<_> = (0..600)
+        .map(|i| {
+            let svc = services[i % services.len()].clone();
+            let req = common::delivery(&format!("evt_{}", i / 2));
+            tokio::spawn(async move { svc.oneshot(req).await.unwrap().status() })
+        })
+        .collect();
+    let mut statuses = std::collections::BTreeMap::new();
+    for task in tasks {
+        *statuses.entry(task.await.unwrap().as_u16()).or_insert(0) += 1;
+    }
+    assert!(
+        statuses
+            .keys()
+            .all(|status| *status == 200 || *status == 409),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        300,
+        "each event once: {statuses:?}"
+    );
+    // Every answered delivery has settled its claim: a commit still retrying would show here.
+    let stuck = stores[0]
+        .stuck_claims(std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(stuck.is_empty(), "{} claims left processing", stuck.len());
+    for store in stores {
+        store.pool().close().await;
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

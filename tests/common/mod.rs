@@ -136,7 +136,7 @@ where
     }))
 }
 
-fn delivery(id: &str) -> Request<Full<Bytes>> {
+pub fn delivery(id: &str) -> Request<Full<Bytes>> {
     Request::post("/hook")
         .header("x-event-id", id)
         .body(Full::new(Bytes::new()))

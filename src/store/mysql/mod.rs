@@ -247,7 +247,7 @@ impl MySqlStore {
     /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes.
     pub fn with_table_name(mut self, name: &str) -> Result<Self, ConfigError> {
         let (sql, claims) = queries(TableName::parse(name, false)?);
-        self.table = Table::new(self.table.pool, sql);
+        self.table = self.table.with_queries(sql);
         self.claims = Arc::new(claims);
         Ok(self)
     }

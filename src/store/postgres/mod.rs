@@ -196,10 +196,7 @@ pub struct PostgresStore {
 impl PostgresStore {
     /// A store on `pool`, in the table `idempotency_keys`.
     pub fn new(pool: PgPool) -> Self {
-        Self::on(pool, TableName::default_table())
-    }
-
-    fn on(pool: PgPool, table: TableName) -> Self {
+        let table = TableName::default_table();
         Self {
             insert_or_read: insert_or_read(&table).into(),
             table: Table::new(pool, queries(table)),
@@ -210,7 +207,11 @@ impl PostgresStore {
     /// `schema.table` with each part so (the schema must exist). It is quoted in SQL, so it is
     /// case-sensitive.
     pub fn with_table_name(self, name: &str) -> Result<Self, ConfigError> {
-        Ok(Self::on(self.table.pool, TableName::parse(name, true)?))
+        let table = TableName::parse(name, true)?;
+        Ok(Self {
+            insert_or_read: insert_or_read(&table).into(),
+            table: self.table.with_queries(queries(table)),
+        })
     }
 
     /// How often the deliveries answered without writing (duplicates, see the [module

@@ -47,6 +47,51 @@ pub(crate) struct Table<DB: Database> {
     pub(crate) pool: Pool<DB>,
     pub(crate) sql: Arc<Queries>,
     tally: Arc<Tally>,
+    /// Where a database with one writer at a time (SQLite) queues its writes.
+    writer: Writer,
+}
+
+/// The queue of a database's writers in this process: a fair lock that a write statement
+/// holds, so that writers wait their turn here rather than in the database's busy handler.
+/// Databases with row locks have none.
+#[derive(Clone, Default)]
+pub(crate) struct Writer(Option<Arc<tokio::sync::Mutex<()>>>);
+
+impl Writer {
+    /// A queue of its own.
+    pub(crate) fn queue() -> Self {
+        Self(Some(Arc::default()))
+    }
+
+    /// The queue shared by every store in this process on the database file `path` (made
+    /// absolute first: one file, one queue).
+    pub(crate) fn for_file(path: &std::path::Path) -> Self {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, Weak};
+
+        type Queues = HashMap<std::path::PathBuf, Weak<tokio::sync::Mutex<()>>>;
+        static QUEUES: Mutex<Option<Queues>> = Mutex::new(None);
+        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+        let mut queues = QUEUES
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let queues = queues.get_or_insert_with(HashMap::new);
+        queues.retain(|_, queue| queue.strong_count() > 0);
+        if let Some(queue) = queues.get(&path).and_then(Weak::upgrade) {
+            return Self(Some(queue));
+        }
+        let queue = Arc::new(tokio::sync::Mutex::new(()));
+        queues.insert(path, Arc::downgrade(&queue));
+        Self(Some(queue))
+    }
+
+    /// Waits for this writer's turn; the turn lasts as long as what this answers.
+    pub(crate) async fn turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        match &self.0 {
+            Some(queue) => Some(queue.lock().await),
+            None => None,
+        }
+    }
 }
 
 impl<DB: Database> Clone for Table<DB> {
@@ -55,6 +100,7 @@ impl<DB: Database> Clone for Table<DB> {
             pool: self.pool.clone(),
             sql: self.sql.clone(),
             tally: self.tally.clone(),
+            writer: self.writer.clone(),
         }
     }
 }
@@ -77,7 +123,23 @@ impl<DB: Database> Table<DB> {
             pool,
             sql: Arc::new(sql),
             tally: Arc::default(),
+            writer: Writer::default(),
         }
+    }
+
+    /// The same pool and writer queue on other statements (another table), with a tally of
+    /// its own.
+    pub(crate) fn with_queries(self, sql: Queries) -> Self {
+        Self {
+            sql: Arc::new(sql),
+            tally: Arc::new(Tally::every(self.tally.interval())),
+            ..self
+        }
+    }
+
+    /// The same table, its writes queued in `writer`.
+    pub(crate) fn writing_through(self, writer: Writer) -> Self {
+        Self { writer, ..self }
     }
 
     /// The same table, whose deliveries answered without writing are written every `every`.
@@ -125,6 +187,7 @@ where
         if let Some(token) = token {
             query = query.bind(token.to_i64());
         }
+        let _turn = self.writer.turn().await;
         let done = query.execute(&self.pool).await.store()?;
         Ok(DB::rows_affected(&done))
     }
@@ -236,11 +299,14 @@ where
     fn count(&self, key: &IdempotencyKey) -> u64 {
         let unwritten = self.tally.add(key);
         if !self.tally.is_flushing() {
-            let (pool, sql) = (self.pool.clone(), self.sql.clone());
+            let (pool, sql, writer) = (self.pool.clone(), self.sql.clone(), self.writer.clone());
             self.tally.keep_flushed(move |chunk| {
-                let (pool, sql) = (pool.clone(), sql.clone());
+                let (pool, sql, writer) = (pool.clone(), sql.clone(), writer.clone());
                 async move {
-                    let written = tally::write(&pool, &sql, &chunk).await;
+                    let written = {
+                        let _turn = writer.turn().await;
+                        tally::write(&pool, &sql, &chunk).await
+                    };
                     if let Err(error) = &written {
                         tracing::warn!(
                             table = %sql.table.name(),
@@ -260,7 +326,9 @@ where
     /// Writes every count of the tally now.
     pub(crate) async fn write_counts(&self) -> Result<(), StoreError> {
         for chunk in self.tally.snapshot().chunks(tally::CHUNK) {
+            let turn = self.writer.turn().await;
             tally::write(&self.pool, &self.sql, chunk).await?;
+            drop(turn);
             for (key, seen) in chunk {
                 self.tally.written(key, seen.count);
             }
@@ -315,6 +383,7 @@ where
             // A new token fences off the old owner, whose late commit must not undo what the
             // person decided.
             Resolution::Done => {
+                let _turn = self.writer.turn().await;
                 let done = sqlx::query(AssertSqlSafe(self.sql.resolve_done.clone()))
                     .bind(LeaseToken::generate().to_i64())
                     .bind(key.namespace())
@@ -354,7 +423,9 @@ where
             if let Some((namespace, key)) = &bound {
                 delete = DB::bind_position(delete, namespace, key);
             }
+            let turn = self.writer.turn().await;
             let done = delete.execute(&self.pool).await.store()?;
+            drop(turn);
             purged += DB::rows_affected(&done);
             match bound {
                 Some((namespace, key)) => (after_namespace, after_key) = (namespace, key),

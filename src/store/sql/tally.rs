@@ -67,6 +67,11 @@ impl Tally {
         }
     }
 
+    /// How often the counts are written.
+    pub(crate) fn interval(&self) -> Duration {
+        self.every
+    }
+
     fn seen(&self) -> MutexGuard<'_, HashMap<IdempotencyKey, Seen>> {
         // A count is a plain number: one left half-changed by a panic is still a number.
         self.seen

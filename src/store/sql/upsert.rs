@@ -44,7 +44,9 @@ where
                 .bind(micros(stale.after()))
                 .fetch_one(&self.pool)
         };
+        let turn = self.writer.turn().await;
         let row = retry_serialization_failure("claim", is_serialization_failure, upsert).await?;
+        drop(turn);
         ClaimRow::read(&row)?.into_claim(key, token, stale)
     }
 
@@ -69,7 +71,9 @@ where
                 .fetch_one(&self.pool)
         };
         let what = "version claim";
+        let turn = self.writer.turn().await;
         let row = retry_serialization_failure(what, is_serialization_failure, upsert).await?;
+        drop(turn);
         version_claim(entity, version, token, stale, version_row(&row)?)
             .ok_or_else(|| StoreError::backend("the versions row was left inconsistent"))
     }

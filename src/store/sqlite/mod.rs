@@ -1,46 +1,52 @@
 //! The SQLite store: the embedded default, one process, zero setup.
 //!
-//! ```no_run
-//! use std::time::Duration;
-//!
-//! use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+//! ```
 //! use tower_idempotency::{IdempotencyLayer, key, store::SqliteStore};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let options = SqliteConnectOptions::new()
-//!     .filename("webhooks.db")
-//!     .create_if_missing(true)
-//!     .journal_mode(SqliteJournalMode::Wal)
-//!     .busy_timeout(Duration::from_secs(5));
-//! let pool = SqlitePoolOptions::new().connect_with(options).await?;
-//! let store = SqliteStore::new(pool);
-//! store.migrate().await?;
+//! # let dir = std::env::temp_dir().join(format!("sqlite-module-doc-{}", std::process::id()));
+//! # std::fs::create_dir_all(&dir)?;
+//! // The file is created if missing, set up (WAL, durable commits, a small pool) and migrated.
+//! let store = SqliteStore::open(dir.join("webhooks.db")).await?;
+//! assert_eq!(store.table_name(), "idempotency_keys");
 //! let layer = IdempotencyLayer::new(store).key(key::github());
 //! # let _ = layer;
+//! # std::fs::remove_dir_all(&dir)?;
 //! # Ok(())
 //! # }
 //! ```
 //!
 //! # Connecting
 //!
-//! - **A file**: use WAL (`journal_mode(SqliteJournalMode::Wal)`) so readers do not block the
-//!   writer, and a busy timeout (`busy_timeout`, 5 s by default in sqlx) so concurrent claims
-//!   wait for the write lock instead of failing. Several pools, and several processes on one
-//!   machine, can share the file: SQLite's write lock serialises the claims.
+//! - **A file**: [`SqliteStore::open`] sets what the store needs. With a pool of your own
+//!   ([`SqliteStore::new`]), use WAL (`journal_mode(SqliteJournalMode::Wal)`) so readers do
+//!   not block the writer, a busy timeout (`busy_timeout`, 5 s by default in sqlx) so a write
+//!   waits for another process's write lock instead of failing, and `synchronous(Full)` for
+//!   commits that survive a power cut (sqlx's default in WAL mode). Several pools, and several
+//!   processes on one machine, can share the file: SQLite's write lock serialises the claims.
 //! - **In memory** (`sqlite::memory:`): sqlx opens a shared-cache in-memory database that all
 //!   connections of the pool share and that vanishes when its last connection closes, and
 //!   shared-cache connections fail with "database table is locked" instead of waiting. Use
 //!   one connection that the pool never closes:
 //!   `SqlitePoolOptions::new().max_connections(1).min_connections(1).idle_timeout(None)
 //!   .max_lifetime(None)`. For tests; a restart forgets everything.
+//! - **Pool size**: a small pool (1 to 4 connections) of the store's own; [`open`] makes 4.
+//!   Transactional mode holds one connection per delivery in flight.
 //!
-//! - **Pool size**: SQLite has one writer at a time, and a connection waiting for the write
-//!   lock sleeps in the busy handler rather than queueing. Under many concurrent deliveries a
-//!   large pool spends its time asleep (in the benchmarks, a 16-connection pool answered
-//!   concurrent duplicates many times slower than a 1-connection pool). Give the store a small
-//!   pool of its own (1 to 4 connections); transactional mode holds one connection per
-//!   delivery in flight.
+//! # Writers
+//!
+//! SQLite has one writer at a time, and a connection that finds the write lock taken sleeps in
+//! the busy handler, waking at intervals, rather than queueing: under a burst, some writers
+//! sleep past the busy timeout while others get the lock again and again. So the store's
+//! writes (claims that insert or take over, renewals, commits, releases, purges, the counts of
+//! duplicates) take turns in a queue of the process, first come first served, and only one at
+//! a time asks SQLite for the lock. Every store made by [`open`] on one file shares one queue
+//! (the path made absolute); a store made by [`new`](SqliteStore::new) has a queue of its
+//! own. Reads (a duplicate's claim, `describe`, `stuck_claims`) do not queue, and neither does
+//! transactional mode, whose transaction holds the write lock while the handler runs.
+//!
+//! [`open`]: SqliteStore::open
 //!
 //! # Time
 //!
@@ -154,7 +160,9 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Sqlite, SqlitePool};
 
-use super::sql::{AfterRead, ResultExt as _, Table, TableName};
+use super::sql::{AfterRead, ResultExt as _, Table, TableName, Writer};
+
+mod open;
 use super::{
     Claim, ConfigError, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim,
     VersionClaim, VersionLease, VersionStore,
@@ -179,9 +187,16 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// A store on `pool`, in the table `idempotency_keys`.
+    ///
+    /// The store's writes take turns in a queue of its own (see [writers](self#writers));
+    /// [`open`](Self::open) shares one queue among the stores of a process on one file.
     pub fn new(pool: SqlitePool) -> Self {
+        Self::queued(pool, Writer::queue())
+    }
+
+    fn queued(pool: SqlitePool, writer: Writer) -> Self {
         Self {
-            table: Table::new(pool, queries(TableName::default_table())),
+            table: Table::new(pool, queries(TableName::default_table())).writing_through(writer),
         }
     }
 
@@ -189,7 +204,7 @@ impl SqliteStore {
     pub fn with_table_name(self, name: &str) -> Result<Self, ConfigError> {
         let table = TableName::parse(name, false)?;
         Ok(Self {
-            table: Table::new(self.table.pool, queries(table)),
+            table: self.table.with_queries(queries(table)),
         })
     }
 
@@ -349,4 +364,15 @@ impl VersionStore for SqliteStore {
 /// SQLite has one writer at a time: a claim never meets a concurrent write to serialize with.
 fn is_serialization_failure(_: &sqlx::Error) -> bool {
     false
+}
+
+/// SQLITE_BUSY and its extended codes (the low byte is 5): "database is locked", the write
+/// lock was not free within the busy timeout.
+fn is_busy(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(e) = e else {
+        return false;
+    };
+    e.code()
+        .and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| c & 0xff == 5)
 }

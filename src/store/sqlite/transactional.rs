@@ -79,13 +79,7 @@ async fn set_busy_timeout(
         .map(drop)
 }
 
-/// SQLITE_BUSY and its extended codes (the low byte is 5): the write lock was not free
-/// within the busy timeout.
+/// The write lock was not free within the busy timeout.
 fn is_lock_timeout(e: &sqlx::Error) -> bool {
-    let sqlx::Error::Database(e) = e else {
-        return false;
-    };
-    e.code()
-        .and_then(|c| c.parse::<i32>().ok())
-        .is_some_and(|c| c & 0xff == 5)
+    super::is_busy(e)
 }
