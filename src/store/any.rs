@@ -41,7 +41,7 @@
 //! |---|---|---|---|
 //! | `postgres://`, `postgresql://` | `PostgresStore` | `postgres` | one connection to check the server, then sqlx's default pool (up to 10 connections) |
 //! | `mysql://`, `mariadb://` | `MySqlStore` | `mysql` | the same; `mariadb://` is passed on as `mysql://` |
-//! | `sqlite:` | `SqliteStore` | `sqlite` | a file: created if missing, WAL, a pool of 4; `sqlite::memory:`: one connection kept open |
+//! | `sqlite:` | `SqliteStore` | `sqlite` | a file: created if missing, WAL, a pool of 4, its writes queued with the process's other stores on the file (see [writers](super::sqlite#writers)); `sqlite::memory:`: one connection kept open |
 //! | `memory:` | `MemoryStore` | `memory` | a new, empty store; the rest of the URL is ignored |
 //!
 //! Schemes are case-insensitive. A scheme the crate does not know, or one whose feature was
@@ -520,38 +520,15 @@ async fn connect_sqlite(url: &str) -> Result<SqliteStore, sqlx::Error> {
             .connect_with(options)
             .await?
     } else {
+        let path = options.get_filename().to_owned();
         let options = options
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal);
-        // Processes opening a new file at once can find it locked while one of them switches
-        // it to WAL (the switch does not wait on the busy timeout): try again for a while.
-        let mut attempt = 0;
-        loop {
-            let pool = SqlitePoolOptions::new()
-                .max_connections(4)
-                .connect_with(options.clone())
-                .await;
-            match pool {
-                Err(err) if attempt < 10 && sqlite_busy(&err) => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
-                }
-                pool => break pool?,
-            }
-        }
+        let pool = super::sqlite::open_pool(options).await?;
+        // Its writes take turns with every other store of the process on the file.
+        return Ok(SqliteStore::on_file(pool, &path));
     };
     Ok(SqliteStore::new(pool))
-}
-
-/// SQLITE_BUSY, or one of its extended codes (the low byte is 5): "database is locked".
-#[cfg(feature = "sqlite")]
-fn sqlite_busy(err: &sqlx::Error) -> bool {
-    let sqlx::Error::Database(err) = err else {
-        return false;
-    };
-    err.code()
-        .and_then(|code| code.parse::<i32>().ok())
-        .is_some_and(|code| code & 0xff == 5)
 }
 
 /// Whether sqlx opens the SQLite URL `url` as an in-memory database: `sqlite::memory:`,

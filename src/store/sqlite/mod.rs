@@ -163,11 +163,13 @@ use sqlx::{AssertSqlSafe, Sqlite, SqlitePool};
 use super::sql::{AfterRead, ResultExt as _, Table, TableName, Writer};
 
 mod open;
+
 use super::{
     Claim, ConfigError, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim,
     VersionClaim, VersionLease, VersionStore,
 };
 use crate::key::IdempotencyKey;
+pub(crate) use open::open_pool;
 
 mod queries;
 mod transactional;

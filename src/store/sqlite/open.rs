@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use super::SqliteStore;
@@ -71,24 +72,35 @@ impl SqliteStore {
     /// of the process on the same file, the table migrated.
     pub async fn open_with(options: SqliteConnectOptions) -> Result<Self, StoreError> {
         let path = options.get_filename().to_owned();
-        // Processes opening a new file at once can find it locked while one of them switches
-        // it to WAL (the switch does not wait on the busy timeout): try again for a while.
-        let mut attempt = 0;
-        let pool = loop {
-            let pool = SqlitePoolOptions::new()
-                .max_connections(CONNECTIONS)
-                .connect_with(options.clone())
-                .await;
-            match pool {
-                Err(error) if attempt < 10 && super::is_busy(&error) => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
-                }
-                pool => break pool.map_err(StoreError::backend)?,
-            }
-        };
-        let store = Self::queued(pool, Writer::for_file(&path));
+        let pool = open_pool(options).await.map_err(StoreError::backend)?;
+        let store = Self::on_file(pool, &path);
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// A store on `pool`, a pool on the file at `path`: its writes queued with every other
+    /// store of the process on that file.
+    pub(crate) fn on_file(pool: SqlitePool, path: &Path) -> Self {
+        Self::queued(pool, Writer::for_file(path))
+    }
+}
+
+/// A pool of [`CONNECTIONS`] on a database file. Processes opening a new file at once can find
+/// it locked while one of them switches it to WAL (the switch does not wait on the busy
+/// timeout): the pool is tried again for a while.
+pub(crate) async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error> {
+    let mut attempt = 0;
+    loop {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(CONNECTIONS)
+            .connect_with(options.clone())
+            .await;
+        match pool {
+            Err(error) if attempt < 10 && super::is_busy(&error) => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+            }
+            pool => return pool,
+        }
     }
 }
