@@ -810,27 +810,93 @@ fn growth<St: BenchStore>(c: &mut Criterion, rt: &Runtime, db: &Db, full: bool) 
     };
     let mut times = Vec::new();
     for rep in 0..repeats {
-        let took = rt.block_on(async {
+        let (took, quiet, during) = rt.block_on(async {
             let expired = DEFAULT_RETENTION.as_secs() + 86_400;
             db.fill(GROWTH_TABLE, &format!("p{rep}-"), 0, purge_rows, expired)
                 .await;
+            // Deliveries of new events one after another: for a while alone, then while the
+            // purge runs. A purge that held its locks long would show in the second.
+            let quiet = deliveries_until(store.clone(), tokio::time::sleep(PROBE_QUIET)).await;
             let start = Instant::now();
-            let purged = store
-                .purge_completed(DEFAULT_RETENTION)
-                .await
-                .expect("purge");
+            let purge = store.purge_completed(DEFAULT_RETENTION);
+            let (purged, during) = deliveries_during(store.clone(), purge).await;
             let took = start.elapsed();
-            assert_eq!(purged, purge_rows, "purged rows");
-            took
+            assert_eq!(purged.expect("purge"), purge_rows, "purged rows");
+            (took, quiet, during)
         });
         println!(
-            "{backend}: purge_completed deleted {purge_rows} expired rows of {} in {:.3} s",
+            "{backend}: purge_completed deleted {purge_rows} expired rows of {} in {:.3} s; \
+             claim and commit of a new event alone {}, during the purge {}",
             rows + purge_rows,
-            took.as_secs_f64()
+            took.as_secs_f64(),
+            latencies(quiet),
+            latencies(during),
         );
         times.push(took);
     }
     times
+}
+
+/// How long deliveries are probed alone before a purge.
+const PROBE_QUIET: Duration = Duration::from_millis(500);
+
+/// Delivers new events through the layer one after another until `until` is ready; answers
+/// how long each took.
+async fn deliveries_until<St: BenchStore>(
+    store: St,
+    until: impl Future<Output = ()>,
+) -> Vec<Duration> {
+    deliveries_during(store, until).await.1
+}
+
+/// The same, while `work` runs; answers what it answered too.
+async fn deliveries_during<St: BenchStore, T>(
+    store: St,
+    work: impl Future<Output = T>,
+) -> (T, Vec<Duration>) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = {
+        let (stop, keys) = (stop.clone(), new_keys());
+        let mut svc = layered(store);
+        tokio::spawn(async move {
+            let mut took = Vec::new();
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let start = Instant::now();
+                let res = svc
+                    .ready()
+                    .await
+                    .unwrap()
+                    .call(request(&keys(i)))
+                    .await
+                    .unwrap();
+                assert_eq!(res.status(), StatusCode::OK);
+                took.push(start.elapsed());
+                i += 1;
+            }
+            took
+        })
+    };
+    let answer = work.await;
+    stop.store(true, Ordering::Relaxed);
+    (answer, probe.await.expect("probe"))
+}
+
+/// `n`, median, 99th percentile and longest of `took`.
+fn latencies(mut took: Vec<Duration>) -> String {
+    took.sort();
+    let at = |q: f64| {
+        took.get(((took.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or_default()
+    };
+    format!(
+        "n {}, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        took.len(),
+        at(0.5).as_secs_f64() * 1e3,
+        at(0.99).as_secs_f64() * 1e3,
+        took.last().copied().unwrap_or_default().as_secs_f64() * 1e3
+    )
 }
 
 // ---------------------------------------------------------------------------------------
