@@ -136,7 +136,19 @@ WHERE state IN ('done', 'released')
     AND completed_at <= now() - $1::bigint * interval '1 microsecond'
     AND (namespace, "key") > ($2, $3)"#
     );
-    let purge = format!(r#"{purge_rest} AND (namespace, "key") <= ($4, $5)"#);
+    // PostgreSQL does not end an index scan at a row-value upper bound: the batch's keys come
+    // from a scan that its `LIMIT` ends instead (exactly the keys up to the bound), and the
+    // delete looks each of them up by the primary key.
+    let purge = format!(
+        r#"DELETE FROM {t} AS t USING (
+    SELECT namespace, "key" FROM {t}
+    WHERE (namespace, "key") > ($2, $3) AND (namespace, "key") <= ($4, $5)
+    ORDER BY namespace, "key" LIMIT {PURGE_BATCH}
+) AS batch
+WHERE t.namespace = batch.namespace AND t."key" = batch."key"
+    AND t.state IN ('done', 'released')
+    AND t.completed_at <= now() - $1::bigint * interval '1 microsecond'"#
+    );
     let tx_check = format!("SELECT 1 FROM {t} WHERE {fenced}");
     // A released row is free for the marker too.
     let free = "t.state = 'released'";
