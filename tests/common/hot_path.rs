@@ -82,11 +82,11 @@ where
 pub const EXPIRED: u64 = 2_500;
 
 /// `fill(ns, EXPIRED)` writes that many `done` rows in `ns`, settled two days ago. A purge
-/// with a day's retention deletes them all, batch after batch, and keeps the fresh done key
-/// and the processing one.
+/// with a day's retention deletes them all, batch after batch, while new keys that sort among
+/// them keep arriving, and keeps the fresh done key, the processing one and the new ones.
 pub async fn purge_walks_the_table_in_batches<S, F, Fut>(store: S, fill: F)
 where
-    S: Store,
+    S: Store + Clone,
     F: FnOnce(String, u64) -> Fut,
     Fut: Future<Output = ()>,
 {
@@ -105,16 +105,33 @@ where
         );
     }
 
+    // New deliveries during the purge, their keys among the batches': `old-<i>-new`.
+    let arriving = {
+        let (store, ns) = (store.clone(), ns.clone());
+        tokio::spawn(async move {
+            let mut arrived = Vec::new();
+            for i in (0..EXPIRED).step_by(50) {
+                let key = key_in(&ns, &format!("old-{i}-new"));
+                let lease = acquire(&store, &key, LONG).await;
+                store.commit(&lease).await.unwrap();
+                arrived.push(key);
+                tokio::task::yield_now().await;
+            }
+            arrived
+        })
+    };
     let purged = store
         .purge_completed(Duration::from_secs(24 * 3600))
         .await
         .unwrap();
+    let arrived = arriving.await.unwrap();
     assert!(purged >= EXPIRED, "purged {purged}");
     for i in 0..EXPIRED {
         let old = key_in(&ns, &format!("old-{i}"));
-        if i % 97 == 0 || i == EXPIRED - 1 {
-            assert!(store.describe(&old).await.unwrap().is_none(), "left: {old}");
-        }
+        assert!(store.describe(&old).await.unwrap().is_none(), "left: {old}");
+    }
+    for key in arrived {
+        assert!(store.describe(&key).await.unwrap().is_some(), "purged: {key}");
     }
     assert!(store.describe(&fresh).await.unwrap().is_some());
     let running = store.describe(&running).await.unwrap().unwrap();

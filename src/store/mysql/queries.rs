@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::super::sql::{PURGE_BATCH, Queries, TALLY_CHUNK, TableName, VersionQueries};
+use super::super::sql::{PURGE_BATCH, Purge, Queries, TALLY_CHUNK, TableName, VersionQueries};
 
 /// The claim statements only this backend needs.
 pub(super) struct ClaimQueries {
@@ -208,9 +208,11 @@ SET t.deliveries = t.deliveries + v.n,
         stuck: stuck.into(),
         resolve_done: resolve_done.into(),
         resolve_release: resolve_release.into(),
-        purge_bound: purge_bound.into(),
-        purge: purge.into(),
-        purge_rest: purge_rest.into(),
+        purge: Purge::Bounded {
+            bound: purge_bound.into(),
+            up_to: purge.into(),
+            rest: purge_rest.into(),
+        },
     };
     let claims = ClaimQueries {
         insert_new: insert_new.into(),

@@ -1,7 +1,7 @@
 //! The SQL of the PostgreSQL store: its tables, their upgrade, and every statement, written
 //! once per table name.
 
-use super::super::sql::{PURGE_BATCH, Queries, TALLY_CHUNK, TableName, VersionQueries};
+use super::super::sql::{PURGE_BATCH, Purge, Queries, TALLY_CHUNK, TableName, VersionQueries};
 
 /// Serialises concurrent `migrate()` calls: an arbitrary constant ("tower_id" in ASCII).
 const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6964;
@@ -124,30 +124,22 @@ WHERE namespace = $2 AND "key" = $3 AND state = 'processing'"#
 WHERE namespace = $1 AND "key" = $2 AND state = 'processing'"#
     );
     // The purge walks the primary key in batches: no index on the settle time for every
-    // commit to update, and no statement that holds many rows at once.
-    let purge_bound = format!(
-        r#"SELECT namespace, "key" FROM {t} WHERE (namespace, "key") > ($1, $2)
-ORDER BY namespace, "key" LIMIT 1 OFFSET {skip}"#,
-        skip = PURGE_BATCH - 1
-    );
-    let purge_rest = format!(
-        r#"DELETE FROM {t}
-WHERE state IN ('done', 'released')
-    AND completed_at <= now() - $1::bigint * interval '1 microsecond'
-    AND (namespace, "key") > ($2, $3)"#
-    );
-    // PostgreSQL does not end an index scan at a row-value upper bound: the batch's keys come
-    // from a scan that its `LIMIT` ends instead (exactly the keys up to the bound), and the
-    // delete looks each of them up by the primary key.
+    // commit to update, and no statement that holds many rows at once. One statement a
+    // batch: PostgreSQL ends no index scan at a row-value upper bound, so a batch is what a
+    // `LIMIT` ends.
     let purge = format!(
-        r#"DELETE FROM {t} AS t USING (
-    SELECT namespace, "key" FROM {t}
-    WHERE (namespace, "key") > ($2, $3) AND (namespace, "key") <= ($4, $5)
+        r#"WITH batch AS (
+    SELECT namespace, "key" FROM {t} WHERE (namespace, "key") > ($2, $3)
     ORDER BY namespace, "key" LIMIT {PURGE_BATCH}
-) AS batch
-WHERE t.namespace = batch.namespace AND t."key" = batch."key"
-    AND t.state IN ('done', 'released')
-    AND t.completed_at <= now() - $1::bigint * interval '1 microsecond'"#
+), gone AS (
+    DELETE FROM {t} AS t USING batch
+    WHERE t.namespace = batch.namespace AND t."key" = batch."key"
+        AND t.state IN ('done', 'released')
+        AND t.completed_at <= now() - $1::bigint * interval '1 microsecond'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS purged, last.namespace, last."key"
+FROM (SELECT namespace, "key" FROM batch ORDER BY namespace DESC, "key" DESC LIMIT 1) AS last"#
     );
     let tx_check = format!("SELECT 1 FROM {t} WHERE {fenced}");
     // A released row is free for the marker too.
@@ -207,9 +199,7 @@ WHERE t.namespace = v.namespace AND t."key" = v."key""#
         stuck: stuck.into(),
         resolve_done: resolve_done.into(),
         resolve_release: resolve_release.into(),
-        purge_bound: purge_bound.into(),
-        purge: purge.into(),
-        purge_rest: purge_rest.into(),
+        purge: Purge::Batch(purge.into()),
     }
 }
 

@@ -21,7 +21,7 @@ mod tally;
 mod upsert;
 
 pub(crate) use backend::Backend;
-pub(crate) use queries::{Queries, VersionQueries};
+pub(crate) use queries::{Purge, Queries, VersionQueries};
 pub(crate) use rows::{
     ClaimRow, NEVER_STALE, duration_from_micros, key_record, micros, stuck_claim,
     undecodable_stuck_row, version_claim, version_row,
@@ -403,35 +403,70 @@ where
     /// batch's locks, and no index on the settle time is needed.
     pub(crate) async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
         let age = micros(older_than);
-        let (mut after_namespace, mut after_key) = (String::new(), String::new());
+        let mut after = (String::new(), String::new());
         let mut purged = 0;
         loop {
-            let bound = sqlx::query(AssertSqlSafe(self.sql.purge_bound.clone()));
-            let bound = DB::bind_position(bound, &after_namespace, &after_key)
-                .fetch_optional(&self.pool)
-                .await
-                .store()?;
-            let bound: Option<(String, String)> = bound
-                .map(|row| Ok::<_, StoreError>((row.try_get(0).store()?, row.try_get(1).store()?)))
-                .transpose()?;
-            let sql = match bound {
-                Some(_) => &self.sql.purge,
-                None => &self.sql.purge_rest,
+            let (deleted, last) = match &self.sql.purge {
+                Purge::Batch(batch) => self.purge_batch(batch, age, &after).await?,
+                Purge::Bounded { bound, up_to, rest } => {
+                    self.purge_bounded(bound, up_to, rest, age, &after).await?
+                }
             };
-            let delete = sqlx::query(AssertSqlSafe(sql.clone())).bind(age);
-            let mut delete = DB::bind_position(delete, &after_namespace, &after_key);
-            if let Some((namespace, key)) = &bound {
-                delete = DB::bind_position(delete, namespace, key);
-            }
-            let turn = self.writer.turn().await;
-            let done = delete.execute(&self.pool).await.store()?;
-            drop(turn);
-            purged += DB::rows_affected(&done);
-            match bound {
-                Some((namespace, key)) => (after_namespace, after_key) = (namespace, key),
+            purged += deleted;
+            match last {
+                Some(last) => after = last,
                 None => return Ok(purged),
             }
         }
+    }
+
+    /// One batch in one statement: how many rows it deleted, and the batch's last key.
+    async fn purge_batch(
+        &self,
+        batch: &Arc<str>,
+        age: i64,
+        (namespace, key): &(String, String),
+    ) -> Result<(u64, Option<(String, String)>), StoreError> {
+        let statement = sqlx::query(AssertSqlSafe(batch.clone())).bind(age);
+        let statement = DB::bind_position(statement, namespace, key);
+        let turn = self.writer.turn().await;
+        let row = statement.fetch_optional(&self.pool).await.store()?;
+        drop(turn);
+        let Some(row) = row else {
+            return Ok((0, None));
+        };
+        let deleted: i64 = row.try_get(0).store()?;
+        let last = (row.try_get(1).store()?, row.try_get(2).store()?);
+        Ok((u64::try_from(deleted).unwrap_or(0), Some(last)))
+    }
+
+    /// One batch in two statements: its last key, then the delete up to it.
+    async fn purge_bounded(
+        &self,
+        bound: &Arc<str>,
+        up_to: &Arc<str>,
+        rest: &Arc<str>,
+        age: i64,
+        (namespace, key): &(String, String),
+    ) -> Result<(u64, Option<(String, String)>), StoreError> {
+        let statement = sqlx::query(AssertSqlSafe(bound.clone()));
+        let last = DB::bind_position(statement, namespace, key)
+            .fetch_optional(&self.pool)
+            .await
+            .store()?;
+        let last: Option<(String, String)> = last
+            .map(|row| Ok::<_, StoreError>((row.try_get(0).store()?, row.try_get(1).store()?)))
+            .transpose()?;
+        let sql = if last.is_some() { up_to } else { rest };
+        let delete = sqlx::query(AssertSqlSafe(sql.clone())).bind(age);
+        let mut delete = DB::bind_position(delete, namespace, key);
+        if let Some((namespace, key)) = &last {
+            delete = DB::bind_position(delete, namespace, key);
+        }
+        let turn = self.writer.turn().await;
+        let done = delete.execute(&self.pool).await.store()?;
+        drop(turn);
+        Ok((DB::rows_affected(&done), last))
     }
 
     pub(crate) async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {

@@ -11,11 +11,8 @@ use super::table::TableName;
 /// `tally` ([`TALLY_CHUNK`](super::TALLY_CHUNK) rows of namespace, key, count, microseconds
 /// since the last delivery); `renew`, `commit` and
 /// `release` (namespace, key, token); `describe` and `resolve_release` (namespace, key);
-/// `resolve_done` (new token, namespace, key); `stuck` (age in microseconds); `purge_bound` (a position); `purge` (age in microseconds, the
-/// position after which, the position up to which) and `purge_rest` (age, the position after
-/// which). A position is a namespace and a key, bound as [`Backend::bind_position`] does.
-///
-/// [`Backend::bind_position`]: super::Backend::bind_position
+/// `resolve_done` (new token, namespace, key); `stuck` (age in microseconds); `purge` as
+/// [`Purge`] says.
 pub(crate) struct Queries {
     pub(crate) table: TableName,
     pub(crate) migrate: Arc<str>,
@@ -35,14 +32,7 @@ pub(crate) struct Queries {
     pub(crate) stuck: Arc<str>,
     pub(crate) resolve_done: Arc<str>,
     pub(crate) resolve_release: Arc<str>,
-    /// The last key of the next batch a purge walks: the `PURGE_BATCH`-th key after a
-    /// position (bound as the backend binds one), in key order; none when fewer are left.
-    pub(crate) purge_bound: Arc<str>,
-    /// Deletes the settled rows past the retention (microseconds) after one position and up
-    /// to another, in key order.
-    pub(crate) purge: Arc<str>,
-    /// The same, after a position to the end.
-    pub(crate) purge_rest: Arc<str>,
+    pub(crate) purge: Purge,
     /// Transactional mode: insert the marker as `done` inside the delivery's transaction
     /// (namespace, key, token); on a conflict, count the delivery and return the row.
     pub(crate) tx_claim: Arc<str>,
@@ -74,4 +64,27 @@ pub(crate) struct VersionQueries {
     pub(crate) resolve_release: Arc<str>,
     /// Moves the applied version inside the caller's transaction, unless it is older.
     pub(crate) advance: Arc<str>,
+}
+
+/// How a purge walks the table in key order, [`PURGE_BATCH`](super::PURGE_BATCH) keys at a
+/// time. A position is a namespace and a key, bound as
+/// [`Backend::bind_position`](super::Backend::bind_position) does; the age is microseconds.
+pub(crate) enum Purge {
+    /// One statement a batch (age, position): takes the next keys after the position, deletes
+    /// the settled ones past the age among them, and answers how many it deleted and the
+    /// batch's last key; no row once no key is left. The batch is what the statement's
+    /// snapshot holds, so a row inserted meanwhile is never deleted by mistake and an expired
+    /// one is never passed over.
+    Batch(Arc<str>),
+    /// Two statements a batch, for databases whose deletes end a key range where it ends.
+    Bounded {
+        /// The batch's last key (position): the `PURGE_BATCH`-th after the position; none
+        /// when fewer are left.
+        bound: Arc<str>,
+        /// Deletes the settled rows past the age after one position, up to another (age,
+        /// position, position).
+        up_to: Arc<str>,
+        /// The same to the end (age, position).
+        rest: Arc<str>,
+    },
 }
