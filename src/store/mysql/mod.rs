@@ -363,11 +363,28 @@ impl MySqlStore {
             .map(|name| format!("DROP INDEX `{name}`"))
             .collect();
         let alter = format!("ALTER TABLE {} {}", table.quoted('`'), drops.join(", "));
-        sqlx::raw_sql(AssertSqlSafe(alter))
+        // The table's metadata lock waits behind every open transaction on it, and every later
+        // statement waits behind the lock: give up after 10 s rather than stall the claims
+        // (`migrate()` fails, and the next start tries again). The connection's own wait is
+        // put back, as it returns to the pool.
+        let previous: u64 = sqlx::query_scalar("SELECT @@SESSION.lock_wait_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .store()?;
+        sqlx::raw_sql("SET SESSION lock_wait_timeout = 10")
             .execute(&mut *conn)
             .await
-            .store()
-            .map(drop)
+            .store()?;
+        let altered = sqlx::raw_sql(AssertSqlSafe(alter))
+            .execute(&mut *conn)
+            .await;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "SET SESSION lock_wait_timeout = {previous}"
+        )))
+        .execute(&mut *conn)
+        .await
+        .store()?;
+        altered.store().map(drop)
     }
 
     async fn migrate_locked(&self, conn: &mut sqlx::MySqlConnection) -> Result<(), StoreError> {

@@ -212,6 +212,7 @@ SET t.deliveries = t.deliveries + v.n,
             bound: purge_bound.into(),
             up_to: purge.into(),
             rest: purge_rest.into(),
+            before: Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED".into()),
         },
     };
     let claims = ClaimQueries {

@@ -78,9 +78,11 @@
 //! columns are added (`ADD COLUMN IF NOT EXISTS`, instant for these defaults), the check on
 //! `state`, whatever its name, is replaced by one that admits `released` (`NOT VALID`: every
 //! existing row passes it already, so nothing is scanned), and `renewed_at` of `processing`
-//! rows starts at their claim time. Rows are kept as they are. The upgrade waits at most 10 s
-//! for the table's lock (`lock_timeout`), rather than stall the claims queued behind it, and
-//! `migrate()` fails if it could not get it.
+//! rows starts at their claim time. Rows are kept as they are. `migrate()` waits at most 10 s
+//! for any lock on the table (`lock_timeout`), rather than stall the claims queued behind it,
+//! and fails if it could not get one. On a table of an earlier release, building the index of
+//! `processing` rows blocks writes to the table while it reads it once (seconds at millions of
+//! rows): migrate at a quiet time, or create the index `CONCURRENTLY` by hand first.
 //!
 //! # Round trips
 //!

@@ -55,6 +55,7 @@ pub(super) fn queries(table: TableName) -> Queries {
     let idle = age_of(heartbeat);
     let migrate = format!(
         r#"SELECT pg_advisory_xact_lock({MIGRATE_LOCK});
+SET LOCAL lock_timeout = '10s';
 CREATE TABLE IF NOT EXISTS {t} (
 {columns}
     PRIMARY KEY (namespace, "key"),

@@ -325,6 +325,7 @@ where
 
     /// Writes every count of the tally now.
     pub(crate) async fn write_counts(&self) -> Result<(), StoreError> {
+        let _writing = self.tally.writing().await;
         for chunk in self.tally.snapshot().chunks(tally::CHUNK) {
             let turn = self.writer.turn().await;
             tally::write(&self.pool, &self.sql, chunk).await?;
@@ -408,8 +409,14 @@ where
         loop {
             let (deleted, last) = match &self.sql.purge {
                 Purge::Batch(batch) => self.purge_batch(batch, age, &after).await?,
-                Purge::Bounded { bound, up_to, rest } => {
-                    self.purge_bounded(bound, up_to, rest, age, &after).await?
+                Purge::Bounded {
+                    bound,
+                    up_to,
+                    rest,
+                    before,
+                } => {
+                    let sql = (bound, up_to, rest, before.as_ref());
+                    self.purge_bounded(sql, age, &after).await?
                 }
             };
             purged += deleted;
@@ -443,9 +450,7 @@ where
     /// One batch in two statements: its last key, then the delete up to it.
     async fn purge_bounded(
         &self,
-        bound: &Arc<str>,
-        up_to: &Arc<str>,
-        rest: &Arc<str>,
+        (bound, up_to, rest, before): (&Arc<str>, &Arc<str>, &Arc<str>, Option<&Arc<str>>),
         age: i64,
         (namespace, key): &(String, String),
     ) -> Result<(u64, Option<(String, String)>), StoreError> {
@@ -464,7 +469,14 @@ where
             delete = DB::bind_position(delete, namespace, key);
         }
         let turn = self.writer.turn().await;
-        let done = delete.execute(&self.pool).await.store()?;
+        let mut conn = self.pool.acquire().await.store()?;
+        if let Some(before) = before {
+            sqlx::raw_sql(AssertSqlSafe(before.clone()))
+                .execute(&mut *conn)
+                .await
+                .store()?;
+        }
+        let done = delete.execute(&mut *conn).await.store()?;
         drop(turn);
         Ok((DB::rows_affected(&done), last))
     }

@@ -86,5 +86,10 @@ pub(crate) enum Purge {
         up_to: Arc<str>,
         /// The same to the end (age, position).
         rest: Arc<str>,
+        /// Run on the delete's connection just before it: MySQL's `SET TRANSACTION ISOLATION
+        /// LEVEL READ COMMITTED`, under which InnoDB neither waits for nor keeps the locks of
+        /// the rows in the range that the delete does not match (in-flight claims,
+        /// transactional markers), nor locks the gaps between them.
+        before: Option<Arc<str>>,
     },
 }

@@ -41,6 +41,9 @@ pub(crate) struct Tally {
     flushing: AtomicBool,
     /// How often it does.
     every: Duration,
+    /// Held by whoever writes the counts (the task, or `write_counts`): two writers of the
+    /// same snapshot would add its counts twice.
+    writing: tokio::sync::Mutex<()>,
 }
 
 impl Default for Tally {
@@ -63,7 +66,9 @@ impl Tally {
         Self {
             seen: Mutex::default(),
             flushing: AtomicBool::new(false),
-            every,
+            // A zero interval would spin.
+            every: every.max(Duration::from_millis(10)),
+            writing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -112,9 +117,19 @@ impl Tally {
         self.seen().get(key).copied()
     }
 
-    /// What is to be written now.
+    /// What is to be written now, in key order: every writer locks the rows of a chunk in
+    /// the same order, so two of them (two instances, or a purge) cannot deadlock.
     pub(crate) fn snapshot(&self) -> Vec<(IdempotencyKey, Seen)> {
-        self.seen().iter().map(|(k, s)| (k.clone(), *s)).collect()
+        let mut due: Vec<_> = self.seen().iter().map(|(k, s)| (k.clone(), *s)).collect();
+        due.sort_unstable_by(|(a, _), (b, _)| {
+            (a.namespace(), a.value()).cmp(&(b.namespace(), b.value()))
+        });
+        due
+    }
+
+    /// Waits for this writer's turn to write the counts.
+    pub(crate) async fn writing(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.writing.lock().await
     }
 
     /// `count` of `key`'s deliveries are written: they no longer count here.
@@ -158,22 +173,23 @@ where
         let Some(strong) = tally.upgrade() else {
             return;
         };
-        let due = strong.snapshot();
-        // Not held across the writes: the last store gone, the task writes what is left and
-        // ends.
-        drop(strong);
-        for chunk in due.chunks(CHUNK) {
-            if write(chunk.to_vec()).await
-                && let Some(strong) = tally.upgrade()
-            {
+        {
+            let _writing = strong.writing().await;
+            for chunk in strong.snapshot().chunks(CHUNK) {
+                // The database is unreachable, say: the rest waits for the next round.
+                if !write(chunk.to_vec()).await {
+                    break;
+                }
                 for (key, seen) in chunk {
                     strong.written(key, seen.count);
                 }
             }
         }
-        if tally.strong_count() == 0 {
+        // The last store gone, what it counted is written: the task ends.
+        if Arc::strong_count(&strong) == 1 {
             return;
         }
+        drop(strong);
     }
 }
 

@@ -197,6 +197,7 @@ FROM v WHERE t.namespace = v.namespace AND t."key" = v."key""#
             bound: purge_bound.into(),
             up_to: purge.into(),
             rest: purge_rest.into(),
+            before: None,
         },
     }
 }
