@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use super::super::sql::{PURGE_BATCH, Purge, Queries, TALLY_CHUNK, TableName, VersionQueries};
+use super::super::sql::{
+    Bounded, PURGE_BATCH, Purge, Queries, TALLY_CHUNK, TableName, VersionQueries,
+};
 
 /// The claim statements only this backend needs.
 pub(super) struct ClaimQueries {
@@ -208,12 +210,12 @@ SET t.deliveries = t.deliveries + v.n,
         stuck: stuck.into(),
         resolve_done: resolve_done.into(),
         resolve_release: resolve_release.into(),
-        purge: Purge::Bounded {
+        purge: Purge::Bounded(Bounded {
             bound: purge_bound.into(),
             up_to: purge.into(),
             rest: purge_rest.into(),
             before: Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED".into()),
-        },
+        }),
     };
     let claims = ClaimQueries {
         insert_new: insert_new.into(),

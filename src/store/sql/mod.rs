@@ -21,7 +21,7 @@ mod tally;
 mod upsert;
 
 pub(crate) use backend::Backend;
-pub(crate) use queries::{Purge, Queries, VersionQueries};
+pub(crate) use queries::{Bounded, Purge, Queries, VersionQueries};
 pub(crate) use rows::{
     ClaimRow, NEVER_STALE, duration_from_micros, key_record, micros, stuck_claim,
     undecodable_stuck_row, version_claim, version_row,
@@ -409,15 +409,7 @@ where
         loop {
             let (deleted, last) = match &self.sql.purge {
                 Purge::Batch(batch) => self.purge_batch(batch, age, &after).await?,
-                Purge::Bounded {
-                    bound,
-                    up_to,
-                    rest,
-                    before,
-                } => {
-                    let sql = (bound, up_to, rest, before.as_ref());
-                    self.purge_bounded(sql, age, &after).await?
-                }
+                Purge::Bounded(bounded) => self.purge_bounded(bounded, age, &after).await?,
             };
             purged += deleted;
             match last {
@@ -450,7 +442,12 @@ where
     /// One batch in two statements: its last key, then the delete up to it.
     async fn purge_bounded(
         &self,
-        (bound, up_to, rest, before): (&Arc<str>, &Arc<str>, &Arc<str>, Option<&Arc<str>>),
+        Bounded {
+            bound,
+            up_to,
+            rest,
+            before,
+        }: &Bounded,
         age: i64,
         (namespace, key): &(String, String),
     ) -> Result<(u64, Option<(String, String)>), StoreError> {

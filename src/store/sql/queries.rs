@@ -73,23 +73,26 @@ pub(crate) enum Purge {
     /// One statement a batch (age, position): takes the next keys after the position, deletes
     /// the settled ones past the age among them, and answers how many it deleted and the
     /// batch's last key; no row once no key is left. The batch is what the statement's
-    /// snapshot holds, so a row inserted meanwhile is never deleted by mistake and an expired
-    /// one is never passed over.
+    /// snapshot holds, so a row inserted meanwhile is never deleted by mistake, and a row
+    /// expired when the purge began (a retention above zero) is never passed over.
     Batch(Arc<str>),
     /// Two statements a batch, for databases whose deletes end a key range where it ends.
-    Bounded {
-        /// The batch's last key (position): the `PURGE_BATCH`-th after the position; none
-        /// when fewer are left.
-        bound: Arc<str>,
-        /// Deletes the settled rows past the age after one position, up to another (age,
-        /// position, position).
-        up_to: Arc<str>,
-        /// The same to the end (age, position).
-        rest: Arc<str>,
-        /// Run on the delete's connection just before it: MySQL's `SET TRANSACTION ISOLATION
-        /// LEVEL READ COMMITTED`, under which InnoDB neither waits for nor keeps the locks of
-        /// the rows in the range that the delete does not match (in-flight claims,
-        /// transactional markers), nor locks the gaps between them.
-        before: Option<Arc<str>>,
-    },
+    Bounded(Bounded),
+}
+
+/// The statements of [`Purge::Bounded`].
+pub(crate) struct Bounded {
+    /// The batch's last key (position): the `PURGE_BATCH`-th after the position; none
+    /// when fewer are left.
+    pub(crate) bound: Arc<str>,
+    /// Deletes the settled rows past the age after one position, up to another (age,
+    /// position, position).
+    pub(crate) up_to: Arc<str>,
+    /// The same to the end (age, position).
+    pub(crate) rest: Arc<str>,
+    /// Run on the delete's connection just before it: MySQL's `SET TRANSACTION ISOLATION
+    /// LEVEL READ COMMITTED`, under which InnoDB neither waits for nor keeps the locks of
+    /// the rows in the range that the delete does not match (in-flight claims,
+    /// transactional markers), nor locks the gaps between them.
+    pub(crate) before: Option<Arc<str>>,
 }

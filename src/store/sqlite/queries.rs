@@ -1,7 +1,9 @@
 //! The SQL of the SQLite store: its tables, their upgrade, and every statement, written once
 //! per table name.
 
-use super::super::sql::{PURGE_BATCH, Purge, Queries, TALLY_CHUNK, TableName, VersionQueries};
+use super::super::sql::{
+    Bounded, PURGE_BATCH, Purge, Queries, TALLY_CHUNK, TableName, VersionQueries,
+};
 
 /// Now, in microseconds since the Unix epoch, from SQLite's clock.
 const NOW_US: &str = "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
@@ -193,12 +195,12 @@ FROM v WHERE t.namespace = v.namespace AND t."key" = v."key""#
         stuck: stuck.into(),
         resolve_done: resolve_done.into(),
         resolve_release: resolve_release.into(),
-        purge: Purge::Bounded {
+        purge: Purge::Bounded(Bounded {
             bound: purge_bound.into(),
             up_to: purge.into(),
             rest: purge_rest.into(),
             before: None,
-        },
+        }),
     }
 }
 
