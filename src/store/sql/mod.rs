@@ -57,6 +57,7 @@ pub(crate) struct Table<DB: Database> {
 #[derive(Clone, Default)]
 pub(crate) struct Writer(Option<Arc<tokio::sync::Mutex<()>>>);
 
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 impl Writer {
     /// A queue of its own.
     pub(crate) fn queue() -> Self {

@@ -75,6 +75,7 @@ pub(crate) enum Purge {
     /// batch's last key; no row once no key is left. The batch is what the statement's
     /// snapshot holds, so a row inserted meanwhile is never deleted by mistake, and a row
     /// expired when the purge began (a retention above zero) is never passed over.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Batch(Arc<str>),
     /// Two statements a batch, for databases whose deletes end a key range where it ends.
     Bounded(Bounded),
