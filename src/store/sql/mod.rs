@@ -139,6 +139,7 @@ impl<DB: Database> Table<DB> {
     }
 
     /// The same table, its writes queued in `writer`.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) fn writing_through(self, writer: Writer) -> Self {
         Self { writer, ..self }
     }
