@@ -78,6 +78,7 @@ pub(crate) enum Purge {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Batch(Arc<str>),
     /// Two statements a batch, for databases whose deletes end a key range where it ends.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     Bounded(Bounded),
 }
 
