@@ -159,7 +159,14 @@ impl Tally {
             return;
         }
         let tally = Arc::downgrade(self);
-        tokio::spawn(flush(tally, self.every, write));
+        // However the task ends (its runtime shut down, before it ran even), the next delivery
+        // counted starts another.
+        let restart = Restart(tally.clone());
+        let every = self.every;
+        tokio::spawn(async move {
+            let _restart = restart;
+            flush(tally, every, write).await;
+        });
     }
 }
 
@@ -190,6 +197,17 @@ where
             return;
         }
         drop(strong);
+    }
+}
+
+/// Lets a new task start once the one holding it ends.
+struct Restart(Weak<Tally>);
+
+impl Drop for Restart {
+    fn drop(&mut self) {
+        if let Some(tally) = self.0.upgrade() {
+            tally.flushing.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -291,5 +309,44 @@ mod tests {
         }
         assert_eq!(written.load(Ordering::SeqCst), 2);
         assert!(attempts.load(Ordering::SeqCst) >= 2);
+    }
+
+    #[test]
+    fn a_task_whose_runtime_ended_is_started_again() {
+        let tally = Arc::new(Tally::every(Duration::from_millis(5)));
+        let written = Arc::new(AtomicU64::new(0));
+        let writer = |written: Arc<AtomicU64>| {
+            move |chunk: Chunk| {
+                let written = written.clone();
+                async move {
+                    written.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+                    true
+                }
+            }
+        };
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        first.block_on(async {
+            tally.keep_flushed(writer(written.clone()));
+        });
+        assert!(tally.is_flushing());
+        drop(first);
+        assert!(!tally.is_flushing(), "the task is gone with its runtime");
+        let second = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        second.block_on(async {
+            tally.add(&key("a"));
+            tally.keep_flushed(writer(written.clone()));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while tally.pending(&key("a")).is_some() {
+                assert!(Instant::now() < deadline, "the counts were never written");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        assert_eq!(written.load(Ordering::SeqCst), 1);
     }
 }
