@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use http::request::Parts;
 
 use super::{
-    DEFAULT_NAMESPACE, ExtractKey, IdempotencyKey, KeyError, MAX_KEY_LEN, check_text,
+    DEFAULT_NAMESPACE, ExtractKey, IdempotencyKey, KeyError, MAX_KEY_LEN, Name, check_text,
     valid_namespace,
 };
 
@@ -18,7 +18,7 @@ use super::{
 #[derive(Debug, Clone)]
 pub struct Json {
     pointer: Pointer,
-    namespace: Cow<'static, str>,
+    namespace: Name,
 }
 
 /// The key is the JSON string or integer at `pointer` (RFC 6901, e.g. `"/id"` or
@@ -31,7 +31,7 @@ pub struct Json {
 pub fn json(pointer: &str) -> Json {
     Json {
         pointer: Pointer::parse(pointer),
-        namespace: Cow::Borrowed(DEFAULT_NAMESPACE),
+        namespace: Name::Static(DEFAULT_NAMESPACE),
     }
 }
 
@@ -39,7 +39,7 @@ impl Json {
     pub(super) fn preset(pointer: &str, namespace: &'static str) -> Self {
         Self {
             pointer: Pointer::parse(pointer),
-            namespace: Cow::Borrowed(namespace),
+            namespace: Name::Static(namespace),
         }
     }
 
@@ -63,11 +63,11 @@ impl ExtractKey for Json {
     fn extract(&self, _parts: &Parts, body: Option<&[u8]>) -> Result<IdempotencyKey, KeyError> {
         let value = match self.pointer.seek(body.unwrap_or_default())? {
             Found::Text(text) => text,
-            Found::Integer(n) => n.to_string(),
+            Found::Integer(n) => Cow::Owned(n.to_string()),
             Found::Absent => return Err(KeyError::missing(self.pointer.expected())),
             Found::Other(kind) => return Err(json_seek::wrong_type(&self.pointer, kind)),
         };
-        IdempotencyKey::new(self.namespace.clone(), value)
+        IdempotencyKey::in_namespace(&self.namespace, &value)
     }
 }
 
@@ -75,7 +75,7 @@ impl ExtractKey for Json {
 #[derive(Debug, Clone)]
 pub struct JsonFields {
     pointers: Vec<Pointer>,
-    namespace: Cow<'static, str>,
+    namespace: Name,
 }
 
 /// A synthetic key for senders that give no event id: the JSON strings or integers at each of
@@ -113,7 +113,7 @@ where
     );
     JsonFields {
         pointers,
-        namespace: Cow::Borrowed(DEFAULT_NAMESPACE),
+        namespace: Name::Static(DEFAULT_NAMESPACE),
     }
 }
 
@@ -153,7 +153,7 @@ impl ExtractKey for JsonFields {
             .collect::<Result<Vec<String>, KeyError>>()?;
         // Serialising a list of strings cannot fail.
         let value = serde_json::to_string(&parts).unwrap_or_default();
-        IdempotencyKey::new(self.namespace.clone(), value)
+        IdempotencyKey::in_namespace(&self.namespace, &value)
     }
 }
 
@@ -165,10 +165,11 @@ pub(crate) struct Pointer {
 }
 
 /// What is at a [`Pointer`] in a JSON document: what a key or a version is read from.
-pub(crate) enum Found {
+pub(crate) enum Found<'a> {
     /// Nothing: a member or an index on the way is missing, or the path goes on past a scalar.
     Absent,
-    Text(String),
+    /// A string, borrowed from the document unless it had escapes.
+    Text(Cow<'a, str>),
     /// An integer, of either sign, as large as JSON readers give it (`u64` or `i64`).
     Integer(i128),
     /// A value of another kind, named for messages: `a fractional number`, `an object`.
@@ -178,7 +179,7 @@ pub(crate) enum Found {
 impl Pointer {
     /// Finds the field in `body` in one pass, checking that all of `body` is valid JSON (the
     /// only error: [`KeyError::NotJson`]).
-    pub(crate) fn seek(&self, body: &[u8]) -> Result<Found, KeyError> {
+    pub(crate) fn seek<'a>(&self, body: &'a [u8]) -> Result<Found<'a>, KeyError> {
         json_seek::find(body, self)
     }
 
@@ -207,13 +208,14 @@ impl Pointer {
 /// Finds one field in a JSON document in a single pass, skipping everything else without
 /// building a tree, and checks that the whole document is valid JSON.
 mod json_seek {
+    use std::borrow::Cow;
     use std::fmt;
 
     use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
     use super::{Found, KeyError, Pointer};
 
-    pub(super) fn find(body: &[u8], pointer: &Pointer) -> Result<Found, KeyError> {
+    pub(super) fn find<'a>(body: &'a [u8], pointer: &Pointer) -> Result<Found<'a>, KeyError> {
         let not_json = |err: serde_json::Error| KeyError::NotJson {
             detail: err.to_string(),
         };
@@ -252,49 +254,53 @@ mod json_seek {
     struct Seek<'p>(&'p [String]);
 
     impl<'de> DeserializeSeed<'de> for Seek<'_> {
-        type Value = Found;
+        type Value = Found<'de>;
 
-        fn deserialize<D: de::Deserializer<'de>>(self, de: D) -> Result<Found, D::Error> {
+        fn deserialize<D: de::Deserializer<'de>>(self, de: D) -> Result<Found<'de>, D::Error> {
             de.deserialize_any(self)
         }
     }
 
     impl<'de> Visitor<'de> for Seek<'_> {
-        type Value = Found;
+        type Value = Found<'de>;
 
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("a JSON value")
         }
 
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<Found, E> {
-            Ok(self.leaf(|| Found::Text(v.to_owned())))
+        fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Found<'de>, E> {
+            Ok(self.leaf(|| Found::Text(Cow::Borrowed(v))))
         }
 
-        fn visit_string<E: de::Error>(self, v: String) -> Result<Found, E> {
-            Ok(self.leaf(|| Found::Text(v)))
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Found<'de>, E> {
+            Ok(self.leaf(|| Found::Text(Cow::Owned(v.to_owned()))))
         }
 
-        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Found, E> {
+        fn visit_string<E: de::Error>(self, v: String) -> Result<Found<'de>, E> {
+            Ok(self.leaf(|| Found::Text(Cow::Owned(v))))
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Found<'de>, E> {
             Ok(self.leaf(|| Found::Integer(v.into())))
         }
 
-        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Found, E> {
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Found<'de>, E> {
             Ok(self.leaf(|| Found::Integer(v.into())))
         }
 
-        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Found, E> {
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Found<'de>, E> {
             Ok(self.leaf(|| Found::Other("a fractional number")))
         }
 
-        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Found, E> {
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Found<'de>, E> {
             Ok(self.leaf(|| Found::Other("a boolean")))
         }
 
-        fn visit_unit<E: de::Error>(self) -> Result<Found, E> {
+        fn visit_unit<E: de::Error>(self) -> Result<Found<'de>, E> {
             Ok(self.leaf(|| Found::Other("null")))
         }
 
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found<'de>, A::Error> {
             let Some((token, rest)) = self.0.split_first() else {
                 while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
                 return Ok(Found::Other("an object"));
@@ -311,7 +317,7 @@ mod json_seek {
             Ok(found)
         }
 
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Found, A::Error> {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Found<'de>, A::Error> {
             let Some((token, rest)) = self.0.split_first() else {
                 while seq.next_element::<IgnoredAny>()?.is_some() {}
                 return Ok(Found::Other("an array"));
@@ -341,7 +347,7 @@ mod json_seek {
 
     impl Seek<'_> {
         /// A scalar: the answer if the path ends here, absent if it goes deeper.
-        fn leaf(&self, found: impl FnOnce() -> Found) -> Found {
+        fn leaf<'de>(&self, found: impl FnOnce() -> Found<'de>) -> Found<'de> {
             if self.0.is_empty() {
                 found()
             } else {
