@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -71,10 +72,16 @@ type Map = HashMap<Hashed, Row, BuildHasherDefault<Prehashed>>;
 
 /// A key with its hash under the store's [`RandomState`]: one SipHash pass picks the shard
 /// and finds the row.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 struct Hashed {
     hash: u64,
     key: IdempotencyKey,
+}
+
+impl fmt::Debug for Hashed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.key.fmt(f)
+    }
 }
 
 impl Hash for Hashed {
