@@ -4,6 +4,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
@@ -12,7 +13,7 @@ use crate::body::{RequestBody, ResponseBody};
 use crate::engine::acquire::acquire;
 use crate::engine::drain::Entry;
 use crate::engine::guard::{LeaseGuard, Owner, Settle};
-use crate::engine::prepare::{BoxError, Keyed, keyed, pass_through, record, reject};
+use crate::engine::prepare::{BoxError, Keyed, key_of, pass_through, record, reject};
 use crate::engine::run::{Detach, run};
 use crate::engine::settings::{HeldHook, Settings};
 use crate::engine::wait;
@@ -105,16 +106,28 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let inner = self.inner.clone();
-        ResponseFuture::new(Box::pin(deliver(self.shared.clone(), inner, req)))
+        let (parts, body) = req.into_parts();
+        ResponseFuture::new(Box::pin(deliver(self.shared.clone(), inner, parts, body)))
     }
 }
 
 /// One delivery, from key to commit or release.
-async fn deliver<S, St, K, ReqB, ResB>(
+///
+/// The head of the request stays where it came in until the request goes on to the inner
+/// service: a future that moved it along would hold it twice. So too this is a function
+/// answering an `async move` block, not an `async fn`, which keeps its arguments twice (as
+/// passed, and moved into its body). A request is some 260 bytes; the smaller the future, the
+/// cheaper its box (an allocator serves small blocks from a cache of its thread).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn holds its arguments twice"
+)]
+fn deliver<S, St, K, ReqB, ResB>(
     shared: Arc<Shared<St, K>>,
     inner: S,
-    req: Request<ReqB>,
-) -> Result<Response<ResponseBody<ResB>>, S::Error>
+    parts: Parts,
+    body: ReqB,
+) -> impl Future<Output = Result<Response<ResponseBody<ResB>>, S::Error>>
 where
     S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
@@ -125,33 +138,44 @@ where
     ReqB::Error: Into<BoxError>,
     ResB: Send + 'static,
 {
-    let (key, request) = match keyed(&shared.key, &shared.settings, false, req).await {
-        Keyed::Key(key, request) => (key, request),
-        Keyed::PassThrough(request) => return pass_through(inner, request).await,
-        Keyed::Rejected(error) => return Ok(reject(&error)),
-    };
-    let mut res = deliver_keyed(&shared, inner, request, &key).await;
-    if let Ok(res) = &mut res {
-        res.extensions_mut().insert(key);
+    async move {
+        let (key, body) = match key_of(&shared.key, &shared.settings, false, &parts, body).await {
+            Keyed::Key(key, body) => (key, body),
+            Keyed::PassThrough(body) => {
+                // Boxed: the handler's future is no part of the guarded deliveries' futures.
+                let unguarded = pass_through(inner, Request::from_parts(parts, body));
+                return Box::pin(unguarded).await;
+            }
+            Keyed::Rejected(error) => return Ok(reject(&error)),
+        };
+        let guard = match claimed(&shared, &key).await {
+            Ok(guard) => guard,
+            Err(mut answer) => {
+                answer.extensions_mut().insert(key);
+                return Ok(answer);
+            }
+        };
+        let request = Request::from_parts(parts, body);
+        let mut res = match Detach::new(run(guard, inner, request)).await {
+            Ok(answer) => answer,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        if let Ok(res) = &mut res {
+            res.extensions_mut().insert(key);
+        }
+        res
     }
-    res
 }
 
-/// One delivery with a valid key: claim, run, commit or release.
-async fn deliver_keyed<S, St, K, B, ResB>(
+/// Claims a delivery's key: the guard of a granted claim, or the layer's own answer
+/// (draining, duplicate, in flight, held, store unavailable).
+async fn claimed<St, K, B>(
     shared: &Arc<Shared<St, K>>,
-    inner: S,
-    request: Request<B>,
     key: &IdempotencyKey,
-) -> Result<Response<ResponseBody<ResB>>, S::Error>
+) -> Result<LeaseGuard<Shared<St, K>>, Response<ResponseBody<B>>>
 where
-    S: Service<Request<B>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
     St: Store,
     K: ExtractKey,
-    B: Send + 'static,
-    ResB: Send + 'static,
 {
     let settings = &shared.settings;
     let mut claimed = claim(shared, key).await;
@@ -166,7 +190,7 @@ where
         Ok(Answer::Acquired(guard)) => guard,
         Ok(Answer::Draining) => {
             record(key, Outcome::Draining);
-            return Ok(response::draining(settings.retry_after));
+            return Err(response::draining(settings.retry_after));
         }
         Ok(Answer::Done(done)) => {
             record(key, Outcome::Duplicate);
@@ -174,12 +198,12 @@ where
                 deliveries = done.deliveries,
                 "duplicate of a processed event"
             );
-            return Ok(response::duplicate());
+            return Err(response::duplicate());
         }
         Ok(Answer::InFlight(pending)) => {
             record(key, Outcome::InFlight);
             tracing::trace!(age = ?pending.age, deliveries = pending.deliveries, "claim in flight");
-            return Ok(response::in_flight(settings.retry_after));
+            return Err(response::in_flight(settings.retry_after));
         }
         Ok(Answer::Held(pending)) => {
             record(key, Outcome::Held);
@@ -194,7 +218,7 @@ where
             if let Some(hook) = &shared.claims.on_held {
                 hook(key, &pending);
             }
-            return Ok(response::held());
+            return Err(response::held());
         }
         Err(error) => {
             record(key, Outcome::StoreUnavailable);
@@ -204,7 +228,7 @@ where
                 error = &error as &dyn std::error::Error,
                 "claim failed; the handler does not run",
             );
-            return Ok(response::store_unavailable(settings.retry_after));
+            return Err(response::store_unavailable(settings.retry_after));
         }
     };
     let lease = guard.lease();
@@ -217,10 +241,7 @@ where
              or may not have done its work",
         );
     }
-    match Detach::new(run(guard, inner, request)).await {
-        Ok(answer) => answer,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    Ok(guard)
 }
 
 /// What a claim answered, with a granted claim already under its guard.

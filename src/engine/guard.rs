@@ -5,6 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -488,11 +489,17 @@ async fn heartbeat<O: Owner>(owner: Arc<O>, state: Arc<LeaseState<O::Lease>>) {
     }
 }
 
-/// A store call, bounded by the store timeout.
+/// A store call, bounded by the store timeout. A store that answers at the first poll (the
+/// memory store) never needs the timer, and none is made for it.
 pub(crate) async fn bounded(
     call: impl Future<Output = Result<(), StoreError>>,
     timeout: Duration,
 ) -> Result<(), StoreError> {
+    let mut call = std::pin::pin!(call);
+    let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+    if let Poll::Ready(result) = first {
+        return result;
+    }
     tokio::time::timeout(timeout, call)
         .await
         .unwrap_or_else(|_| {

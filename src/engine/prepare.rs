@@ -15,12 +15,13 @@ use crate::response::{self, Outcome};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// What the key of a delivery decided.
-pub(crate) enum Keyed<B> {
-    /// A valid key, and the request to pass on.
-    Key(IdempotencyKey, Request<RequestBody<B>>),
+/// What the key of a delivery decided, with what to pass on: the request ([`keyed`]), or its
+/// body ([`key_of`]).
+pub(crate) enum Keyed<T> {
+    /// A valid key, and the request (or body) to pass on.
+    Key(IdempotencyKey, T),
     /// No key, and the layer lets such requests through unguarded.
-    PassThrough(Request<RequestBody<B>>),
+    PassThrough(T),
     /// An answer of 4xx.
     Rejected(Rejection),
 }
@@ -42,33 +43,59 @@ impl From<KeyError> for Rejection {
 
 /// Finds the delivery's key (buffering the body if the extractor reads it, if the signature
 /// is verified, or always when `buffer_always`), verifies the signature, joins the scope, and
-/// decides what happens to a delivery without a key.
+/// decides what happens to a delivery without a key. (Transactional mode's; claim-then-commit
+/// keeps the head itself and calls [`key_of`].)
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) async fn keyed<K, B>(
     extractor: &K,
     settings: &Settings,
     buffer_always: bool,
     req: Request<B>,
-) -> Keyed<B>
+) -> Keyed<Request<RequestBody<B>>>
 where
     K: ExtractKey,
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
     let (parts, body) = req.into_parts();
-    let reads = extractor.reads_body(&parts);
+    match key_of(extractor, settings, buffer_always, &parts, body).await {
+        Keyed::Key(key, body) => Keyed::Key(key, Request::from_parts(parts, body)),
+        Keyed::PassThrough(body) => Keyed::PassThrough(Request::from_parts(parts, body)),
+        Keyed::Rejected(rejection) => Keyed::Rejected(rejection),
+    }
+}
+
+/// [`keyed`] for a request already split, which leaves the head with its caller: a delivery
+/// that keeps the head in its own future, until it passes the request on, holds it once.
+pub(crate) async fn key_of<K, B>(
+    extractor: &K,
+    settings: &Settings,
+    buffer_always: bool,
+    parts: &Parts,
+    body: B,
+) -> Keyed<RequestBody<B>>
+where
+    K: ExtractKey,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let reads = extractor.reads_body(parts);
     let needed = reads || buffer_always || verifies(settings);
-    let (bytes, body) = match take_body(needed, &parts, body, settings).await {
+    let (bytes, body) = match take_body(needed, parts, body, settings).await {
         Ok(taken) => taken,
         Err(error) => return Keyed::Rejected(error.into()),
     };
-    if let Err(refused) = verified(settings, &parts, bytes.as_deref()) {
+    if let Err(refused) = verified(settings, parts, bytes.as_deref()) {
         return Keyed::Rejected(refused);
     }
-    let key = extractor.extract(&parts, bytes.as_deref().filter(|_| reads));
-    match check_len(key, settings).and_then(|key| settings.scope.apply(key, &parts)) {
-        Ok(key) => Keyed::Key(key, Request::from_parts(parts, body)),
+    let key = extractor.extract(parts, bytes.as_deref().filter(|_| reads));
+    match check_len(key, settings).and_then(|key| settings.scope.apply(key, parts)) {
+        Ok(key) => Keyed::Key(key, body),
         Err(KeyError::Missing { .. }) if settings.missing_key == MissingKey::PassThrough => {
-            Keyed::PassThrough(Request::from_parts(parts, body))
+            Keyed::PassThrough(body)
         }
         Err(error) => Keyed::Rejected(error.into()),
     }
@@ -136,7 +163,8 @@ where
     if !needed {
         return Ok((None, RequestBody::new(body)));
     }
-    let bytes = buffer(parts, body, settings).await?;
+    // Boxed: a delivery whose body stays unread does not carry the reading in its future.
+    let bytes = Box::pin(buffer(parts, body, settings)).await?;
     Ok((Some(bytes.clone()), RequestBody::buffered(bytes)))
 }
 

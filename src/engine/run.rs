@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
 use http::{Request, Response};
+use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::guard::{LeaseGuard, Owner, Settle};
@@ -22,16 +23,57 @@ pub(crate) type Panic = Box<dyn Any + Send>;
 pub(crate) type Ran<T, E> = Result<Result<T, E>, Panic>;
 
 /// Makes the inner service ready and calls it, catching a panic in `call` or in its future.
-pub(crate) async fn call<S, Req>(mut inner: S, req: Req) -> Ran<S::Response, S::Error>
+pub(crate) fn call<S, Req>(inner: S, req: Req) -> impl Future<Output = Ran<S::Response, S::Error>>
 where
     S: Service<Req>,
 {
-    AssertUnwindSafe(async move {
-        std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-        inner.call(req).await
+    AssertUnwindSafe(Calling::Ready {
+        ready: Some((inner, req)),
     })
     .catch_unwind()
-    .await
+}
+
+pin_project! {
+    /// The inner service made ready, then called: the request and the future of the call it
+    /// became take turns in one place, where an `async` block would keep both. The service
+    /// is kept until its future is done.
+    #[project = CallingProj]
+    enum Calling<S: Service<Req>, Req> {
+        Ready { ready: Option<(S, Req)> },
+        Called { #[pin] future: S::Future, inner: S },
+        Done,
+    }
+}
+
+impl<S: Service<Req>, Req> Future for Calling<S, Req> {
+    type Output = Result<S::Response, S::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            match self.as_mut().project() {
+                CallingProj::Ready { ready } => {
+                    let Some((inner, _)) = ready.as_mut() else {
+                        panic!("Calling polled after its call panicked");
+                    };
+                    if let Err(error) = std::task::ready!(inner.poll_ready(cx)) {
+                        self.set(Self::Done);
+                        return Poll::Ready(Err(error));
+                    }
+                    let Some((mut inner, req)) = ready.take() else {
+                        unreachable!("looked at above");
+                    };
+                    let future = inner.call(req);
+                    self.set(Self::Called { future, inner });
+                }
+                CallingProj::Called { future, .. } => {
+                    let output = std::task::ready!(future.poll(cx));
+                    self.set(Self::Done);
+                    return Poll::Ready(output);
+                }
+                CallingProj::Done => panic!("Calling polled after it completed"),
+            }
+        }
+    }
 }
 
 /// A run that goes on when its caller stops waiting: dropped before it finished (hyper drops
@@ -90,35 +132,42 @@ impl<T: Send + 'static, E: Send + 'static> Drop for Detach<T, E> {
 
 /// Runs the inner service under the guard's claim: starts the heartbeat once the handler has
 /// to wait, then commits or releases as its answer says.
-pub(crate) async fn run<O, S, B, ResB>(
+// Not an `async fn`, which would hold the request twice (see `service::deliver`).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn holds its arguments twice"
+)]
+pub(crate) fn run<O, S, B, ResB>(
     mut guard: LeaseGuard<O>,
     inner: S,
     mut req: Request<B>,
-) -> Ran<Response<ResponseBody<ResB>>, S::Error>
+) -> impl Future<Output = Ran<Response<ResponseBody<ResB>>, S::Error>>
 where
     O: Owner,
     S: Service<Request<B>, Response = Response<ResB>>,
 {
-    guard.start();
-    req.extensions_mut().insert(guard.handle());
-    let result = heartbeat(&mut guard, pin!(call(inner, req))).await;
-    match result {
-        Ok(Ok(res)) => {
-            let action = if guard.owner().settings().commit_when.commits(res.status()) {
-                Settle::Commit
-            } else {
-                Settle::Release
-            };
-            let outcome = guard.settle(action).await;
-            Ok(Ok(with_outcome(res, outcome)))
-        }
-        Ok(Err(error)) => {
-            guard.settle(Settle::Release).await;
-            Ok(Err(error))
-        }
-        Err(panic) => {
-            guard.abandon().await;
-            Err(panic)
+    async move {
+        guard.start();
+        req.extensions_mut().insert(guard.handle());
+        let result = heartbeat(&mut guard, pin!(call(inner, req))).await;
+        match result {
+            Ok(Ok(res)) => {
+                let action = if guard.owner().settings().commit_when.commits(res.status()) {
+                    Settle::Commit
+                } else {
+                    Settle::Release
+                };
+                let outcome = guard.settle(action).await;
+                Ok(Ok(with_outcome(res, outcome)))
+            }
+            Ok(Err(error)) => {
+                guard.settle(Settle::Release).await;
+                Ok(Err(error))
+            }
+            Err(panic) => {
+                guard.abandon().await;
+                Err(panic)
+            }
         }
     }
 }
@@ -136,4 +185,90 @@ async fn heartbeat<O: Owner, F: Future>(
     }
     guard.start_heartbeat();
     call.await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    type Log = Arc<Mutex<Vec<&'static str>>>;
+
+    /// Ready at its second look (or failing there); `call(0)` panics; drops are logged.
+    struct Late {
+        looked: bool,
+        fail: bool,
+        log: Log,
+    }
+
+    struct Answer(u8, Log);
+
+    impl Future for Answer {
+        type Output = Result<u8, &'static str>;
+
+        fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Self::Output> {
+            Poll::Ready(Ok(self.0 + 1))
+        }
+    }
+
+    impl Drop for Answer {
+        fn drop(&mut self) {
+            self.1.lock().unwrap().push("future");
+        }
+    }
+
+    impl Drop for Late {
+        fn drop(&mut self) {
+            self.log.lock().unwrap().push("service");
+        }
+    }
+
+    impl Service<u8> for Late {
+        type Response = u8;
+        type Error = &'static str;
+        type Future = Answer;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), &'static str>> {
+            if !std::mem::replace(&mut self.looked, true) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            if self.fail {
+                Poll::Ready(Err("not ready"))
+            } else {
+                Poll::Ready(Ok(()))
+            }
+        }
+
+        fn call(&mut self, req: u8) -> Answer {
+            assert_ne!(req, 0, "the call panics");
+            Answer(req, self.log.clone())
+        }
+    }
+
+    fn late(fail: bool) -> (Late, Log) {
+        let log = Log::default();
+        let service = Late {
+            looked: false,
+            fail,
+            log: log.clone(),
+        };
+        (service, log)
+    }
+
+    #[tokio::test]
+    async fn call_waits_for_readiness_and_keeps_the_service_until_its_future_is_done() {
+        let (service, log) = late(false);
+        assert_eq!(call(service, 41).await.unwrap(), Ok(42));
+        assert_eq!(*log.lock().unwrap(), ["future", "service"]);
+
+        let (service, log) = late(true);
+        assert_eq!(call(service, 41).await.unwrap(), Err("not ready"));
+        assert_eq!(*log.lock().unwrap(), ["service"]);
+
+        let (service, log) = late(false);
+        assert!(call(service, 0).await.is_err(), "the panic is caught");
+        assert_eq!(*log.lock().unwrap(), ["service"]);
+    }
 }

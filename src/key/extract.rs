@@ -6,7 +6,7 @@ use std::fmt;
 
 use http::request::Parts;
 
-use super::{Auto, Header, IdempotencyKey, Json, JsonFields, KeyError, valid_namespace};
+use super::{Auto, Header, IdempotencyKey, Json, JsonFields, KeyError, Name, valid_namespace};
 
 /// Finds the idempotency key of a delivery.
 ///
@@ -70,7 +70,7 @@ where
 #[derive(Debug, Clone)]
 pub struct Namespaced<E> {
     inner: E,
-    namespace: Cow<'static, str>,
+    namespace: Name,
 }
 
 impl<E: ExtractKey> ExtractKey for Namespaced<E> {

@@ -6,7 +6,7 @@ use std::fmt;
 use http::HeaderName;
 use http::request::Parts;
 
-use super::{DEFAULT_NAMESPACE, ExtractKey, IdempotencyKey, KeyError, valid_namespace};
+use super::{DEFAULT_NAMESPACE, ExtractKey, IdempotencyKey, KeyError, Name, valid_namespace};
 
 /// The key in a request header. Built by [`header`].
 ///
@@ -15,7 +15,7 @@ use super::{DEFAULT_NAMESPACE, ExtractKey, IdempotencyKey, KeyError, valid_names
 #[derive(Debug, Clone)]
 pub struct Header {
     pub(super) name: HeaderName,
-    namespace: Cow<'static, str>,
+    namespace: Name,
 }
 
 /// The key is the value of the header `name`, in the [`DEFAULT_NAMESPACE`] unless
@@ -34,7 +34,7 @@ where
         .unwrap_or_else(|err| panic!("invalid header name: {err:?}"));
     Header {
         name,
-        namespace: Cow::Borrowed(DEFAULT_NAMESPACE),
+        namespace: Name::Static(DEFAULT_NAMESPACE),
     }
 }
 
@@ -42,7 +42,7 @@ impl Header {
     pub(super) fn preset(name: &'static str, namespace: &'static str) -> Self {
         Self {
             name: HeaderName::from_static(name),
-            namespace: Cow::Borrowed(namespace),
+            namespace: Name::Static(namespace),
         }
     }
 
@@ -74,7 +74,7 @@ impl Header {
 
 impl ExtractKey for Header {
     fn extract(&self, parts: &Parts, _body: Option<&[u8]>) -> Result<IdempotencyKey, KeyError> {
-        IdempotencyKey::new(self.namespace.clone(), self.text(parts)?)
+        IdempotencyKey::in_namespace(&self.namespace, self.text(parts)?)
     }
 }
 

@@ -38,7 +38,10 @@
 //! ([`json_fields`]) and say why in a comment.
 
 use std::borrow::Cow;
+use std::cmp::Ordering;
 use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 mod extract;
 mod header;
@@ -69,10 +72,43 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 ///
 /// Both parts are non-empty visible text (no control characters); the value is at most
 /// [`MAX_KEY_LEN`] bytes, the namespace at most [`MAX_NAMESPACE_LEN`].
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// Cloning is cheap: both parts are shared, not copied.
+#[derive(Clone)]
 pub struct IdempotencyKey {
-    namespace: Cow<'static, str>,
-    value: String,
+    namespace: Name,
+    value: Arc<str>,
+}
+
+/// A namespace: a constant, or text shared by every key (and extractor) that carries it.
+#[derive(Clone)]
+pub(crate) enum Name {
+    Static(&'static str),
+    Shared(Arc<str>),
+}
+
+impl Name {
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            Self::Static(name) => name,
+            Self::Shared(name) => name,
+        }
+    }
+}
+
+impl From<Cow<'static, str>> for Name {
+    fn from(name: Cow<'static, str>) -> Self {
+        match name {
+            Cow::Borrowed(name) => Self::Static(name),
+            Cow::Owned(name) => Self::Shared(name.into()),
+        }
+    }
+}
+
+impl fmt::Debug for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
 }
 
 impl IdempotencyKey {
@@ -94,17 +130,59 @@ impl IdempotencyKey {
         let value = value.into();
         check_text("namespace", &namespace, MAX_NAMESPACE_LEN)?;
         check_text("key", &value, MAX_KEY_LEN)?;
-        Ok(Self { namespace, value })
+        Ok(Self {
+            namespace: namespace.into(),
+            value: value.into(),
+        })
+    }
+
+    /// A key in a namespace an extractor checked once, when it was built: only `value` is
+    /// checked.
+    pub(crate) fn in_namespace(namespace: &Name, value: &str) -> Result<Self, KeyError> {
+        check_text("key", value, MAX_KEY_LEN)?;
+        Ok(Self {
+            namespace: namespace.clone(),
+            value: value.into(),
+        })
     }
 
     /// The sender's namespace, such as `stripe`.
     pub fn namespace(&self) -> &str {
-        &self.namespace
+        self.namespace.as_str()
     }
 
     /// The sender's id for the event.
     pub fn value(&self) -> &str {
         &self.value
+    }
+}
+
+// By text, as the parts read: a constant namespace and a shared one of the same text are one
+// namespace.
+impl PartialEq for IdempotencyKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.value == other.value && self.namespace() == other.namespace()
+    }
+}
+
+impl Eq for IdempotencyKey {}
+
+impl Hash for IdempotencyKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.namespace().hash(state);
+        self.value().hash(state);
+    }
+}
+
+impl PartialOrd for IdempotencyKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for IdempotencyKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.namespace(), self.value()).cmp(&(other.namespace(), other.value()))
     }
 }
 
@@ -116,11 +194,22 @@ impl fmt::Debug for IdempotencyKey {
 
 impl fmt::Display for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.value)
+        write!(f, "{}/{}", self.namespace(), self.value)
     }
 }
 
 fn check_text(what: &'static str, text: &str, max: usize) -> Result<(), KeyError> {
+    // The usual case, printable ASCII not starting or ending with a space, in one pass: it
+    // has no control character, and `trim` (whose only printable ASCII whitespace is the
+    // space) leaves it as it is, not empty. Anything else takes the checks below.
+    let bytes = text.as_bytes();
+    if text.len() <= max
+        && bytes.first().is_some_and(|&b| b != b' ')
+        && bytes.last().is_some_and(|&b| b != b' ')
+        && bytes.iter().all(|b| matches!(b, b' '..=b'~'))
+    {
+        return Ok(());
+    }
     if text.trim().is_empty() {
         return Err(KeyError::invalid(format!("the {what} is empty")));
     }
@@ -144,7 +233,7 @@ fn check_text(what: &'static str, text: &str, max: usize) -> Result<(), KeyError
     Ok(())
 }
 
-fn valid_namespace(namespace: Cow<'static, str>) -> Cow<'static, str> {
+fn valid_namespace(namespace: Cow<'static, str>) -> Name {
     if let Err(err) = check_text("namespace", &namespace, MAX_NAMESPACE_LEN) {
         panic!("invalid idempotency key namespace {namespace:?}: {err}");
     }
@@ -154,7 +243,7 @@ fn valid_namespace(namespace: Cow<'static, str>) -> Cow<'static, str> {
         !namespace.contains('@'),
         "invalid idempotency key namespace {namespace:?}: `@` separates a namespace from its scope"
     );
-    namespace
+    namespace.into()
 }
 
 /// Why no usable key came out of a delivery. Each maps to a 4xx answer.
@@ -258,6 +347,70 @@ mod tests {
         assert!(
             IdempotencyKey::new("ns", "ключ 1").is_ok(),
             "visible unicode is text"
+        );
+    }
+
+    /// The checks as they read before the single-pass fast path: `check_text` must agree.
+    fn check_text_plainly(text: &str, max: usize) -> Result<(), String> {
+        if text.trim().is_empty() {
+            return Err("empty".into());
+        }
+        if text.len() > max {
+            return Err("long".into());
+        }
+        if text.trim() != text {
+            return Err("whitespace".into());
+        }
+        if text.chars().any(char::is_control) {
+            return Err("control".into());
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn check_text_agrees_with_the_plain_checks(
+            text in proptest::prop_oneof![
+                "[ -~]{0,12}",
+                "[\\x00-\\x20\\x7e-\\u{a0}a\\u{2028}\\u{3000}é]{0,6}",
+                "\\PC{0,8}",
+                "[a-z]{250,260}",
+            ]
+        ) {
+            let plain = check_text_plainly(&text, MAX_KEY_LEN);
+            let got = check_text("key", &text, MAX_KEY_LEN);
+            proptest::prop_assert_eq!(got.is_ok(), plain.is_ok(), "{:?}: {:?}", text, got);
+            if let (Err(KeyError::Invalid { reason }), Err(why)) = (got, plain) {
+                let word = match why.as_str() {
+                    "empty" => "is empty",
+                    "long" => "bytes long",
+                    "whitespace" => "whitespace",
+                    _ => "control",
+                };
+                proptest::prop_assert!(reason.contains(word), "{:?}: {}", text, reason);
+            }
+        }
+    }
+
+    #[test]
+    fn keys_are_equal_by_text_whatever_holds_it() {
+        use std::hash::BuildHasher;
+        let constant = IdempotencyKey::new("ns", "evt_1").unwrap();
+        let owned = IdempotencyKey::new("ns".to_owned(), "evt_1".to_owned()).unwrap();
+        let extracted = IdempotencyKey::in_namespace(&Name::Static("ns"), "evt_1").unwrap();
+        assert_eq!(constant, owned);
+        assert_eq!(constant, extracted);
+        let hasher = std::hash::RandomState::new();
+        assert_eq!(hasher.hash_one(&constant), hasher.hash_one(&owned));
+        assert_eq!(constant.cmp(&owned), std::cmp::Ordering::Equal);
+        assert!(key("a", "z") < key("b", "a"), "namespace first");
+        assert!(key("a", "a") < key("a", "b"));
+        assert_ne!(key("ns", "evt_1"), key("ns", "evt_2"));
+        assert_eq!(format!("{owned:?}"), "IdempotencyKey(ns/evt_1)");
+        assert_eq!(
+            format!("{:?}", header("x").namespace("acme".to_owned())),
+            format!("{:?}", header("x").namespace("acme")),
+            "a namespace prints as its text"
         );
     }
 

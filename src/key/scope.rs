@@ -2,12 +2,12 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use http::request::Parts;
 use sha2::{Digest, Sha256};
 
-use super::{IdempotencyKey, KeyError, MAX_NAMESPACE_LEN, check_text};
+use super::{IdempotencyKey, KeyError, MAX_NAMESPACE_LEN, Name, check_text};
 
 /// Which deliveries may meet as duplicates of each other.
 ///
@@ -68,7 +68,19 @@ use super::{IdempotencyKey, KeyError, MAX_NAMESPACE_LEN, check_text};
 /// # }
 /// ```
 #[derive(Clone, Default)]
-pub struct Scope(Kind);
+pub struct Scope {
+    kind: Kind,
+    /// The namespace scoped last, so that a route's deliveries share one joined namespace
+    /// instead of building and checking it each time. Shared by the clones of the scope.
+    last: Arc<Mutex<Option<Joined>>>,
+}
+
+/// A namespace joined to a scope, and what it was made of.
+struct Joined {
+    namespace: Name,
+    scope: Box<str>,
+    joined: Arc<str>,
+}
 
 #[derive(Clone, Default)]
 enum Kind {
@@ -82,7 +94,7 @@ enum Kind {
 impl Scope {
     /// The request's path, without the query: one scope per endpoint. The default.
     pub fn path() -> Self {
-        Self(Kind::Path)
+        Self::of(Kind::Path)
     }
 
     /// A fixed name. Routes given the same name share their keys.
@@ -97,13 +109,13 @@ impl Scope {
         if let Err(err) = check_text("scope", &name, MAX_NAMESPACE_LEN) {
             panic!("invalid scope {name:?}: {err}");
         }
-        Self(Kind::Named(name))
+        Self::of(Kind::Named(name))
     }
 
     /// No scope: keys are the extractor's namespace and value alone, shared by every route
     /// that uses the same namespace in the same store.
     pub fn shared() -> Self {
-        Self(Kind::Shared)
+        Self::of(Kind::Shared)
     }
 
     /// A scope computed from the request head, e.g. the tenant a route serves. A request for
@@ -129,7 +141,14 @@ impl Scope {
     where
         F: Fn(&Parts) -> String + Send + Sync + 'static,
     {
-        Self(Kind::FromFn(Arc::new(f)))
+        Self::of(Kind::FromFn(Arc::new(f)))
+    }
+
+    fn of(kind: Kind) -> Self {
+        Self {
+            kind,
+            last: Arc::default(),
+        }
     }
 
     /// Joins this scope to the namespace of `key`.
@@ -138,19 +157,35 @@ impl Scope {
         key: IdempotencyKey,
         parts: &Parts,
     ) -> Result<IdempotencyKey, KeyError> {
-        let scope: Cow<'_, str> = match &self.0 {
+        let scope: Cow<'_, str> = match &self.kind {
             Kind::Shared => return Ok(key),
             Kind::Path => normalized(parts.uri.path()),
             Kind::Named(name) => Cow::Borrowed(name),
             Kind::FromFn(f) => Cow::Owned(f(parts)),
         };
-        join(key, &scope)
+        // Another delivery holding the lock only means this one joins its own.
+        let mut last = self.last.try_lock().ok();
+        if let Some(Some(hit)) = last.as_deref()
+            && hit.namespace.as_str() == key.namespace()
+            && *hit.scope == *scope
+        {
+            return Ok(key.renamed(Name::Shared(hit.joined.clone())));
+        }
+        let joined = join(key.namespace(), &scope)?;
+        if let Some(last) = last.as_deref_mut() {
+            *last = Some(Joined {
+                namespace: key.namespace.clone(),
+                scope: scope.into(),
+                joined: joined.clone(),
+            });
+        }
+        Ok(key.renamed(Name::Shared(joined)))
     }
 }
 
-/// Joins `scope` to the namespace of `key`, checking the result.
-fn join(key: IdempotencyKey, scope: &str) -> Result<IdempotencyKey, KeyError> {
-    if key.namespace().contains('@') {
+/// `namespace@scope`, checked: the namespace of a key scoped `scope`.
+fn join(namespace: &str, scope: &str) -> Result<Arc<str>, KeyError> {
+    if namespace.contains('@') {
         // Only an extractor of one's own can get here (`.namespace(..)` refuses `@`).
         return Err(KeyError::invalid(
             "the key's namespace contains `@`, which separates a namespace from its scope",
@@ -159,12 +194,19 @@ fn join(key: IdempotencyKey, scope: &str) -> Result<IdempotencyKey, KeyError> {
     if scope.is_empty() {
         return Err(KeyError::invalid("the key's scope is empty"));
     }
-    let namespace = scoped(key.namespace(), scope);
+    let namespace = scoped(namespace, scope);
     check_text("scoped namespace", &namespace, MAX_NAMESPACE_LEN)?;
-    Ok(IdempotencyKey {
-        namespace: Cow::Owned(namespace),
-        value: key.value,
-    })
+    Ok(namespace.into())
+}
+
+impl IdempotencyKey {
+    /// The same value in another namespace.
+    fn renamed(self, namespace: Name) -> Self {
+        Self {
+            namespace,
+            value: self.value,
+        }
+    }
 }
 
 impl IdempotencyKey {
@@ -183,7 +225,8 @@ impl IdempotencyKey {
     /// assert_eq!(stored.value(), "evt_1");
     /// ```
     pub fn scoped(&self, scope: &str) -> Result<IdempotencyKey, KeyError> {
-        join(self.clone(), scope)
+        let joined = join(self.namespace(), scope)?;
+        Ok(self.clone().renamed(Name::Shared(joined)))
     }
 }
 
@@ -250,7 +293,7 @@ fn normalized(path: &str) -> Cow<'_, str> {
 
 impl fmt::Debug for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
+        match &self.kind {
             Kind::Path => f.write_str("Scope::path()"),
             Kind::Named(name) => write!(f, "Scope::named({name:?})"),
             Kind::Shared => f.write_str("Scope::shared()"),
@@ -322,6 +365,35 @@ mod tests {
             scoped("stripe", &format!("/{}", "a".repeat(60))),
             "stripe@/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa#eea73871f16349c6"
         );
+    }
+
+    #[test]
+    fn the_last_joined_namespace_is_shared_only_with_its_own() {
+        let scope = Scope::path();
+        let first = scope.apply(key(), &parts("/a")).unwrap();
+        let again = scope.apply(key(), &parts("/a")).unwrap();
+        assert_eq!(first, again);
+        assert_eq!(again.namespace(), "stripe@/a");
+        // Another path, another namespace, then the first path again: each its own.
+        let other = scope.apply(key(), &parts("/b")).unwrap();
+        assert_eq!(other.namespace(), "stripe@/b");
+        let github = IdempotencyKey::new("github", "evt_1").unwrap();
+        assert_eq!(
+            scope.apply(github, &parts("/b")).unwrap().namespace(),
+            "github@/b"
+        );
+        assert_eq!(scope.clone().apply(key(), &parts("/a")).unwrap(), first);
+        // A namespace that cannot be scoped is refused every time, cached or not.
+        let at = || IdempotencyKey::new("a@b", "evt_1").unwrap();
+        assert!(scope.apply(at(), &parts("/a")).is_err());
+        assert!(scope.apply(at(), &parts("/a")).is_err());
+        let named = Scope::named("ci");
+        for _ in 0..2 {
+            assert_eq!(
+                named.apply(key(), &parts("/x")).unwrap().namespace(),
+                "stripe@ci"
+            );
+        }
     }
 
     #[test]

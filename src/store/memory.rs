@@ -1,7 +1,9 @@
 //! An in-process store.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::collections::hash_map::Entry;
+use std::fmt;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -60,9 +62,53 @@ pub struct MemoryStore {
 #[derive(Debug)]
 struct Shards {
     hasher: RandomState,
-    shards: [Mutex<HashMap<IdempotencyKey, Row>>; SHARDS],
+    shards: [Mutex<Map>; SHARDS],
     /// The entities' versions of the [version guard](crate::version_guard), apart from the keys.
     versions: [Mutex<HashMap<IdempotencyKey, VersionRow>>; SHARDS],
+}
+
+/// The claims of one shard, by key, each key hashed once per store call (see [`Hashed`]).
+type Map = HashMap<Hashed, Row, BuildHasherDefault<Prehashed>>;
+
+/// A key with its hash under the store's [`RandomState`]: one SipHash pass picks the shard
+/// and finds the row.
+#[derive(Clone, PartialEq, Eq)]
+struct Hashed {
+    hash: u64,
+    key: IdempotencyKey,
+}
+
+impl fmt::Debug for Hashed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.key.fmt(f)
+    }
+}
+
+impl Hash for Hashed {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// The hasher of a [`Map`]: its keys come hashed already.
+#[derive(Debug, Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not called: `Hashed` writes one `u64`. Still a hash, should that change.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
 }
 
 impl Default for Shards {
@@ -155,7 +201,7 @@ impl MemoryStore {
 }
 
 impl Shards {
-    fn lock(&self, shard: usize) -> MutexGuard<'_, HashMap<IdempotencyKey, Row>> {
+    fn lock(&self, shard: usize) -> MutexGuard<'_, Map> {
         // Every critical section leaves the map consistent, so a panic elsewhere while the
         // lock was held cannot have left a half-made change behind.
         self.shards[shard]
@@ -163,8 +209,17 @@ impl Shards {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn shard_of(&self, key: &IdempotencyKey) -> MutexGuard<'_, HashMap<IdempotencyKey, Row>> {
-        self.lock(self.hasher.hash_one(key) as usize % SHARDS)
+    /// The key hashed, and its shard locked.
+    fn shard_of(&self, key: &IdempotencyKey) -> (Hashed, MutexGuard<'_, Map>) {
+        let hash = self.hasher.hash_one(key);
+        // Bits the map does not use: it takes the low ones for the bucket, the top seven as
+        // the tag.
+        let shard = (hash >> 32) as usize % SHARDS;
+        let key = Hashed {
+            hash,
+            key: key.clone(),
+        };
+        (key, self.lock(shard))
     }
 
     fn versions_of(
@@ -177,7 +232,7 @@ impl Shards {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn each_shard(&self, mut f: impl FnMut(&mut HashMap<IdempotencyKey, Row>)) {
+    fn each_shard(&self, mut f: impl FnMut(&mut Map)) {
         for shard in 0..SHARDS {
             f(&mut self.lock(shard));
         }
@@ -187,12 +242,15 @@ impl Shards {
 impl Store for MemoryStore {
     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
         let now = Instant::now();
-        let mut map = self.inner.shard_of(key);
-        let Some(row) = map.get_mut(key) else {
-            let row = Row::new(LeaseToken::generate(), now);
-            let lease = Lease::new(key.clone(), row.token, false);
-            map.insert(key.clone(), row);
-            return Ok(Claim::Acquired(lease));
+        let (hashed, mut map) = self.inner.shard_of(key);
+        let row = match map.entry(hashed) {
+            Entry::Occupied(row) => row.into_mut(),
+            Entry::Vacant(vacant) => {
+                let row = Row::new(LeaseToken::generate(), now);
+                let lease = Lease::new(key.clone(), row.token, false);
+                vacant.insert(row);
+                return Ok(Claim::Acquired(lease));
+            }
         };
         row.deliveries += 1;
         row.last_seen = now;
@@ -212,8 +270,8 @@ impl Store for MemoryStore {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        let mut map = self.inner.shard_of(lease.key());
-        match map.get_mut(lease.key()) {
+        let (key, mut map) = self.inner.shard_of(lease.key());
+        match map.get_mut(&key) {
             Some(row) if row.holds(lease) => {
                 row.state = State::Processing {
                     renewed_at: Instant::now(),
@@ -225,8 +283,8 @@ impl Store for MemoryStore {
     }
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        let mut map = self.inner.shard_of(lease.key());
-        match map.get_mut(lease.key()) {
+        let (key, mut map) = self.inner.shard_of(lease.key());
+        match map.get_mut(&key) {
             Some(row) if row.token == lease.token() => match row.state {
                 State::Processing { .. } => {
                     row.state = State::Done {
@@ -242,8 +300,8 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        let mut map = self.inner.shard_of(lease.key());
-        match map.get_mut(lease.key()) {
+        let (key, mut map) = self.inner.shard_of(lease.key());
+        match map.get_mut(&key) {
             Some(row) if row.token == lease.token() => match row.state {
                 State::Processing { .. } => {
                     row.state = State::Released {
@@ -260,8 +318,8 @@ impl Store for MemoryStore {
 
     async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
         let now = Instant::now();
-        let map = self.inner.shard_of(key);
-        let Some(row) = map.get(key) else {
+        let (key, map) = self.inner.shard_of(key);
+        let Some(row) = map.get(&key) else {
             return Ok(None);
         };
         let ago = |t: Instant| now.saturating_duration_since(t);
@@ -282,7 +340,7 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut stuck = Vec::new();
         self.inner.each_shard(|map| {
-            for (key, row) in map.iter() {
+            for (Hashed { key, .. }, row) in map.iter() {
                 if let State::Processing { renewed_at } = row.state {
                     let silent = now.saturating_duration_since(renewed_at);
                     if silent >= older_than {
@@ -305,8 +363,8 @@ impl Store for MemoryStore {
         key: &IdempotencyKey,
         resolution: Resolution,
     ) -> Result<bool, StoreError> {
-        let mut map = self.inner.shard_of(key);
-        let Some(row) = map.get_mut(key) else {
+        let (key, mut map) = self.inner.shard_of(key);
+        let Some(row) = map.get_mut(&key) else {
             return Ok(false);
         };
         if !matches!(row.state, State::Processing { .. }) {

@@ -1,13 +1,17 @@
 //! Keys in a JSON body: [`Json`] (one field, found by an RFC 6901 pointer) and
 //! [`JsonFields`] (a synthetic key of several fields), with the pointer and the streaming
-//! walker that finds a field without building a tree.
+//! walkers that find a field without building a tree: a quick scan for the documents senders
+//! send (`scan`), and serde_json for every other one (`seek`).
 
 use std::borrow::Cow;
 
 use http::request::Parts;
 
+mod scan;
+mod seek;
+
 use super::{
-    DEFAULT_NAMESPACE, ExtractKey, IdempotencyKey, KeyError, MAX_KEY_LEN, check_text,
+    DEFAULT_NAMESPACE, ExtractKey, IdempotencyKey, KeyError, MAX_KEY_LEN, Name, check_text,
     valid_namespace,
 };
 
@@ -18,7 +22,7 @@ use super::{
 #[derive(Debug, Clone)]
 pub struct Json {
     pointer: Pointer,
-    namespace: Cow<'static, str>,
+    namespace: Name,
 }
 
 /// The key is the JSON string or integer at `pointer` (RFC 6901, e.g. `"/id"` or
@@ -31,7 +35,7 @@ pub struct Json {
 pub fn json(pointer: &str) -> Json {
     Json {
         pointer: Pointer::parse(pointer),
-        namespace: Cow::Borrowed(DEFAULT_NAMESPACE),
+        namespace: Name::Static(DEFAULT_NAMESPACE),
     }
 }
 
@@ -39,7 +43,7 @@ impl Json {
     pub(super) fn preset(pointer: &str, namespace: &'static str) -> Self {
         Self {
             pointer: Pointer::parse(pointer),
-            namespace: Cow::Borrowed(namespace),
+            namespace: Name::Static(namespace),
         }
     }
 
@@ -63,11 +67,11 @@ impl ExtractKey for Json {
     fn extract(&self, _parts: &Parts, body: Option<&[u8]>) -> Result<IdempotencyKey, KeyError> {
         let value = match self.pointer.seek(body.unwrap_or_default())? {
             Found::Text(text) => text,
-            Found::Integer(n) => n.to_string(),
+            Found::Integer(n) => Cow::Owned(n.to_string()),
             Found::Absent => return Err(KeyError::missing(self.pointer.expected())),
-            Found::Other(kind) => return Err(json_seek::wrong_type(&self.pointer, kind)),
+            Found::Other(kind) => return Err(seek::wrong_type(&self.pointer, kind)),
         };
-        IdempotencyKey::new(self.namespace.clone(), value)
+        IdempotencyKey::in_namespace(&self.namespace, &value)
     }
 }
 
@@ -75,7 +79,7 @@ impl ExtractKey for Json {
 #[derive(Debug, Clone)]
 pub struct JsonFields {
     pointers: Vec<Pointer>,
-    namespace: Cow<'static, str>,
+    namespace: Name,
 }
 
 /// A synthetic key for senders that give no event id: the JSON strings or integers at each of
@@ -113,7 +117,7 @@ where
     );
     JsonFields {
         pointers,
-        namespace: Cow::Borrowed(DEFAULT_NAMESPACE),
+        namespace: Name::Static(DEFAULT_NAMESPACE),
     }
 }
 
@@ -143,7 +147,7 @@ impl ExtractKey for JsonFields {
                 let field = document
                     .pointer(&pointer.source)
                     .ok_or_else(|| KeyError::missing(pointer.expected()))?;
-                let text = json_seek::key_text(field, pointer)?;
+                let text = seek::key_text(field, pointer)?;
                 // Each part is checked like a key of its own: an empty order number must not
                 // merge every such event into one.
                 check_text("key", &text, MAX_KEY_LEN)
@@ -153,7 +157,7 @@ impl ExtractKey for JsonFields {
             .collect::<Result<Vec<String>, KeyError>>()?;
         // Serialising a list of strings cannot fail.
         let value = serde_json::to_string(&parts).unwrap_or_default();
-        IdempotencyKey::new(self.namespace.clone(), value)
+        IdempotencyKey::in_namespace(&self.namespace, &value)
     }
 }
 
@@ -165,10 +169,12 @@ pub(crate) struct Pointer {
 }
 
 /// What is at a [`Pointer`] in a JSON document: what a key or a version is read from.
-pub(crate) enum Found {
+#[derive(Debug, PartialEq)]
+pub(crate) enum Found<'a> {
     /// Nothing: a member or an index on the way is missing, or the path goes on past a scalar.
     Absent,
-    Text(String),
+    /// A string, borrowed from the document unless it had escapes.
+    Text(Cow<'a, str>),
     /// An integer, of either sign, as large as JSON readers give it (`u64` or `i64`).
     Integer(i128),
     /// A value of another kind, named for messages: `a fractional number`, `an object`.
@@ -178,8 +184,15 @@ pub(crate) enum Found {
 impl Pointer {
     /// Finds the field in `body` in one pass, checking that all of `body` is valid JSON (the
     /// only error: [`KeyError::NotJson`]).
-    pub(crate) fn seek(&self, body: &[u8]) -> Result<Found, KeyError> {
-        json_seek::find(body, self)
+    ///
+    /// The quick scan answers the documents it reads exactly as serde_json does; it leaves
+    /// every other one (invalid JSON among them, so that its message is serde_json's) to a
+    /// second pass by serde_json.
+    pub(crate) fn seek<'a>(&self, body: &'a [u8]) -> Result<Found<'a>, KeyError> {
+        match scan::find(body, &self.tokens) {
+            Some(found) => Ok(found),
+            None => seek::find(body, self),
+        }
     }
 
     pub(crate) fn parse(source: &str) -> Self {
@@ -204,174 +217,13 @@ impl Pointer {
     }
 }
 
-/// Finds one field in a JSON document in a single pass, skipping everything else without
-/// building a tree, and checks that the whole document is valid JSON.
-mod json_seek {
-    use std::fmt;
-
-    use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
-
-    use super::{Found, KeyError, Pointer};
-
-    pub(super) fn find(body: &[u8], pointer: &Pointer) -> Result<Found, KeyError> {
-        let not_json = |err: serde_json::Error| KeyError::NotJson {
-            detail: err.to_string(),
-        };
-        let mut de = serde_json::Deserializer::from_slice(body);
-        let found = Seek(&pointer.tokens)
-            .deserialize(&mut de)
-            .map_err(not_json)?;
-        de.end().map_err(not_json)?;
-        Ok(found)
-    }
-
-    pub(super) fn key_text(
-        value: &serde_json::Value,
-        pointer: &Pointer,
-    ) -> Result<String, KeyError> {
-        use serde_json::Value;
-        match value {
-            Value::String(s) => Ok(s.clone()),
-            Value::Number(n) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
-            Value::Number(_) => Err(wrong_type(pointer, "a fractional number")),
-            Value::Null => Err(wrong_type(pointer, "null")),
-            Value::Bool(_) => Err(wrong_type(pointer, "a boolean")),
-            Value::Array(_) => Err(wrong_type(pointer, "an array")),
-            Value::Object(_) => Err(wrong_type(pointer, "an object")),
-        }
-    }
-
-    pub(super) fn wrong_type(pointer: &Pointer, kind: &str) -> KeyError {
-        KeyError::invalid(format!(
-            "{} is {kind}; expected a string or an integer",
-            pointer.expected()
-        ))
-    }
-
-    /// Walks `tokens` down the document; at the end of the path, reads the value.
-    struct Seek<'p>(&'p [String]);
-
-    impl<'de> DeserializeSeed<'de> for Seek<'_> {
-        type Value = Found;
-
-        fn deserialize<D: de::Deserializer<'de>>(self, de: D) -> Result<Found, D::Error> {
-            de.deserialize_any(self)
-        }
-    }
-
-    impl<'de> Visitor<'de> for Seek<'_> {
-        type Value = Found;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a JSON value")
-        }
-
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<Found, E> {
-            Ok(self.leaf(|| Found::Text(v.to_owned())))
-        }
-
-        fn visit_string<E: de::Error>(self, v: String) -> Result<Found, E> {
-            Ok(self.leaf(|| Found::Text(v)))
-        }
-
-        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Found, E> {
-            Ok(self.leaf(|| Found::Integer(v.into())))
-        }
-
-        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Found, E> {
-            Ok(self.leaf(|| Found::Integer(v.into())))
-        }
-
-        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Found, E> {
-            Ok(self.leaf(|| Found::Other("a fractional number")))
-        }
-
-        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Found, E> {
-            Ok(self.leaf(|| Found::Other("a boolean")))
-        }
-
-        fn visit_unit<E: de::Error>(self) -> Result<Found, E> {
-            Ok(self.leaf(|| Found::Other("null")))
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
-            let Some((token, rest)) = self.0.split_first() else {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                return Ok(Found::Other("an object"));
-            };
-            // Like most JSON readers, the last of duplicated names wins.
-            let mut found = Found::Absent;
-            while let Some(matches) = map.next_key_seed(NameIs(token))? {
-                if matches {
-                    found = map.next_value_seed(Seek(rest))?;
-                } else {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-            Ok(found)
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Found, A::Error> {
-            let Some((token, rest)) = self.0.split_first() else {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                return Ok(Found::Other("an array"));
-            };
-            // RFC 6901: an array index is `0` or digits without a leading zero (no sign,
-            // which `usize::from_str` would accept).
-            let digits = !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit());
-            let index = (digits && (token == "0" || !token.starts_with('0')))
-                .then(|| token.parse::<usize>().ok())
-                .flatten();
-            let mut found = Found::Absent;
-            let mut at = 0usize;
-            loop {
-                if Some(at) == index {
-                    match seq.next_element_seed(Seek(rest))? {
-                        Some(value) => found = value,
-                        None => break,
-                    }
-                } else if seq.next_element::<IgnoredAny>()?.is_none() {
-                    break;
-                }
-                at += 1;
-            }
-            Ok(found)
-        }
-    }
-
-    impl Seek<'_> {
-        /// A scalar: the answer if the path ends here, absent if it goes deeper.
-        fn leaf(&self, found: impl FnOnce() -> Found) -> Found {
-            if self.0.is_empty() {
-                found()
-            } else {
-                Found::Absent
-            }
-        }
-    }
-
-    /// Compares an object member's name to one token without allocating.
-    struct NameIs<'t>(&'t str);
-
-    impl<'de> DeserializeSeed<'de> for NameIs<'_> {
-        type Value = bool;
-
-        fn deserialize<D: de::Deserializer<'de>>(self, de: D) -> Result<bool, D::Error> {
-            de.deserialize_str(self)
-        }
-    }
-
-    impl<'de> Visitor<'de> for NameIs<'_> {
-        type Value = bool;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("an object member name")
-        }
-
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
-            Ok(v == self.0)
-        }
-    }
+/// The array index a pointer token names, if any. RFC 6901: `0` or digits without a leading
+/// zero (no sign, which `usize::from_str` would accept).
+fn array_index(token: &str) -> Option<usize> {
+    let digits = !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit());
+    (digits && (token == "0" || !token.starts_with('0')))
+        .then(|| token.parse::<usize>().ok())
+        .flatten()
 }
 
 #[cfg(test)]
