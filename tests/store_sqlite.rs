@@ -386,11 +386,22 @@ async fn impatient_store() -> Option<SqliteStore> {
         .create_if_missing(true)
         .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
         .busy_timeout(std::time::Duration::from_millis(200));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(4)
-        .connect_with(options)
-        .await
-        .expect("open the SQLite file");
+    // Opening can meet the brief locks other pools take on the file: try a few times.
+    let mut attempt = 0;
+    let pool = loop {
+        attempt += 1;
+        match SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.clone())
+            .await
+        {
+            Ok(pool) => break pool,
+            Err(_) if attempt < 20 => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(err) => panic!("open the SQLite file: {err}"),
+        }
+    };
     let store = SqliteStore::new(pool).with_count_interval(common::hot_path::NEVER);
     store.migrate().await.expect("migrate");
     Some(store)
