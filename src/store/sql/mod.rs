@@ -13,12 +13,14 @@ use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoA
 use sqlx::{Row as _, Type};
 
 mod backend;
+mod purge;
 mod queries;
 mod rows;
 mod table;
 mod tally;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod upsert;
+mod writer;
 
 pub(crate) use backend::Backend;
 pub(crate) use queries::{Bounded, Purge, Queries, VersionQueries};
@@ -31,6 +33,7 @@ pub(crate) use tally::CHUNK as TALLY_CHUNK;
 use tally::Tally;
 #[cfg(feature = "postgres")]
 pub(crate) use upsert::retry_serialization_failure;
+pub(crate) use writer::Writer;
 
 use super::{
     Claim, KeyRecord, KeyState, Lease, LeaseToken, Resolution, Stale, StalePolicy, StoreError,
@@ -49,50 +52,6 @@ pub(crate) struct Table<DB: Database> {
     tally: Arc<Tally>,
     /// Where a database with one writer at a time (SQLite) queues its writes.
     writer: Writer,
-}
-
-/// The queue of a database's writers in this process: a fair lock that a write statement
-/// holds, so that writers wait their turn here rather than in the database's busy handler.
-/// Databases with row locks have none.
-#[derive(Clone, Default)]
-pub(crate) struct Writer(Option<Arc<tokio::sync::Mutex<()>>>);
-
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-impl Writer {
-    /// A queue of its own.
-    pub(crate) fn queue() -> Self {
-        Self(Some(Arc::default()))
-    }
-
-    /// The queue shared by every store in this process on the database file `path` (made
-    /// absolute first: one file, one queue).
-    pub(crate) fn for_file(path: &std::path::Path) -> Self {
-        use std::collections::HashMap;
-        use std::sync::{Mutex, Weak};
-
-        type Queues = HashMap<std::path::PathBuf, Weak<tokio::sync::Mutex<()>>>;
-        static QUEUES: Mutex<Option<Queues>> = Mutex::new(None);
-        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
-        let mut queues = QUEUES
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let queues = queues.get_or_insert_with(HashMap::new);
-        queues.retain(|_, queue| queue.strong_count() > 0);
-        if let Some(queue) = queues.get(&path).and_then(Weak::upgrade) {
-            return Self(Some(queue));
-        }
-        let queue = Arc::new(tokio::sync::Mutex::new(()));
-        queues.insert(path, Arc::downgrade(&queue));
-        Self(Some(queue))
-    }
-
-    /// Waits for this writer's turn; the turn lasts as long as what this answers.
-    pub(crate) async fn turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        match &self.0 {
-            Some(queue) => Some(queue.lock().await),
-            None => None,
-        }
-    }
 }
 
 impl<DB: Database> Clone for Table<DB> {
@@ -399,85 +358,6 @@ where
             Resolution::Release => self.on_key(&self.sql.resolve_release, key, None).await?,
         };
         Ok(changed > 0)
-    }
-
-    /// Walks the table in key order, [`PURGE_BATCH`] keys at a time: each batch is two short
-    /// statements (the batch's last key, then the delete), so claims wait at most for one
-    /// batch's locks, and no index on the settle time is needed.
-    pub(crate) async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
-        let age = micros(older_than);
-        let mut after = (String::new(), String::new());
-        let mut purged = 0;
-        loop {
-            let (deleted, last) = match &self.sql.purge {
-                Purge::Batch(batch) => self.purge_batch(batch, age, &after).await?,
-                Purge::Bounded(bounded) => self.purge_bounded(bounded, age, &after).await?,
-            };
-            purged += deleted;
-            match last {
-                Some(last) => after = last,
-                None => return Ok(purged),
-            }
-        }
-    }
-
-    /// One batch in one statement: how many rows it deleted, and the batch's last key.
-    async fn purge_batch(
-        &self,
-        batch: &Arc<str>,
-        age: i64,
-        (namespace, key): &(String, String),
-    ) -> Result<(u64, Option<(String, String)>), StoreError> {
-        let statement = sqlx::query(AssertSqlSafe(batch.clone())).bind(age);
-        let statement = DB::bind_position(statement, namespace, key);
-        let turn = self.writer.turn().await;
-        let row = statement.fetch_optional(&self.pool).await.store()?;
-        drop(turn);
-        let Some(row) = row else {
-            return Ok((0, None));
-        };
-        let deleted: i64 = row.try_get(0).store()?;
-        let last = (row.try_get(1).store()?, row.try_get(2).store()?);
-        Ok((u64::try_from(deleted).unwrap_or(0), Some(last)))
-    }
-
-    /// One batch in two statements: its last key, then the delete up to it.
-    async fn purge_bounded(
-        &self,
-        Bounded {
-            bound,
-            up_to,
-            rest,
-            before,
-        }: &Bounded,
-        age: i64,
-        (namespace, key): &(String, String),
-    ) -> Result<(u64, Option<(String, String)>), StoreError> {
-        let statement = sqlx::query(AssertSqlSafe(bound.clone()));
-        let last = DB::bind_position(statement, namespace, key)
-            .fetch_optional(&self.pool)
-            .await
-            .store()?;
-        let last: Option<(String, String)> = last
-            .map(|row| Ok::<_, StoreError>((row.try_get(0).store()?, row.try_get(1).store()?)))
-            .transpose()?;
-        let sql = if last.is_some() { up_to } else { rest };
-        let delete = sqlx::query(AssertSqlSafe(sql.clone())).bind(age);
-        let mut delete = DB::bind_position(delete, namespace, key);
-        if let Some((namespace, key)) = &last {
-            delete = DB::bind_position(delete, namespace, key);
-        }
-        let turn = self.writer.turn().await;
-        let mut conn = self.pool.acquire().await.store()?;
-        if let Some(before) = before {
-            sqlx::raw_sql(AssertSqlSafe(before.clone()))
-                .execute(&mut *conn)
-                .await
-                .store()?;
-        }
-        let done = delete.execute(&mut *conn).await.store()?;
-        drop(turn);
-        Ok((DB::rows_affected(&done), last))
     }
 
     pub(crate) async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
