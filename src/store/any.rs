@@ -41,7 +41,7 @@
 //! |---|---|---|---|
 //! | `postgres://`, `postgresql://` | `PostgresStore` | `postgres` | one connection to check the server, then sqlx's default pool (up to 10 connections) |
 //! | `mysql://`, `mariadb://` | `MySqlStore` | `mysql` | the same; `mariadb://` is passed on as `mysql://` |
-//! | `sqlite:` | `SqliteStore` | `sqlite` | a file: created if missing, WAL, a pool of 4, its writes queued with the process's other stores on the file (see [writers](super::sqlite#writers)); `sqlite::memory:`: one connection kept open |
+//! | `sqlite:` | `SqliteStore` | `sqlite` | a file: created if missing, WAL, a pool of 4, its writes queued with the process's other stores on the file; `sqlite::memory:`: one connection kept open |
 //! | `memory:` | `MemoryStore` | `memory` | a new, empty store; the rest of the URL is ignored |
 //!
 //! Schemes are case-insensitive. A scheme the crate does not know, or one whose feature was
