@@ -263,22 +263,7 @@ where
             let (pool, sql, writer) = (self.pool.clone(), self.sql.clone(), self.writer.clone());
             self.tally.keep_flushed(move |chunk| {
                 let (pool, sql, writer) = (pool.clone(), sql.clone(), writer.clone());
-                async move {
-                    let written = {
-                        let _turn = writer.turn().await;
-                        tally::write(&pool, &sql, &chunk).await
-                    };
-                    if let Err(error) = &written {
-                        tracing::warn!(
-                            table = %sql.table.name(),
-                            keys = chunk.len(),
-                            error = error as &dyn std::error::Error,
-                            "could not write the delivery counts of duplicates; trying again \
-                             shortly"
-                        );
-                    }
-                    written.is_ok()
-                }
+                async move { tally::write(&pool, &sql, &writer, &chunk).await }
             });
         }
         unwritten
@@ -286,16 +271,10 @@ where
 
     /// Writes every count of the tally now.
     pub(crate) async fn write_counts(&self) -> Result<(), StoreError> {
-        let _writing = self.tally.writing().await;
-        for chunk in self.tally.snapshot().chunks(tally::CHUNK) {
-            let turn = self.writer.turn().await;
-            tally::write(&self.pool, &self.sql, chunk).await?;
-            drop(turn);
-            for (key, seen) in chunk {
-                self.tally.written(key, seen.count);
-            }
-        }
-        Ok(())
+        let (pool, sql, writer) = (&self.pool, &self.sql, &self.writer);
+        self.tally
+            .write_round(|chunk| async move { tally::write(pool, sql, writer, &chunk).await })
+            .await
     }
 
     /// One row the store cannot read (a key written by hand, or by other code, that is no

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{AssertSqlSafe, Encode, Executor, IntoArguments, Pool, Type};
 
-use super::{Backend, Queries, ResultExt as _, micros};
+use super::{Backend, Queries, ResultExt as _, Writer, micros};
 use crate::key::IdempotencyKey;
 use crate::store::StoreError;
 
@@ -127,9 +127,22 @@ impl Tally {
         due
     }
 
-    /// Waits for this writer's turn to write the counts.
-    pub(crate) async fn writing(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.writing.lock().await
+    /// Writes every count with `write`, a chunk at a time in key order, one writer at a time
+    /// (two writers of one snapshot would add its counts twice). The first chunk that fails
+    /// ends the round: what is left waits for the next.
+    pub(crate) async fn write_round<W, Fut, E>(&self, mut write: W) -> Result<(), E>
+    where
+        W: FnMut(Chunk) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+    {
+        let _writing = self.writing.lock().await;
+        for chunk in self.snapshot().chunks(CHUNK) {
+            write(chunk.to_vec()).await?;
+            for (key, seen) in chunk {
+                self.written(key, seen.count);
+            }
+        }
+        Ok(())
     }
 
     /// `count` of `key`'s deliveries are written: they no longer count here.
@@ -152,8 +165,8 @@ impl Tally {
     /// once every store holding the tally is gone and nothing is left to write.
     pub(crate) fn keep_flushed<W, Fut>(self: &Arc<Self>, write: W)
     where
-        W: Fn(Chunk) -> Fut + Send + 'static,
-        Fut: Future<Output = bool> + Send + 'static,
+        W: Fn(Chunk) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), StoreError>> + Send + 'static,
     {
         if self.flushing.swap(true, Ordering::AcqRel) {
             return;
@@ -173,24 +186,18 @@ impl Tally {
 async fn flush<W, Fut>(tally: Weak<Tally>, every: Duration, write: W)
 where
     W: Fn(Chunk) -> Fut,
-    Fut: Future<Output = bool>,
+    Fut: Future<Output = Result<(), StoreError>>,
 {
     loop {
         tokio::time::sleep(every).await;
         let Some(strong) = tally.upgrade() else {
             return;
         };
-        {
-            let _writing = strong.writing().await;
-            for chunk in strong.snapshot().chunks(CHUNK) {
-                // The database is unreachable, say: the rest waits for the next round.
-                if !write(chunk.to_vec()).await {
-                    break;
-                }
-                for (key, seen) in chunk {
-                    strong.written(key, seen.count);
-                }
-            }
+        if let Err(error) = strong.write_round(&write).await {
+            tracing::warn!(
+                error = &error as &dyn std::error::Error,
+                "could not write the delivery counts of duplicates; trying again shortly"
+            );
         }
         // The last store gone, what it counted is written: the task ends.
         if Arc::strong_count(&strong) == 1 {
@@ -216,6 +223,7 @@ impl Drop for Restart {
 pub(crate) async fn write<DB>(
     pool: &Pool<DB>,
     sql: &Queries,
+    writer: &Writer,
     chunk: &[(IdempotencyKey, Seen)],
 ) -> Result<(), StoreError>
 where
@@ -236,6 +244,7 @@ where
     for _ in chunk.len()..CHUNK {
         statement = statement.bind("").bind("").bind(0_i64).bind(0_i64);
     }
+    let _turn = writer.turn().await;
     statement.execute(pool).await.store().map(drop)
 }
 
@@ -294,11 +303,11 @@ mod tests {
             async move {
                 // The first write fails: the counts stay for the next round.
                 if a.fetch_add(1, Ordering::SeqCst) == 0 {
-                    return false;
+                    return Err(StoreError::backend("the database is away"));
                 }
                 let counts: u64 = chunk.iter().map(|(_, seen)| seen.count).sum();
                 w.fetch_add(counts, Ordering::SeqCst);
-                true
+                Ok(())
             }
         });
         assert!(tally.is_flushing());
@@ -320,7 +329,7 @@ mod tests {
                 let written = written.clone();
                 async move {
                     written.fetch_add(chunk.len() as u64, Ordering::SeqCst);
-                    true
+                    Ok(())
                 }
             }
         };
