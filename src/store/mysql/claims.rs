@@ -7,7 +7,7 @@ use sqlx::AssertSqlSafe;
 
 use super::{MySqlFlavor, MySqlStore, flavor_of};
 use crate::key::IdempotencyKey;
-use crate::store::sql::{self, ClaimRow, ResultExt as _};
+use crate::store::sql::{self, AfterRead, ClaimRow, ResultExt as _};
 use crate::store::{
     Claim, KeyState, Lease, LeaseToken, Stale, StalePolicy, StoreError, VersionClaim, VersionLease,
 };
@@ -32,14 +32,15 @@ impl MySqlStore {
         query
     }
 
-    /// A claim's first statement: inserts `key` if it is new (answering the token it wrote),
-    /// or reads its row without writing it. MariaDB does both in one statement; MySQL reads
-    /// after an insert that was ignored.
+    /// A claim's first statement, and what the claim does next: `key` inserted if it is
+    /// new, or its row read without writing it. MariaDB does both in one statement; MySQL
+    /// reads after an insert that was ignored.
     pub(super) async fn insert_or_read(
         &self,
         flavor: MySqlFlavor,
         key: &IdempotencyKey,
-    ) -> Result<(Option<ClaimRow>, Option<LeaseToken>), StoreError> {
+        stale: Stale,
+    ) -> Result<AfterRead, StoreError> {
         let token = LeaseToken::generate();
         let insert = |sql: &Arc<str>| {
             sqlx::query(AssertSqlSafe(sql.clone()))
@@ -52,24 +53,19 @@ impl MySqlStore {
                 .fetch_one(&self.table.pool)
                 .await
                 .store()?;
-            return Ok((Some(ClaimRow::read(&row)?), Some(token)));
+            let row = ClaimRow::read(&row)?;
+            return self.table.after_read(key, Some(row), Some(token), stale);
         }
         let inserted = insert(&self.claims.insert_new)
             .execute(&self.table.pool)
             .await
             .store()?;
         if inserted.rows_affected() == 1 {
-            let row = ClaimRow {
-                state: "processing".to_owned(),
-                token: token.to_i64(),
-                deliveries: 1,
-                reclaimed: false,
-                age_us: 0,
-                idle_us: 0,
-            };
-            return Ok((Some(row), Some(token)));
+            let lease = Lease::new(key.clone(), token, false);
+            return Ok(AfterRead::Answer(Claim::Acquired(lease)));
         }
-        Ok((self.table.read_claim(key).await?, None))
+        let row = self.table.read_claim(key).await?;
+        self.table.after_read(key, row, None, stale)
     }
 
     /// MariaDB 10.5 and later: one upsert, returning the row.

@@ -464,8 +464,7 @@ impl Store for MySqlStore {
         // A row that vanishes between the two statements more than twice in a row means
         // something else is deleting keys as fast as they are claimed.
         for _ in 0..3 {
-            let (row, ours) = self.insert_or_read(flavor, key).await?;
-            match self.table.after_read(key, row, ours, stale)? {
+            match self.insert_or_read(flavor, key, stale).await? {
                 AfterRead::Answer(claim) => return Ok(claim),
                 AfterRead::TakeOver => break,
                 AfterRead::Absent => {}
