@@ -14,7 +14,7 @@ use tokio::sync::Mutex;
 use tower_service::Service;
 
 use super::TransactionalStore;
-use super::tx::{TxDatabase, TxHandle};
+use super::tx::TxHandle;
 use crate::body::{RequestBody, ResponseBody};
 use crate::engine::drain::{Entry, Stage};
 use crate::engine::guard::{LeaseState, Leased};
@@ -232,9 +232,11 @@ where
         slot: Arc::new(Mutex::new(Some(tx))),
     };
     request.extensions_mut().insert(handle.clone());
+    // Read only by the `Tx` extractor, to name both databases when a handler asks for another.
+    #[cfg(feature = "axum")]
     request
         .extensions_mut()
-        .insert(TxDatabase(std::any::type_name::<St::Database>()));
+        .insert(super::tx::TxDatabase(std::any::type_name::<St::Database>()));
     // Should this run be dropped after all (the runtime shuts down), the handle's last clone
     // drops the transaction, and sqlx rolls an unfinished transaction back.
     let res = match call(inner, request).await {

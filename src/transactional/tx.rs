@@ -12,7 +12,7 @@ use crate::key::IdempotencyKey;
 /// The database of the transaction in a request's extensions, named for the error of a
 /// handler that asks for another one.
 #[derive(Clone, Copy)]
-#[cfg_attr(not(feature = "axum"), allow(dead_code))]
+#[cfg(feature = "axum")]
 pub(super) struct TxDatabase(pub(super) &'static str);
 
 /// The delivery's open transaction, in the request extensions of the inner service.
