@@ -34,7 +34,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use http::StatusCode;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
-use tower_idempotency::store::{AnyStore, Store};
+use tower_idempotency::store::{AnyStore, SqliteStore, Store};
 use tower_idempotency::transactional::{TransactionalLayer, TransactionalStore, Tx};
 use tower_idempotency::{Drain, IdempotencyKey, IdempotencyLayer, Outcome, Stale, key, verify};
 
@@ -50,7 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Err(_) => {
             let path = std::env::temp_dir().join("tower-idempotency-webhook-receiver.sqlite3");
-            let store = AnyStore::connect(&format!("sqlite://{}", path.display())).await?;
+            let store = AnyStore::from(SqliteStore::open(&path).await?);
             (store, format!("SQLite file {}", path.display()))
         }
     };

@@ -41,7 +41,7 @@
 //! |---|---|---|---|
 //! | `postgres://`, `postgresql://` | `PostgresStore` | `postgres` | one connection to check the server, then sqlx's default pool (up to 10 connections) |
 //! | `mysql://`, `mariadb://` | `MySqlStore` | `mysql` | the same; `mariadb://` is passed on as `mysql://` |
-//! | `sqlite:` | `SqliteStore` | `sqlite` | a file: created if missing, WAL, a pool of 4, its writes queued with the process's other stores on the file; `sqlite::memory:`: one connection kept open |
+//! | `sqlite:` | `SqliteStore` | `sqlite` | a file as `SqliteStore::open` opens it (created if missing, WAL, durable commits, a 30 s busy timeout, a pool of 4, its writes queued with the process's other stores on the file), not migrated; `sqlite::memory:`: one connection kept open |
 //! | `memory:` | `MemoryStore` | `memory` | a new, empty store; the rest of the URL is ignored |
 //!
 //! Schemes are case-insensitive. A scheme the crate does not know, or one whose feature was
@@ -502,32 +502,28 @@ async fn server_pool<DB: sqlx::Database>(url: &str) -> Result<sqlx::Pool<DB>, sq
 }
 
 /// Opens a SQLite database as the [SQLite store's docs](super::sqlite#connecting) advise: a
-/// file created if missing, in WAL mode, with a small pool; an in-memory database on one
+/// file as `SqliteStore::open` opens it (created if missing, WAL, `synchronous = FULL`, a busy
+/// timeout of 30 s, a small pool), but for the migration; an in-memory database on one
 /// connection that the pool never closes (the database lives as long as its connections).
 #[cfg(feature = "sqlite")]
 async fn connect_sqlite(url: &str) -> Result<SqliteStore, sqlx::Error> {
     use std::str::FromStr as _;
 
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
     let options = SqliteConnectOptions::from_str(url)?;
-    let pool = if sqlite_in_memory(url) {
-        SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(options)
-            .await?
-    } else {
-        let path = options.get_filename().to_owned();
-        let options = options
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal);
-        let pool = super::sqlite::open_pool(options).await?;
-        // Its writes take turns with every other store of the process on the file.
-        return Ok(SqliteStore::on_file(pool, &path));
-    };
+    if !sqlite_in_memory(url) {
+        // As `SqliteStore::open` makes it: its writes take turns with every other store of
+        // the process on the file.
+        return SqliteStore::open_file(super::sqlite::tuned(options)).await;
+    }
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .min_connections(1)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .connect_with(options)
+        .await?;
     Ok(SqliteStore::new(pool))
 }
 

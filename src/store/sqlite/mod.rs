@@ -169,7 +169,7 @@ use super::{
     VersionClaim, VersionLease, VersionStore,
 };
 use crate::key::IdempotencyKey;
-pub(crate) use open::open_pool;
+pub(crate) use open::tuned;
 
 mod queries;
 mod transactional;

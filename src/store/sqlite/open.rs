@@ -59,36 +59,43 @@ impl SqliteStore {
     /// missing, WAL, `synchronous = FULL`, a busy timeout of 30 s. Change what you need and
     /// pass them to [`open_with`](Self::open_with).
     pub fn options(path: impl AsRef<Path>) -> SqliteConnectOptions {
-        SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(BUSY_TIMEOUT)
+        tuned(SqliteConnectOptions::new().filename(path))
     }
 
     /// [`open`](Self::open) with connection options of your own (start from
     /// [`options`](Self::options)): the same pool, the writes queued with every other store
     /// of the process on the same file, the table migrated.
     pub async fn open_with(options: SqliteConnectOptions) -> Result<Self, StoreError> {
-        let path = options.get_filename().to_owned();
-        let pool = open_pool(options).await.map_err(StoreError::backend)?;
-        let store = Self::on_file(pool, &path);
+        let store = Self::open_file(options)
+            .await
+            .map_err(StoreError::backend)?;
         store.migrate().await?;
         Ok(store)
     }
 
-    /// A store on `pool`, a pool on the file at `path`: its writes queued with every other
-    /// store of the process on that file.
-    pub(crate) fn on_file(pool: SqlitePool, path: &Path) -> Self {
-        Self::queued(pool, Writer::for_file(path))
+    /// [`open_with`](Self::open_with) but for the migration: the pool on the file, the
+    /// store's writes queued with every other store of the process on that file.
+    pub(crate) async fn open_file(options: SqliteConnectOptions) -> Result<Self, sqlx::Error> {
+        let path = options.get_filename().to_owned();
+        let pool = open_pool(options).await?;
+        Ok(Self::queued(pool, Writer::for_file(&path)))
     }
+}
+
+/// `options` as the store needs a file: created if missing, WAL, `synchronous = FULL`, a busy
+/// timeout of 30 s.
+pub(crate) fn tuned(options: SqliteConnectOptions) -> SqliteConnectOptions {
+    options
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(BUSY_TIMEOUT)
 }
 
 /// A pool of [`CONNECTIONS`] on a database file. Processes opening a new file at once can find
 /// it locked while one of them switches it to WAL (the switch does not wait on the busy
 /// timeout): the pool is tried again for a while.
-pub(crate) async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error> {
+async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error> {
     let mut attempt = 0;
     loop {
         let pool = SqlitePoolOptions::new()
