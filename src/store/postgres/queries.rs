@@ -22,27 +22,31 @@ fn columns() -> &'static str {
     completed_at  TIMESTAMPTZ,"#
 }
 
-/// A claim's first statement: inserts a new key (`$1` namespace, `$2` key, `$3` token), or
-/// reads the key's row when it exists, writing nothing then. The read sees the statement's
-/// snapshot: a row another delivery inserted after it was taken, which made the insert do
-/// nothing, is not in it, and the statement answers no row.
+/// A claim's first statement: reads the key's row (`$1` namespace, `$2` key), and inserts a
+/// new one (`$3` token) only when the read found none, so that a duplicate is one index lookup
+/// that writes nothing and never starts the insert. The read sees the statement's snapshot: a
+/// row another delivery inserted after it was taken, which makes the insert do nothing, is in
+/// neither part, and the statement answers no row.
 pub(super) fn insert_or_read(table: &TableName) -> String {
     let t = table.quoted('"');
     let age_of = |at: &str| format!("(extract(epoch FROM now() - {at}) * 1000000)::bigint");
     let age = age_of("claimed_at");
     let idle = age_of("COALESCE(renewed_at, claimed_at)");
     format!(
-        r#"WITH inserted AS (
+        r#"WITH found AS (
+    SELECT state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us FROM {t}
+    WHERE namespace = $1 AND "key" = $2
+), inserted AS (
     INSERT INTO {t} (namespace, "key", state, token, deliveries, runs, reclaimed,
         first_seen_at, last_seen_at, claimed_at, renewed_at)
-    VALUES ($1, $2, 'processing', $3, 1, 1, FALSE, now(), now(), now(), now())
+    SELECT $1, $2, 'processing', $3, 1, 1, FALSE, now(), now(), now(), now()
+    WHERE NOT EXISTS (SELECT 1 FROM found)
     ON CONFLICT (namespace, "key") DO NOTHING
     RETURNING state, token, deliveries, reclaimed, 0::bigint AS age_us, 0::bigint AS idle_us
 )
-SELECT state, token, deliveries, reclaimed, age_us, idle_us FROM inserted
+SELECT state, token, deliveries, reclaimed, age_us, idle_us FROM found
 UNION ALL
-SELECT state, token, deliveries, reclaimed, {age}, {idle} FROM {t}
-WHERE namespace = $1 AND "key" = $2 AND NOT EXISTS (SELECT 1 FROM inserted)"#
+SELECT state, token, deliveries, reclaimed, age_us, idle_us FROM inserted"#
     )
 }
 
