@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Resolution, Stale, StalePolicy,
-    Store, StoreError, StuckClaim,
+    Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale,
+    StalePolicy, Store, StoreError, StuckClaim,
 };
 use crate::key::IdempotencyKey;
 use crate::store::{VersionClaim, VersionLease, VersionStore};
@@ -145,6 +145,8 @@ struct Row {
     first_seen: Instant,
     last_seen: Instant,
     claimed_at: Instant,
+    /// What the run that committed the row left for its duplicates.
+    receipt: Option<Arc<Receipt>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -165,6 +167,7 @@ impl Row {
             first_seen: now,
             last_seen: now,
             claimed_at: now,
+            receipt: None,
         }
     }
 
@@ -173,6 +176,7 @@ impl Row {
         self.token = LeaseToken::generate();
         self.state = State::Processing { renewed_at: now };
         self.claimed_at = now;
+        self.receipt = None;
         self.runs += 1;
         self.reclaimed = reclaimed;
         Claim::Acquired(Lease::new(key.clone(), self.token, reclaimed))
@@ -197,6 +201,26 @@ impl MemoryStore {
     /// Whether the store holds no key.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Commits the leased row, keeping `receipt`; a second commit with the same lease keeps
+    /// what the first kept.
+    fn settle_done(&self, lease: &Lease, receipt: Option<Arc<Receipt>>) -> Result<(), StoreError> {
+        let (key, mut map) = self.inner.shard_of(lease.key());
+        match map.get_mut(&key) {
+            Some(row) if row.token == lease.token() => match row.state {
+                State::Processing { .. } => {
+                    row.state = State::Done {
+                        completed_at: Instant::now(),
+                    };
+                    row.receipt = receipt;
+                    Ok(())
+                }
+                State::Done { .. } => Ok(()),
+                State::Released { .. } => Err(StoreError::LeaseLost),
+            },
+            _ => Err(StoreError::LeaseLost),
+        }
     }
 }
 
@@ -255,7 +279,9 @@ impl Store for MemoryStore {
         row.deliveries += 1;
         row.last_seen = now;
         Ok(match row.state {
-            State::Done { .. } => Claim::Done(Completed::new(row.deliveries)),
+            State::Done { .. } => {
+                Claim::Done(Completed::new(row.deliveries).with_receipt(row.receipt.clone()))
+            }
             State::Released { .. } => row.take(key, now, false),
             State::Processing { renewed_at } => {
                 let since_renewal = now.saturating_duration_since(renewed_at);
@@ -283,20 +309,11 @@ impl Store for MemoryStore {
     }
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        let (key, mut map) = self.inner.shard_of(lease.key());
-        match map.get_mut(&key) {
-            Some(row) if row.token == lease.token() => match row.state {
-                State::Processing { .. } => {
-                    row.state = State::Done {
-                        completed_at: Instant::now(),
-                    };
-                    Ok(())
-                }
-                State::Done { .. } => Ok(()),
-                State::Released { .. } => Err(StoreError::LeaseLost),
-            },
-            _ => Err(StoreError::LeaseLost),
-        }
+        self.settle_done(lease, None)
+    }
+
+    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
+        self.settle_done(lease, Some(Arc::new(receipt.clone())))
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
@@ -332,7 +349,8 @@ impl Store for MemoryStore {
             KeyRecord::new(state, row.deliveries, row.runs)
                 .with_reclaimed(row.reclaimed)
                 .with_seen(ago(row.first_seen), ago(row.last_seen))
-                .with_times(ago(row.claimed_at), ago(at), ago(at)),
+                .with_times(ago(row.claimed_at), ago(at), ago(at))
+                .with_receipt(row.receipt.clone()),
         ))
     }
 

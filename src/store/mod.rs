@@ -80,8 +80,8 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::key::IdempotencyKey;
@@ -102,6 +102,7 @@ pub mod mysql;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 mod purge;
+mod receipt;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "sqlite")]
@@ -128,6 +129,7 @@ pub use mysql::{MySqlFlavor, MySqlStore};
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::PostgresStore;
 pub use purge::{PurgeTask, spawn_purge};
+pub use receipt::{Fingerprint, Receipt, StoredResponse};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteStore;
@@ -321,6 +323,23 @@ pub trait Store: Send + Sync + 'static {
     /// Marks the leased key `done`, if the lease still holds.
     fn commit(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Marks the leased key `done` as [`commit`](Self::commit) does, and keeps `receipt` with
+    /// it: the request's fingerprint and the response of [response replay](crate::replay),
+    /// which later claims of the key answer in [`Completed::receipt`] (and
+    /// [`describe`](Self::describe) in [`KeyRecord::receipt`]).
+    ///
+    /// Every store of this crate keeps it. The default, for stores written elsewhere, commits
+    /// without it: their duplicates are answered as a webhook's are (an empty 200), and a
+    /// reused key is not told apart.
+    fn commit_with(
+        &self,
+        lease: &Lease,
+        receipt: &Receipt,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = receipt;
+        self.commit(lease)
+    }
+
     /// Marks the leased `processing` row `released`, if the lease still holds, so the next
     /// delivery runs the handler again. Releasing a row this lease released already is `Ok`.
     fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -453,12 +472,24 @@ impl fmt::Display for LeaseToken {
 pub struct Completed {
     /// Deliveries of this event seen so far, this one included.
     pub deliveries: u64,
+    /// What the committing delivery left for its duplicates, if it was committed with
+    /// [`Store::commit_with`].
+    pub receipt: Option<Arc<Receipt>>,
 }
 
 impl Completed {
     /// Describes a done row.
     pub fn new(deliveries: u64) -> Self {
-        Self { deliveries }
+        Self {
+            deliveries,
+            receipt: None,
+        }
+    }
+
+    /// The same, with the receipt the row keeps.
+    pub fn with_receipt(mut self, receipt: Option<Arc<Receipt>>) -> Self {
+        self.receipt = receipt;
+        self
     }
 }
 
@@ -584,6 +615,8 @@ pub struct KeyRecord {
     pub renewed_ago: Option<Duration>,
     /// `done` and `released` rows: how long ago the run was settled.
     pub settled_ago: Option<Duration>,
+    /// `done` rows committed with [`Store::commit_with`]: the fingerprint and stored response.
+    pub receipt: Option<Arc<Receipt>>,
 }
 
 impl KeyRecord {
@@ -600,7 +633,14 @@ impl KeyRecord {
             claimed_ago: Duration::ZERO,
             renewed_ago: None,
             settled_ago: None,
+            receipt: None,
         }
+    }
+
+    /// Sets the receipt a `done` row keeps.
+    pub fn with_receipt(mut self, receipt: Option<Arc<Receipt>>) -> Self {
+        self.receipt = receipt;
+        self
     }
 
     /// Sets whether the latest run reclaimed.
