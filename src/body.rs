@@ -76,6 +76,15 @@ impl<B> RequestBody<B> {
             kind: Kind::bytes(data),
         }
     }
+
+    /// The bytes of a buffered body not read yet; empty for an empty body or one passed on
+    /// untouched.
+    pub(crate) fn buffered_bytes(&self) -> &[u8] {
+        match &self.kind {
+            Kind::Bytes { data: Some(data) } => data,
+            _ => &[],
+        }
+    }
 }
 
 impl<B> ResponseBody<B> {

@@ -6,6 +6,7 @@ use tower_layer::Layer;
 
 use crate::engine::settings::{Settings, shared_settings};
 use crate::key::{self, Auto, ExtractKey, IdempotencyKey};
+use crate::replay::{Replay, RequestFingerprint};
 use crate::service::{ClaimSettings, Idempotency, Shared};
 use crate::store::{Pending, Stale, Store};
 
@@ -57,7 +58,49 @@ impl<St> IdempotencyLayer<St> {
     }
 }
 
+impl<St> IdempotencyLayer<St, key::Header> {
+    /// A layer for API idempotency keys, after the IETF `Idempotency-Key` draft: the key in
+    /// the client's `Idempotency-Key` header ([`key::idempotency_key`], an RFC 8941 String,
+    /// bare text accepted), answers replayed ([`Replay::new`]), requests fingerprinted
+    /// ([`RequestFingerprint::new`]: method, path and query, body), and every answer but
+    /// 5xx and 429 committed, so that a 4xx is replayed too and a 5xx or 429 is run again
+    /// on the client's retry.
+    ///
+    /// As the draft asks: a request without a key is answered 400, one whose key is still in
+    /// flight 409, one that reuses a key for another request 422. Stored answers are kept
+    /// as long as their keys, until [`purge_completed`](crate::store::Store::purge_completed)
+    /// deletes them after the application's retention. See the [`replay`](crate::replay)
+    /// module for what is stored and what is not, and how to scope keys per client.
+    pub fn for_api(store: St) -> Self {
+        IdempotencyLayer::new(store)
+            .key(key::idempotency_key())
+            .replay(Replay::new())
+            .fingerprint(RequestFingerprint::new())
+            .commit_when(|status| {
+                !status.is_server_error() && status != http::StatusCode::TOO_MANY_REQUESTS
+            })
+    }
+}
+
 impl<St, K> IdempotencyLayer<St, K> {
+    /// Stores the answer of each committed delivery (status, allowlisted headers, a body of
+    /// known length up to the limit) and answers the key's duplicates with it, marked
+    /// `Idempotent-Replayed: true`, instead of the plain 200. 5xx and 429 answers are never
+    /// stored. See the [`replay`](crate::replay) module.
+    pub fn replay(mut self, replay: Replay) -> Self {
+        self.claims.replay = Some(Arc::new(replay));
+        self
+    }
+
+    /// Fingerprints each request (method, path, body, chosen headers) and answers 422 to a
+    /// request whose key was committed with another fingerprint: the key reused for another
+    /// request. A fingerprint that reads the body buffers it, within the
+    /// [`body_limit`](Self::body_limit).
+    pub fn fingerprint(mut self, fingerprint: RequestFingerprint) -> Self {
+        self.claims.fingerprint = Some(Arc::new(fingerprint));
+        self
+    }
+
     /// Finds keys with `key` instead, e.g. [`key::stripe()`] or
     /// [`key::header("x-event-id")`](key::header).
     pub fn key<K2: ExtractKey>(self, key: K2) -> IdempotencyLayer<St, K2> {

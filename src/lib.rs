@@ -15,6 +15,7 @@ mod engine;
 mod future;
 pub mod key;
 mod layer;
+pub mod replay;
 pub mod response;
 mod service;
 pub mod store;

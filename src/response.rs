@@ -73,6 +73,12 @@ pub enum Outcome {
     /// The signature was missing, malformed, wrong or too old (the `verify` feature): answered
     /// 401; nothing was claimed and the handler did not run.
     Unverified,
+    /// The event was processed already, and the answer it got was stored ([response
+    /// replay](crate::replay)): answered with that answer again, without running the handler.
+    Replayed,
+    /// The key was used before for another request (its [fingerprint](crate::replay)
+    /// differs): answered 422 without running the handler.
+    KeyReused,
 }
 
 impl Outcome {
@@ -90,6 +96,8 @@ impl Outcome {
             Self::Outdated => "outdated",
             Self::Draining => "draining",
             Self::Unverified => "unverified",
+            Self::Replayed => "replayed",
+            Self::KeyReused => "key-reused",
         }
     }
 }
@@ -102,6 +110,42 @@ impl fmt::Display for Outcome {
 
 pub(crate) fn duplicate<B>() -> Response<ResponseBody<B>> {
     answer(StatusCode::OK, Outcome::Duplicate, Bytes::new())
+}
+
+/// A duplicate answered with the stored answer of the delivery that committed its key.
+pub(crate) fn replayed<B>(stored: &crate::store::StoredResponse) -> Response<ResponseBody<B>> {
+    let mut res = answer(stored.status, Outcome::Replayed, stored.body.clone());
+    for (name, value) in &stored.headers {
+        res.headers_mut().append(name.clone(), value.clone());
+    }
+    res.headers_mut().insert(
+        crate::replay::REPLAYED_HEADER,
+        HeaderValue::from_static("true"),
+    );
+    res
+}
+
+/// A key used before for a request with another fingerprint: 422, as the `Idempotency-Key`
+/// draft asks.
+pub(crate) fn key_reused<B>() -> Response<ResponseBody<B>> {
+    problem(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        Outcome::KeyReused,
+        "this idempotency key was used before for a different request (method, path or body); \
+         a new request needs a new key",
+        None,
+    )
+}
+
+/// The handler's answer could not be read to the end to store it: 500, the claim released.
+pub(crate) fn unreadable_answer<B>() -> Response<ResponseBody<B>> {
+    problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        Outcome::Released,
+        "the handler's response body failed while it was read to be stored; the request was \
+         not recorded, and a retry runs it again",
+        None,
+    )
 }
 
 pub(crate) fn outdated<B>() -> Response<ResponseBody<B>> {

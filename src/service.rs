@@ -19,8 +19,11 @@ use crate::engine::settings::{HeldHook, Settings};
 use crate::engine::wait;
 use crate::future::ResponseFuture;
 use crate::key::{Auto, ExtractKey, IdempotencyKey};
+use crate::replay::{Keeper, Replay, RequestFingerprint};
 use crate::response::{self, Outcome};
-use crate::store::{Claim, Completed, Lease, Pending, Stale, Store, StoreError};
+use crate::store::{
+    Claim, Completed, Fingerprint, Lease, Pending, Receipt, Stale, Store, StoreError,
+};
 
 /// The service made by [`IdempotencyLayer`](crate::IdempotencyLayer): claim, run the inner
 /// service, then commit or release.
@@ -94,7 +97,8 @@ where
     K: ExtractKey,
     ReqB: Body<Data = Bytes> + Send + 'static,
     ReqB::Error: Into<BoxError>,
-    ResB: Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
 {
     type Response = Response<ResponseBody<ResB>>;
     type Error = S::Error;
@@ -136,10 +140,13 @@ where
     K: ExtractKey,
     ReqB: Body<Data = Bytes> + Send + 'static,
     ReqB::Error: Into<BoxError>,
-    ResB: Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
 {
     async move {
-        let (key, body) = match key_of(&shared.key, &shared.settings, false, &parts, body).await {
+        let fingerprints = shared.claims.fingerprint.as_deref();
+        let whole = fingerprints.is_some_and(RequestFingerprint::reads_body);
+        let (key, body) = match key_of(&shared.key, &shared.settings, whole, &parts, body).await {
             Keyed::Key(key, body) => (key, body),
             Keyed::PassThrough(body) => {
                 // Boxed: the handler's future is no part of the guarded deliveries' futures.
@@ -148,15 +155,23 @@ where
             }
             Keyed::Rejected(error) => return Ok(reject(&error)),
         };
-        let guard = match claimed(&shared, &key).await {
+        let fingerprint = fingerprints.map(|f| f.of(&parts, Some(body.buffered_bytes())));
+        let mut guard = match claimed(&shared, &key, fingerprint).await {
             Ok(guard) => guard,
             Err(mut answer) => {
                 answer.extensions_mut().insert(key);
                 return Ok(answer);
             }
         };
+        if let Some(fingerprint) = fingerprint {
+            guard.fingerprint(fingerprint);
+        }
+        let keep = Keeper {
+            replay: shared.claims.replay.clone(),
+            timeout: shared.settings.body_timeout,
+        };
         let request = Request::from_parts(parts, body);
-        let mut res = match Detach::new(run(guard, inner, request)).await {
+        let mut res = match Detach::new(run(guard, inner, request, keep)).await {
             Ok(answer) => answer,
             Err(panic) => std::panic::resume_unwind(panic),
         };
@@ -172,6 +187,7 @@ where
 async fn claimed<St, K, B>(
     shared: &Arc<Shared<St, K>>,
     key: &IdempotencyKey,
+    fingerprint: Option<Fingerprint>,
 ) -> Result<LeaseGuard<Shared<St, K>>, Response<ResponseBody<B>>>
 where
     St: Store,
@@ -192,14 +208,7 @@ where
             record(key, Outcome::Draining);
             return Err(response::draining(settings.retry_after));
         }
-        Ok(Answer::Done(done)) => {
-            record(key, Outcome::Duplicate);
-            tracing::trace!(
-                deliveries = done.deliveries,
-                "duplicate of a processed event"
-            );
-            return Err(response::duplicate());
-        }
+        Ok(Answer::Done(done)) => return Err(duplicate(shared, key, fingerprint, &done)),
         Ok(Answer::InFlight(pending)) => {
             record(key, Outcome::InFlight);
             tracing::trace!(age = ?pending.age, deliveries = pending.deliveries, "claim in flight");
@@ -242,6 +251,43 @@ where
         );
     }
     Ok(guard)
+}
+
+/// The answer to a duplicate of a done key: 422 if it reuses the key for another request,
+/// the stored answer if there is one to replay, else the plain 200.
+fn duplicate<St, K, B>(
+    shared: &Shared<St, K>,
+    key: &IdempotencyKey,
+    fingerprint: Option<Fingerprint>,
+    done: &Completed,
+) -> Response<ResponseBody<B>> {
+    let receipt = done.receipt.as_deref();
+    let kept = receipt.and_then(|receipt| receipt.fingerprint);
+    if let (Some(ours), Some(kept)) = (fingerprint, kept)
+        && ours != kept
+    {
+        record(key, Outcome::KeyReused);
+        tracing::debug!(
+            deliveries = done.deliveries,
+            "key reused for another request; answered 422"
+        );
+        return response::key_reused();
+    }
+    let stored = receipt.and_then(|receipt: &Receipt| receipt.response.as_ref());
+    if let (Some(_), Some(stored)) = (&shared.claims.replay, stored) {
+        record(key, Outcome::Replayed);
+        tracing::trace!(
+            deliveries = done.deliveries,
+            "duplicate answered with its stored answer"
+        );
+        return response::replayed(stored);
+    }
+    record(key, Outcome::Duplicate);
+    tracing::trace!(
+        deliveries = done.deliveries,
+        "duplicate of a processed event"
+    );
+    response::duplicate()
 }
 
 /// What a claim answered, with a granted claim already under its guard.
@@ -300,10 +346,16 @@ impl<St: Store, K: ExtractKey> Owner for Shared<St, K> {
         self.store.renew(lease).await
     }
 
-    async fn settle(&self, lease: &Lease, action: Settle) -> Result<(), StoreError> {
-        match action {
-            Settle::Commit => self.store.commit(lease).await,
-            Settle::Release => self.store.release(lease).await,
+    async fn settle(
+        &self,
+        lease: &Lease,
+        action: Settle,
+        receipt: Option<&Receipt>,
+    ) -> Result<(), StoreError> {
+        match (action, receipt) {
+            (Settle::Commit, Some(receipt)) => self.store.commit_with(lease, receipt).await,
+            (Settle::Commit, None) => self.store.commit(lease).await,
+            (Settle::Release, _) => self.store.release(lease).await,
         }
     }
 
@@ -350,6 +402,8 @@ pub(crate) struct ClaimSettings {
     pub(crate) stale: Stale,
     pub(crate) on_held: Option<HeldHook>,
     pub(crate) wait_in_flight: Option<Duration>,
+    pub(crate) replay: Option<Arc<Replay>>,
+    pub(crate) fingerprint: Option<Arc<RequestFingerprint>>,
 }
 
 impl fmt::Debug for ClaimSettings {
@@ -358,6 +412,8 @@ impl fmt::Debug for ClaimSettings {
             .field("stale", &self.stale)
             .field("on_held", &self.on_held.is_some())
             .field("wait_in_flight", &self.wait_in_flight)
+            .field("replay", &self.replay)
+            .field("fingerprint", &self.fingerprint)
             .finish()
     }
 }

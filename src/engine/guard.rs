@@ -14,7 +14,9 @@ use super::drain::{Entry, Stage, Tracked};
 use super::settings::Settings;
 use crate::key::IdempotencyKey;
 use crate::response::Outcome;
-use crate::store::{Lease, LeaseToken, Stale, StalePolicy, StoreError};
+use crate::store::{
+    Fingerprint, Lease, LeaseToken, Receipt, Stale, StalePolicy, StoreError, StoredResponse,
+};
 
 /// What a lease is on: a key's claim, or an entity's pending version.
 pub(crate) trait Leased: Clone + Send + Sync + 'static {
@@ -45,11 +47,12 @@ pub(crate) trait Owner: Send + Sync + 'static {
 
     fn renew(&self, lease: &Self::Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Commits or releases in the store, once.
+    /// Commits or releases in the store, once; a commit keeps `receipt` when there is one.
     fn settle(
         &self,
         lease: &Self::Lease,
         action: Settle,
+        receipt: Option<&Receipt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Logs how a settlement went.
@@ -244,6 +247,8 @@ pub(crate) struct LeaseGuard<O: Owner> {
     entry: Option<Entry>,
     /// Whether the heartbeat task runs.
     beating: bool,
+    /// What a commit keeps for the key's duplicates: the request's fingerprint, the response.
+    receipt: Option<Arc<Receipt>>,
 }
 
 impl<O: Owner> LeaseGuard<O> {
@@ -257,7 +262,20 @@ impl<O: Owner> LeaseGuard<O> {
             phase: Phase::Claimed,
             entry: Some(entry),
             beating: false,
+            receipt: None,
         }
+    }
+
+    /// The request's fingerprint, which the commit keeps.
+    pub(crate) fn fingerprint(&mut self, fingerprint: Fingerprint) {
+        let response = self.receipt.take().and_then(|r| r.response.clone());
+        self.receipt = Some(Arc::new(Receipt::new(Some(fingerprint), response)));
+    }
+
+    /// The response to replay to the key's duplicates, which the commit keeps.
+    pub(crate) fn keep(&mut self, response: StoredResponse) {
+        let fingerprint = self.receipt.take().and_then(|r| r.fingerprint);
+        self.receipt = Some(Arc::new(Receipt::new(fingerprint, Some(response))));
     }
 
     pub(crate) fn lease(&self) -> &O::Lease {
@@ -301,7 +319,8 @@ impl<O: Owner> LeaseGuard<O> {
         self.phase = Phase::Settling(action);
         self.state.set_stage(Stage::Settling);
         let timeout = self.owner.settings().store_timeout;
-        let result = bounded(self.owner.settle(self.lease(), action), timeout).await;
+        let receipt = self.receipt.as_deref();
+        let result = bounded(self.owner.settle(self.lease(), action, receipt), timeout).await;
         O::report(self.lease(), action, &result);
         let runtime = tokio::runtime::Handle::try_current();
         match (result, runtime) {
@@ -338,7 +357,8 @@ impl<O: Owner> LeaseGuard<O> {
             // The heartbeat goes on meanwhile: the claim stays ours while the store recovers.
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(MAX_RETRY_DELAY);
-            let result = bounded(self.owner.settle(self.lease(), action), timeout).await;
+            let receipt = self.receipt.as_deref();
+            let result = bounded(self.owner.settle(self.lease(), action, receipt), timeout).await;
             if !matches!(result, Err(StoreError::Backend(_))) {
                 let lease = self.lease();
                 tracing::info!(
@@ -408,10 +428,12 @@ impl<O: Owner> Drop for LeaseGuard<O> {
         let owner = self.owner.clone();
         let state = self.state.clone();
         let entry = self.entry.take();
+        let receipt = self.receipt.take();
         self.phase = Phase::Settled;
         runtime.spawn(async move {
             let timeout = owner.settings().store_timeout;
-            let result = bounded(owner.settle(state.lease(), action), timeout).await;
+            let settling = owner.settle(state.lease(), action, receipt.as_deref());
+            let result = bounded(settling, timeout).await;
             if given_back {
                 let lease = state.lease();
                 tracing::debug!(
@@ -550,7 +572,12 @@ mod tests {
             self.store.renew(lease).await
         }
 
-        async fn settle(&self, lease: &Lease, action: Settle) -> Result<(), StoreError> {
+        async fn settle(
+            &self,
+            lease: &Lease,
+            action: Settle,
+            _receipt: Option<&Receipt>,
+        ) -> Result<(), StoreError> {
             if self
                 .fail
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))

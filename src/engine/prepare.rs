@@ -229,7 +229,14 @@ pub(crate) fn reject<B>(rejection: &Rejection) -> Response<ResponseBody<B>> {
 /// Tags the inner service's response with the delivery's outcome, unless a layer further in
 /// (the version guard) already named a more specific one.
 pub(crate) fn with_outcome<B>(res: Response<B>, outcome: Outcome) -> Response<ResponseBody<B>> {
-    let mut res = res.map(ResponseBody::new);
+    tagged(res.map(ResponseBody::new), outcome)
+}
+
+/// [`with_outcome`] for a response whose body is the layer's already.
+pub(crate) fn tagged<B>(
+    mut res: Response<ResponseBody<B>>,
+    outcome: Outcome,
+) -> Response<ResponseBody<B>> {
     if res.extensions().get::<Outcome>().is_none() {
         res.extensions_mut().insert(outcome);
     }

@@ -13,8 +13,9 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::guard::{LeaseGuard, Owner, Settle};
-use super::prepare::with_outcome;
+use super::prepare::tagged;
 use crate::body::ResponseBody;
+use crate::replay::{Keep, Kept};
 
 /// A panic caught in the inner service.
 pub(crate) type Panic = Box<dyn Any + Send>;
@@ -137,14 +138,16 @@ impl<T: Send + 'static, E: Send + 'static> Drop for Detach<T, E> {
     clippy::manual_async_fn,
     reason = "an async fn holds its arguments twice"
 )]
-pub(crate) fn run<O, S, B, ResB>(
+pub(crate) fn run<O, S, B, ResB, Kp>(
     mut guard: LeaseGuard<O>,
     inner: S,
     mut req: Request<B>,
+    keep: Kp,
 ) -> impl Future<Output = Ran<Response<ResponseBody<ResB>>, S::Error>>
 where
     O: Owner,
     S: Service<Request<B>, Response = Response<ResB>>,
+    Kp: Keep<ResB>,
 {
     async move {
         guard.start();
@@ -152,13 +155,21 @@ where
         let result = heartbeat(&mut guard, pin!(call(inner, req))).await;
         match result {
             Ok(Ok(res)) => {
-                let action = if guard.owner().settings().commit_when.commits(res.status()) {
-                    Settle::Commit
+                let (res, action) = if guard.owner().settings().commit_when.commits(res.status()) {
+                    match keep.keep(res).await {
+                        Kept::Answer(res, stored) => {
+                            if let Some(stored) = stored {
+                                guard.keep(stored);
+                            }
+                            (res, Settle::Commit)
+                        }
+                        Kept::Broken(res) => (res, Settle::Release),
+                    }
                 } else {
-                    Settle::Release
+                    (res.map(ResponseBody::new), Settle::Release)
                 };
                 let outcome = guard.settle(action).await;
-                Ok(Ok(with_outcome(res, outcome)))
+                Ok(Ok(tagged(res, outcome)))
             }
             Ok(Err(error)) => {
                 guard.settle(Settle::Release).await;

@@ -16,6 +16,8 @@ use super::{DEFAULT_NAMESPACE, ExtractKey, IdempotencyKey, KeyError, Name, valid
 pub struct Header {
     pub(super) name: HeaderName,
     namespace: Name,
+    /// Whether the value is read as an RFC 8941 String (bare text taken too).
+    structured: bool,
 }
 
 /// The key is the value of the header `name`, in the [`DEFAULT_NAMESPACE`] unless
@@ -35,6 +37,7 @@ where
     Header {
         name,
         namespace: Name::Static(DEFAULT_NAMESPACE),
+        structured: false,
     }
 }
 
@@ -43,7 +46,18 @@ impl Header {
         Self {
             name: HeaderName::from_static(name),
             namespace: Name::Static(namespace),
+            structured: false,
         }
+    }
+
+    /// Reads the value as an RFC 8941 String item, as the `Idempotency-Key` draft defines
+    /// its header: `"abc"` is the key `abc`, with `\"` and `\\` unescaped. Bare text (`abc`)
+    /// is taken as it is, so the two spellings are the same key. A quoted value that is not
+    /// a valid String, or one followed by parameters (`"abc";a=1`), is answered 400.
+    /// [`key::idempotency_key`](super::idempotency_key) reads its header this way.
+    pub fn structured(mut self) -> Self {
+        self.structured = true;
+        self
     }
 
     /// Like [`ExtractKey::namespace`], without wrapping the extractor in another type.
@@ -74,8 +88,45 @@ impl Header {
 
 impl ExtractKey for Header {
     fn extract(&self, parts: &Parts, _body: Option<&[u8]>) -> Result<IdempotencyKey, KeyError> {
-        IdempotencyKey::in_namespace(&self.namespace, self.text(parts)?)
+        let text = self.text(parts)?;
+        if !self.structured {
+            return IdempotencyKey::in_namespace(&self.namespace, text);
+        }
+        let value = sf_string(text).map_err(|why| {
+            KeyError::invalid(format!(
+                "{} is not an RFC 8941 String: {why}",
+                self.expected()
+            ))
+        })?;
+        IdempotencyKey::in_namespace(&self.namespace, &value)
     }
+}
+
+/// An RFC 8941 String item (`"…"`, with `\"` and `\\` escapes), or bare text as it is; the
+/// spaces around either are not part of it.
+fn sf_string(text: &str) -> Result<Cow<'_, str>, &'static str> {
+    let text = text.trim_matches(' ');
+    let Some(quoted) = text.strip_prefix('"') else {
+        return Ok(Cow::Borrowed(text));
+    };
+    let mut value = String::with_capacity(quoted.len());
+    let mut chars = quoted.chars();
+    loop {
+        match chars.next() {
+            None => return Err("the closing quote is missing"),
+            Some('"') => break,
+            Some('\\') => match chars.next() {
+                Some(c @ ('"' | '\\')) => value.push(c),
+                _ => return Err("only \\\" and \\\\ may be escaped"),
+            },
+            Some(c @ ' '..='~') => value.push(c),
+            Some(_) => return Err("it holds a character other than visible ASCII or space"),
+        }
+    }
+    if !chars.as_str().is_empty() {
+        return Err("parameters or text after the closing quote are not accepted");
+    }
+    Ok(Cow::Owned(value))
 }
 
 #[cfg(test)]
@@ -97,6 +148,25 @@ mod tests {
                 .unwrap(),
             key(DEFAULT_NAMESPACE, "e1")
         );
+    }
+
+    #[test]
+    fn a_structured_header_takes_quoted_and_bare_keys_alike() {
+        let ex = header("idempotency-key").structured();
+        let key_of = |value: &str| ex.extract(&parts(&[("idempotency-key", value)]), None);
+        let bare = key_of("abc-1").unwrap();
+        assert_eq!(key_of("\"abc-1\"").unwrap(), bare);
+        assert_eq!(key_of(" \"abc-1\" ").unwrap(), bare);
+        assert_eq!(key_of(r#""a\"b\\c""#).unwrap().value(), r#"a"b\c"#);
+        for bad in [r#""abc"#, r#""a\bc""#, r#""abc";a=1"#, r#""abc" x"#] {
+            let err = key_of(bad).unwrap_err();
+            assert!(matches!(err, KeyError::Invalid { .. }), "{bad}: {err:?}");
+        }
+        assert!(key_of("\"\"").is_err(), "an empty key");
+        // Without `structured`, the quotes are part of the key.
+        let plain = header("idempotency-key");
+        let quoted = plain.extract(&parts(&[("idempotency-key", "\"abc\"")]), None);
+        assert_eq!(quoted.unwrap().value(), "\"abc\"");
     }
 
     #[test]

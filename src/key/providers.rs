@@ -74,9 +74,10 @@ pub fn slack() -> Json {
 }
 
 /// A client-chosen `Idempotency-Key` header (IETF draft-ietf-httpapi-idempotency-key-header),
-/// namespace `idempotency-key`.
+/// namespace `idempotency-key`, read as the draft defines it: an RFC 8941 String (`"abc"`),
+/// bare text (`abc`) accepted as the same key ([`Header::structured`]).
 pub fn idempotency_key() -> Header {
-    Header::preset("idempotency-key", "idempotency-key")
+    Header::preset("idempotency-key", "idempotency-key").structured()
 }
 
 /// Recognises the sender by its headers and uses its key, with the sender as namespace.

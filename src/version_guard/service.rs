@@ -21,6 +21,7 @@ use crate::engine::settings::HeldHook;
 use crate::engine::settings::Settings;
 use crate::future::ResponseFuture;
 use crate::key::{ExtractKey, IdempotencyKey};
+use crate::replay::Nothing;
 use crate::response::{self, Outcome};
 use crate::store::{LeaseToken, Pending, Stale, StoreError};
 use crate::store::{PendingVersion, VersionClaim, VersionLease, VersionStore};
@@ -222,7 +223,7 @@ where
         }
     };
     let request = Request::from_parts(parts, body);
-    match Detach::new(run(guard, inner, request)).await {
+    match Detach::new(run(guard, inner, request, Nothing)).await {
         Ok(answer) => answer,
         Err(panic) => std::panic::resume_unwind(panic),
     }
@@ -279,7 +280,13 @@ impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Owner for OrderShared<S
         self.store.renew_version(lease).await
     }
 
-    async fn settle(&self, lease: &VersionLease, action: Settle) -> Result<(), StoreError> {
+    /// Versions keep no receipt: the version guard replays nothing.
+    async fn settle(
+        &self,
+        lease: &VersionLease,
+        action: Settle,
+        _receipt: Option<&crate::store::Receipt>,
+    ) -> Result<(), StoreError> {
         match action {
             Settle::Commit => self.store.commit_version(lease).await,
             Settle::Release => self.store.release_version(lease).await,

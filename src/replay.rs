@@ -1,0 +1,405 @@
+//! Response replay and request fingerprints, for API idempotency keys.
+//!
+//! A webhook sender needs only the 200. A client that sends `Idempotency-Key` to an API (a
+//! payment, an order) needs the answer its first request got: an empty 200 tells it nothing
+//! about the charge it retried. [`IdempotencyLayer::for_api`](crate::IdempotencyLayer::for_api)
+//! turns on what such clients expect, after the IETF `Idempotency-Key` draft
+//! (draft-ietf-httpapi-idempotency-key-header):
+//!
+//! ```
+//! use axum::{Json, Router, http::StatusCode, routing::post};
+//! use http::Request;
+//! use http_body_util::BodyExt;
+//! use tower::ServiceExt;
+//! use tower_idempotency::{IdempotencyLayer, store::MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let app = Router::new()
+//!     .route("/payments", post(|| async { (StatusCode::CREATED, Json(serde_json::json!({"id": "pay_1"}))) }))
+//!     .layer(IdempotencyLayer::for_api(MemoryStore::new()));
+//! let pay = |body: &'static str| {
+//!     Request::post("/payments")
+//!         .header("idempotency-key", "\"8e03978e\"")
+//!         .header("content-type", "application/json")
+//!         .body(axum::body::Body::from(body))
+//!         .unwrap()
+//! };
+//!
+//! let first = app.clone().oneshot(pay(r#"{"amount":100}"#)).await.unwrap();
+//! assert_eq!(first.status(), StatusCode::CREATED);
+//!
+//! // The retry gets the same answer, byte for byte, marked as a replay.
+//! let again = app.clone().oneshot(pay(r#"{"amount":100}"#)).await.unwrap();
+//! assert_eq!(again.status(), StatusCode::CREATED);
+//! assert_eq!(again.headers()["idempotent-replayed"], "true");
+//! assert_eq!(again.headers()["content-type"], "application/json");
+//! let body = again.into_body().collect().await.unwrap().to_bytes();
+//! assert_eq!(body, r#"{"id":"pay_1"}"#);
+//!
+//! // The same key for another request: 422, and the handler does not run.
+//! let reused = app.oneshot(pay(r#"{"amount":999}"#)).await.unwrap();
+//! assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+//! # }
+//! ```
+//!
+//! # What is stored, and what is not
+//!
+//! [`Replay`] stores, when the layer commits, the status, the headers of an allowlist
+//! (`content-type`, `location`, `etag` and the like; [`Replay::header`] adds more) and the
+//! body, up to [`Replay::body_limit`] (default 256 KiB). A duplicate of the key gets that
+//! answer back with [`REPLAYED_HEADER`] (`Idempotent-Replayed: true`).
+//!
+//! - `Set-Cookie`, `Authorization`, `Proxy-Authorization`, `WWW-Authenticate`,
+//!   `Proxy-Authenticate` and the connection's own headers (`Connection`, `Transfer-Encoding`,
+//!   `Content-Length` and the like) are never stored, whatever the allowlist says: a replay
+//!   must not hand one client's session to whoever holds its key.
+//! - A body is stored only when its length is known and within the limit (axum's `Json`,
+//!   `String` and `Bytes` answers know theirs). A longer one, or a stream of unknown length,
+//!   is passed through as it comes, never buffered: the key is committed without it, and its
+//!   duplicates get the plain 200 of a webhook duplicate.
+//! - 5xx and 429 answers are never stored. [`for_api`](crate::IdempotencyLayer::for_api)
+//!   releases the claim on them, so the client's retry runs; it commits, and so stores and
+//!   replays, every other answer, a 4xx included (a declined card stays declined).
+//! - Trailers are not kept.
+//! - A stored answer lives as long as its key: until
+//!   [`purge_completed`](crate::store::Store::purge_completed) deletes it, after the
+//!   retention the application chose ([`DEFAULT_RETENTION`](crate::store::DEFAULT_RETENTION),
+//!   8 days, by default). A retry after that runs again.
+//!
+//! # Fingerprints
+//!
+//! [`RequestFingerprint`] digests the method, the path with its query, the body and the
+//! headers chosen with [`RequestFingerprint::header`] (SHA-256). The commit keeps the digest;
+//! a later request with the key and another digest is answered **422** problem+json
+//! ([`Outcome::KeyReused`](crate::Outcome::KeyReused)) and does not run. The body is read
+//! whole for it, within the layer's [`body_limit`](crate::IdempotencyLayer::body_limit) (413
+//! past it). A request that meets the key while its first request still runs gets the 409
+//! of any delivery in flight, whatever its fingerprint.
+//!
+//! # Keys from clients
+//!
+//! [`key::idempotency_key`](crate::key::idempotency_key) reads `Idempotency-Key` as an RFC
+//! 8941 String (`"abc"`), and also takes the bare text clients often send (`abc`): the two
+//! are the same key. Parameters (`"abc"; a=1`) are refused with 400.
+//!
+//! Clients choose their keys, so two clients can choose the same one. Scope keys by client
+//! where the application knows who the client is, e.g. from what an authentication layer
+//! further out put in the request extensions:
+//!
+//! ```
+//! use tower_idempotency::{IdempotencyLayer, key::Scope, store::MemoryStore};
+//!
+//! /// Put in the request extensions by the application's authentication layer.
+//! #[derive(Clone)]
+//! struct Principal(String);
+//!
+//! // Keys stored as `idempotency-key@client=<principal>`: one client cannot meet another's.
+//! let layer = IdempotencyLayer::for_api(MemoryStore::new()).scope(Scope::from_fn(|parts| {
+//!     parts.extensions.get::<Principal>().map(|who| format!("client={}", who.0)).unwrap_or_default()
+//! }));
+//! # let _ = layer;
+//! ```
+//!
+//! Requests without a principal share the empty scope here: let the authentication layer
+//! turn them away before they reach this one.
+//!
+//! Replay is for the claim-then-commit layer; the transactional mode and the version guard
+//! store no answers.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderName, Response, StatusCode, header};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
+use sha2::{Digest, Sha256};
+
+use crate::body::ResponseBody;
+use crate::engine::prepare::BoxError;
+use crate::response;
+use crate::store::{Fingerprint, StoredResponse};
+
+/// The header that marks a replayed answer: `Idempotent-Replayed: true`.
+pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The default limit on a stored body: 256 KiB.
+pub const DEFAULT_REPLAY_LIMIT: usize = 256 * 1024;
+
+/// The headers a [`Replay`] stores unless told otherwise.
+const KEPT: [HeaderName; 10] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_LOCATION,
+    header::LOCATION,
+    header::ETAG,
+    header::LAST_MODIFIED,
+    header::CACHE_CONTROL,
+    header::EXPIRES,
+    header::LINK,
+    header::VARY,
+];
+
+/// Headers never stored, whatever the allowlist says: credentials, and the connection's own.
+const NEVER: [HeaderName; 13] = [
+    header::SET_COOKIE,
+    header::AUTHORIZATION,
+    header::PROXY_AUTHORIZATION,
+    header::WWW_AUTHENTICATE,
+    header::PROXY_AUTHENTICATE,
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::CONTENT_LENGTH,
+    REPLAYED_HEADER,
+    crate::response::OUTCOME_HEADER,
+];
+
+/// What a layer stores of a committed answer, to replay it to the key's duplicates. Set with
+/// [`IdempotencyLayer::replay`](crate::IdempotencyLayer::replay); see the [module
+/// docs](self).
+#[derive(Clone)]
+pub struct Replay {
+    limit: usize,
+    headers: Vec<HeaderName>,
+}
+
+impl Replay {
+    /// Stores the status, the allowlisted headers (`content-type`, `content-language`,
+    /// `content-location`, `location`, `etag`, `last-modified`, `cache-control`, `expires`,
+    /// `link`, `vary`) and bodies up to [`DEFAULT_REPLAY_LIMIT`].
+    pub fn new() -> Self {
+        Self {
+            limit: DEFAULT_REPLAY_LIMIT,
+            headers: KEPT.to_vec(),
+        }
+    }
+
+    /// Stores bodies up to `bytes` long; longer ones pass through unstored.
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.limit = bytes;
+        self
+    }
+
+    /// Stores the header `name` too. `Set-Cookie`, the credentials headers and the
+    /// connection's own headers are never stored, even when named here.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name.
+    pub fn header<N>(mut self, name: N) -> Self
+    where
+        N: TryInto<HeaderName>,
+        N::Error: fmt::Debug,
+    {
+        let name = name
+            .try_into()
+            .unwrap_or_else(|err| panic!("invalid header name: {err:?}"));
+        if !self.headers.contains(&name) {
+            self.headers.push(name);
+        }
+        self
+    }
+
+    fn keeps(&self, name: &HeaderName) -> bool {
+        self.headers.contains(name) && !NEVER.contains(name)
+    }
+}
+
+impl Default for Replay {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for Replay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replay")
+            .field("body_limit", &self.limit)
+            .field("headers", &self.headers)
+            .finish()
+    }
+}
+
+/// What identifies a request beyond its key: the method, the path with its query, the body,
+/// and any headers named. Set with
+/// [`IdempotencyLayer::fingerprint`](crate::IdempotencyLayer::fingerprint); see the [module
+/// docs](self).
+#[derive(Debug, Clone)]
+pub struct RequestFingerprint {
+    body: bool,
+    headers: Vec<HeaderName>,
+}
+
+impl RequestFingerprint {
+    /// The method, the path and query, and the body.
+    pub fn new() -> Self {
+        Self {
+            body: true,
+            headers: Vec::new(),
+        }
+    }
+
+    /// The header `name` too (its values in order; an absent header counts as absent).
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name.
+    pub fn header<N>(mut self, name: N) -> Self
+    where
+        N: TryInto<HeaderName>,
+        N::Error: fmt::Debug,
+    {
+        let name = name
+            .try_into()
+            .unwrap_or_else(|err| panic!("invalid header name: {err:?}"));
+        self.headers.push(name);
+        self
+    }
+
+    /// Leaves the body out, so that it is not buffered: for uploads too large to hold, where
+    /// the path and headers tell requests apart.
+    pub fn without_body(mut self) -> Self {
+        self.body = false;
+        self
+    }
+
+    /// Whether the body is part of the fingerprint, and so must be buffered.
+    pub(crate) fn reads_body(&self) -> bool {
+        self.body
+    }
+
+    /// The request's fingerprint: each part length-prefixed, so that no two requests share
+    /// one by moving bytes from one part to the next.
+    pub(crate) fn of(&self, parts: &Parts, body: Option<&[u8]>) -> Fingerprint {
+        let mut digest = Sha256::new();
+        let mut part = |bytes: &[u8]| {
+            digest.update((bytes.len() as u64).to_be_bytes());
+            digest.update(bytes);
+        };
+        part(b"tower-idempotency fingerprint 1");
+        part(parts.method.as_str().as_bytes());
+        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        part(target.as_bytes());
+        for name in &self.headers {
+            part(name.as_str().as_bytes());
+            let values = parts.headers.get_all(name);
+            let count = values.iter().count() as u64;
+            part(&count.to_be_bytes());
+            for value in values {
+                part(value.as_bytes());
+            }
+        }
+        if self.body {
+            part(body.unwrap_or_default());
+        }
+        Fingerprint::from_bytes(digest.finalize().into())
+    }
+}
+
+impl Default for RequestFingerprint {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What the run made of a committed answer.
+pub(crate) enum Kept<B> {
+    /// The answer to send, and what to store of it, if anything.
+    Answer(Response<ResponseBody<B>>, Option<StoredResponse>),
+    /// The body failed while it was read: release, and answer this instead.
+    Broken(Response<ResponseBody<B>>),
+}
+
+/// What the run does with an answer that commits, before it commits: store it for replay, or
+/// pass it on.
+pub(crate) trait Keep<B>: Send + 'static {
+    fn keep(self, res: Response<B>) -> impl Future<Output = Kept<B>> + Send;
+}
+
+/// Stores nothing: the modes without replay.
+pub(crate) struct Nothing;
+
+impl<B: Send + 'static> Keep<B> for Nothing {
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "the trait names the future's bounds"
+    )]
+    fn keep(self, res: Response<B>) -> impl Future<Output = Kept<B>> + Send {
+        async move { Kept::Answer(res.map(ResponseBody::new), None) }
+    }
+}
+
+/// Stores what a [`Replay`] says, when the layer has one.
+pub(crate) struct Keeper {
+    pub(crate) replay: Option<Arc<Replay>>,
+    /// How long the body may take to be read.
+    pub(crate) timeout: Duration,
+}
+
+impl<B> Keep<B> for Keeper
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "the trait names the future's bounds"
+    )]
+    fn keep(self, res: Response<B>) -> impl Future<Output = Kept<B>> + Send {
+        async move {
+            let Some(replay) = self.replay else {
+                return Kept::Answer(res.map(ResponseBody::new), None);
+            };
+            let status = res.status();
+            let length = res.body().size_hint().exact();
+            let storable = !status.is_server_error() && status != StatusCode::TOO_MANY_REQUESTS;
+            let fits = length.is_some_and(|len| len <= replay.limit as u64);
+            if !storable || !fits {
+                if storable {
+                    tracing::debug!(
+                        ?length,
+                        limit = replay.limit,
+                        "answer passed through unstored: longer than the replay limit, or of \
+                         unknown length; its duplicates get the plain 200"
+                    );
+                }
+                return Kept::Answer(res.map(ResponseBody::new), None);
+            }
+            let (parts, body) = res.into_parts();
+            let read = Limited::new(body, replay.limit).collect();
+            let bytes = match tokio::time::timeout(self.timeout, read).await {
+                Ok(Ok(collected)) => collected.to_bytes(),
+                Ok(Err(error)) => {
+                    tracing::error!(
+                        error = &*error as &dyn std::error::Error,
+                        "the handler's answer failed while it was read to be stored"
+                    );
+                    return Kept::Broken(response::unreadable_answer());
+                }
+                Err(_elapsed) => {
+                    tracing::error!(
+                        timeout = ?self.timeout,
+                        "the handler's answer did not arrive in time to be stored"
+                    );
+                    return Kept::Broken(response::unreadable_answer());
+                }
+            };
+            let headers = parts
+                .headers
+                .iter()
+                .filter(|(name, _)| replay.keeps(name))
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect();
+            let stored = StoredResponse::new(status, headers, bytes.clone());
+            let res = Response::from_parts(parts, ResponseBody::bytes(bytes));
+            Kept::Answer(res, Some(stored))
+        }
+    }
+}
