@@ -131,8 +131,10 @@ pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-repl
 pub const DEFAULT_REPLAY_LIMIT: usize = 256 * 1024;
 
 /// The headers a [`Replay`] stores unless told otherwise.
-const KEPT: [HeaderName; 10] = [
+const KEPT: [HeaderName; 12] = [
     header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_DISPOSITION,
     header::CONTENT_LANGUAGE,
     header::CONTENT_LOCATION,
     header::LOCATION,
@@ -171,9 +173,11 @@ pub struct Replay {
 }
 
 impl Replay {
-    /// Stores the status, the allowlisted headers (`content-type`, `content-language`,
-    /// `content-location`, `location`, `etag`, `last-modified`, `cache-control`, `expires`,
-    /// `link`, `vary`) and bodies up to [`DEFAULT_REPLAY_LIMIT`].
+    /// Stores the status, the allowlisted headers (`content-type`, `content-encoding`,
+    /// `content-disposition`, `content-language`, `content-location`, `location`, `etag`,
+    /// `last-modified`, `cache-control`, `expires`, `link`, `vary`) and bodies up to
+    /// [`DEFAULT_REPLAY_LIMIT`]. The body is stored as the handler sent it, so a compressed one
+    /// is replayed with its `content-encoding`.
     pub fn new() -> Self {
         Self {
             limit: DEFAULT_REPLAY_LIMIT,
