@@ -185,6 +185,33 @@ fn expected_key(text: String) -> Verdict {
     }
 }
 
+/// RFC 8941 §4.2.5 for a value that is quoted (after the spaces around it): `Some` of the
+/// unescaped text, or `Some(None)` when it is no valid String; `None` for a bare value.
+fn sf_string_model(text: &str) -> Option<Option<String>> {
+    let inner = text.trim_matches(' ').strip_prefix('"')?;
+    let mut out = String::new();
+    let mut escaped = false;
+    for (at, c) in inner.char_indices() {
+        if escaped {
+            if c != '"' && c != '\\' {
+                return Some(None);
+            }
+            out.push(c);
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
+        } else if c == '"' {
+            // Nothing may follow the closing quote: no parameters.
+            return Some((at + 1 == inner.len()).then_some(out));
+        } else if (' '..='~').contains(&c) {
+            out.push(c);
+        } else {
+            return Some(None);
+        }
+    }
+    Some(None)
+}
+
 proptest! {
     #![proptest_config(config())]
 
@@ -205,20 +232,31 @@ proptest! {
         for name in HEADER_NAMES {
             let parts = parts_with(&[(name, &value)]);
             let standard = name == "webhook-id" || name == "svix-id";
-            // (extractor's verdict, whether it looks at this header)
+            // (extractor's verdict, whether it looks at this header, whether it reads the
+            // value as an RFC 8941 String: `Idempotency-Key` in `key::auto()`)
             let results = [
-                (key::header(name).extract(&parts, None), true),
-                (key::auto().extract(&parts, None), name != "x-event-id"),
-                (key::standard_webhooks().extract(&parts, None), standard),
-                (key::header(name).or(key::json("/id")).extract(&parts, None), true),
+                (key::header(name).extract(&parts, None), true, false),
+                (key::auto().extract(&parts, None), name != "x-event-id", name == "idempotency-key"),
+                (key::standard_webhooks().extract(&parts, None), standard, false),
+                (key::header(name).or(key::json("/id")).extract(&parts, None), true, false),
+                (key::header(name).structured().extract(&parts, None), true, true),
             ];
-            for (result, applies) in results {
+            for (result, applies, structured) in results {
                 check(&result);
+                // A quoted value read as a String is its unescaped text; anything else, and
+                // a bare value, is the value as sent.
+                let (valid, expected) = match structured.then(|| sf_string_model(&text)).flatten() {
+                    Some(Some(unquoted)) => {
+                        (visible && IdempotencyKey::new("ns", unquoted.clone()).is_ok(), unquoted)
+                    }
+                    Some(None) => (false, String::new()),
+                    None => (valid, text.clone()),
+                };
                 match result {
                     Err(KeyError::Missing { .. }) => prop_assert!(!applies),
                     Ok(key) => {
                         prop_assert!(applies && valid, "accepted {:?}", bytes);
-                        prop_assert_eq!(key.value(), text.as_str());
+                        prop_assert_eq!(key.value(), expected.as_str());
                     }
                     Err(err) => {
                         prop_assert!(applies && !valid, "refused {:?}: {}", bytes, err);

@@ -102,11 +102,10 @@ impl ExtractKey for Header {
     }
 }
 
-/// An RFC 8941 String item (`"…"`, with `\"` and `\\` escapes), or bare text as it is; the
-/// spaces around either are not part of it.
+/// An RFC 8941 String item (`"…"`, with `\"` and `\\` escapes; the spaces around it are
+/// not part of it), or bare text as it is.
 fn sf_string(text: &str) -> Result<Cow<'_, str>, &'static str> {
-    let text = text.trim_matches(' ');
-    let Some(quoted) = text.strip_prefix('"') else {
+    let Some(quoted) = text.trim_matches(' ').strip_prefix('"') else {
         return Ok(Cow::Borrowed(text));
     };
     let mut value = String::with_capacity(quoted.len());
