@@ -36,7 +36,9 @@ use http::StatusCode;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 use tower_idempotency::store::{AnyStore, SqliteStore, Store};
 use tower_idempotency::transactional::{TransactionalLayer, TransactionalStore, Tx};
-use tower_idempotency::{Drain, IdempotencyKey, IdempotencyLayer, Outcome, Stale, key, verify};
+use tower_idempotency::{
+    Drain, IdempotencyKey, IdempotencyLayer, LeaseHandle, Outcome, Stale, key, verify,
+};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -138,6 +140,9 @@ where
         Some(secret) => standard_layer.verify(verify::standard_webhooks(secret)),
         None => standard_layer,
     };
+    // An API for clients that send `Idempotency-Key`: a retried payment gets the answer the
+    // first one got (replayed), and the key reused for another payment gets 422.
+    let payments_layer = IdempotencyLayer::for_api(store.clone()).drain(drain);
     let stuck = Router::new()
         .route("/stuck", get(stuck))
         .with_state(store.clone());
@@ -157,6 +162,10 @@ where
         .route(
             "/webhooks/standard",
             post(standard::<S::Database>).layer(standard_layer),
+        )
+        .route(
+            "/api/payments",
+            post(payment::<S::Database>).layer(payments_layer),
         )
         // One log line per delivery, whatever answered it.
         .route_layer(middleware::from_fn(log_delivery))
@@ -197,6 +206,11 @@ async fn serve(
         "  for i in 1 2; do curl -s -o /dev/null -D - -X POST http://{addr}/webhooks/github \
          -H 'X-GitHub-Delivery: 72d3162e-cc78-11e3-81ab-4c9367dc0958' \
          -H 'X-GitHub-Event: push' -d '{{}}' | grep -iE '^(HTTP|idempotency-outcome)'; done"
+    );
+    println!("Pay twice with one Idempotency-Key; the retry gets the first answer again:");
+    println!(
+        "  for i in 1 2; do curl -s -D - -X POST http://{addr}/api/payments \
+         -H 'Idempotency-Key: \"order-1001\"' -d '{{\"amount\":2500}}'; echo; done"
     );
     println!("  curl -s http://{addr}/side-effects");
     println!();
@@ -323,6 +337,27 @@ async fn standard<DB: Journal>(
     let effect = "cache refreshed".to_owned();
     record(&pool, "standard", &id, &effect).await?;
     Ok((Extension(SideEffect(effect)), "refreshed"))
+}
+
+/// Charges a payment (here: records that it was charged) and answers 201 with its id: what a
+/// retry of the request must get again.
+async fn payment<DB: Journal>(
+    State(pool): State<Pool<DB>>,
+    Extension(claim): Extension<LeaseHandle>,
+    body: String,
+) -> Result<impl IntoResponse, (StatusCode, String)> {
+    let request: serde_json::Value = serde_json::from_str(&body).map_err(failed)?;
+    let amount = request["amount"].as_u64().unwrap_or(0);
+    let id = claim.lease().key().value().to_owned();
+    let effect = format!("charged {amount}");
+    record(&pool, "api", &id, &effect).await?;
+    let payment =
+        serde_json::json!({"id": format!("pay_{id}"), "amount": amount, "status": "paid"});
+    Ok((
+        StatusCode::CREATED,
+        Extension(SideEffect(effect)),
+        Json(payment),
+    ))
 }
 
 /// Every side effect recorded: `[{"provider", "event", "count"}]`.

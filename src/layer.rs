@@ -58,13 +58,25 @@ impl<St> IdempotencyLayer<St> {
     }
 }
 
+/// The 4xx that [`IdempotencyLayer::for_api`] releases: the client may send the same request
+/// again (408, 409, 423, 425, 429), or fix it with credentials or headers (401, 403, 415).
+const RETRIED: [u16; 8] = [401, 403, 408, 409, 415, 423, 425, 429];
+
 impl<St> IdempotencyLayer<St, key::Header> {
     /// A layer for API idempotency keys, after the IETF `Idempotency-Key` draft: the key in
     /// the client's `Idempotency-Key` header ([`key::idempotency_key`], an RFC 8941 String,
-    /// bare text accepted), answers replayed ([`Replay::new`]), requests fingerprinted
-    /// ([`RequestFingerprint::new`]: method, path and query, body), and every answer but
-    /// 5xx and 429 committed, so that a 4xx is replayed too and a 5xx or 429 is run again
-    /// on the client's retry.
+    /// bare text accepted), answers replayed ([`Replay::new`]) and requests fingerprinted
+    /// ([`RequestFingerprint::new`]: method, path and query, body).
+    ///
+    /// It commits, stores and replays every answer except those that ask the client to try
+    /// the same request again: 5xx, 429, 408, 409, 423 and 425, and 401, 403 and 415, which a
+    /// client fixes with other credentials or headers the fingerprint leaves out. Those
+    /// release the claim, so the retry runs. Any other 4xx is the request's answer and is
+    /// replayed (a declined card stays declined); [`commit_when`](Self::commit_when) changes
+    /// the rule.
+    ///
+    /// Put it on the routes that take keys (`MethodRouter::layer`, `Router::route_layer`):
+    /// every request it sees needs one, a `GET` included.
     ///
     /// As the draft asks: a request without a key is answered 400, one whose key is still in
     /// flight 409, one that reuses a key for another request 422. Stored answers are kept
@@ -76,9 +88,7 @@ impl<St> IdempotencyLayer<St, key::Header> {
             .key(key::idempotency_key())
             .replay(Replay::new())
             .fingerprint(RequestFingerprint::new())
-            .commit_when(|status| {
-                !status.is_server_error() && status != http::StatusCode::TOO_MANY_REQUESTS
-            })
+            .commit_when(|status| !status.is_server_error() && !RETRIED.contains(&status.as_u16()))
     }
 }
 

@@ -15,9 +15,9 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
+//! let charge = || async { (StatusCode::CREATED, Json(serde_json::json!({"id": "pay_1"}))) };
 //! let app = Router::new()
-//!     .route("/payments", post(|| async { (StatusCode::CREATED, Json(serde_json::json!({"id": "pay_1"}))) }))
-//!     .layer(IdempotencyLayer::for_api(MemoryStore::new()));
+//!     .route("/payments", post(charge).layer(IdempotencyLayer::for_api(MemoryStore::new())));
 //! let pay = |body: &'static str| {
 //!     Request::post("/payments")
 //!         .header("idempotency-key", "\"8e03978e\"")
@@ -59,8 +59,18 @@
 //!   is passed through as it comes, never buffered: the key is committed without it, and its
 //!   duplicates get the plain 200 of a webhook duplicate.
 //! - 5xx and 429 answers are never stored. [`for_api`](crate::IdempotencyLayer::for_api)
-//!   releases the claim on them, so the client's retry runs; it commits, and so stores and
-//!   replays, every other answer, a 4xx included (a declined card stays declined).
+//!   releases the claim on them and on the 4xx that ask for the same request again (408, 409,
+//!   423, 425) or for other credentials or headers (401, 403, 415), so the client's retry
+//!   runs; it commits, and so stores and replays, every other answer, the other 4xx included
+//!   (a declined card stays declined).
+//! - An answer whose `Vary` names a request header the fingerprint leaves out (`Vary:
+//!   Accept-Encoding` from a compression layer further in, say), or `Vary: *`, is not stored:
+//!   another request with the key might need another answer. Name the header in the
+//!   fingerprint ([`RequestFingerprint::header`]) to store such answers.
+//! - Should the body fail while it is read to be stored (an error, a panic, or past the
+//!   layer's [`body_timeout`](crate::IdempotencyLayer::body_timeout)), the handler's work
+//!   stands: the key commits without the answer, the client gets 500, and its retry the
+//!   plain 200.
 //! - Trailers are not kept.
 //! - A stored answer lives as long as its key: until
 //!   [`purge_completed`](crate::store::Store::purge_completed) deletes it, after the
@@ -80,8 +90,10 @@
 //! # Keys from clients
 //!
 //! [`key::idempotency_key`](crate::key::idempotency_key) reads `Idempotency-Key` as an RFC
-//! 8941 String (`"abc"`), and also takes the bare text clients often send (`abc`): the two
-//! are the same key. Parameters (`"abc"; a=1`) are refused with 400.
+//! 8941 String (`"abc"`), and also takes the bare text clients often send (`abc`) as it is:
+//! the two are the same key. A quoted value with parameters (`"abc";a=1`) is refused with 400,
+//! and so is one whose text breaks the key rules (empty, longer than 255 bytes, or with
+//! spaces at either end: `" abc"`).
 //!
 //! Clients choose their keys, so two clients can choose the same one. Scope keys by client
 //! where the application knows who the client is, e.g. from what an authentication layer
@@ -94,25 +106,31 @@
 //! #[derive(Clone)]
 //! struct Principal(String);
 //!
-//! // Keys stored as `idempotency-key@client=<principal>`: one client cannot meet another's.
+//! // Keys stored as `idempotency-key@client=<principal>/<path>`: one client cannot meet
+//! // another's keys, nor its own on another route.
 //! let layer = IdempotencyLayer::for_api(MemoryStore::new()).scope(Scope::from_fn(|parts| {
-//!     parts.extensions.get::<Principal>().map(|who| format!("client={}", who.0)).unwrap_or_default()
+//!     match parts.extensions.get::<Principal>() {
+//!         Some(who) => format!("client={}{}", who.0, parts.uri.path()),
+//!         None => String::new(),
+//!     }
 //! }));
 //! # let _ = layer;
 //! ```
 //!
-//! Requests without a principal share the empty scope here: let the authentication layer
-//! turn them away before they reach this one.
+//! An empty scope is refused with 400: here, a request that reached the layer without a
+//! principal.
 //!
 //! Replay is for the claim-then-commit layer; the transactional mode and the version guard
 //! store no answers.
 
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::request::Parts;
 use http::{HeaderName, Response, StatusCode, header};
 use http_body::Body;
@@ -313,18 +331,18 @@ impl Default for RequestFingerprint {
     }
 }
 
-/// What the run made of a committed answer.
-pub(crate) enum Kept<B> {
-    /// The answer to send, and what to store of it, if anything.
-    Answer(Response<ResponseBody<B>>, Option<StoredResponse>),
-    /// The body failed while it was read: release, and answer this instead.
-    Broken(Response<ResponseBody<B>>),
+/// Whether a header is one of those never replayed, whatever a receipt holds.
+pub(crate) fn never_replayed(name: &HeaderName) -> bool {
+    NEVER.contains(name)
 }
 
 /// What the run does with an answer that commits, before it commits: store it for replay, or
-/// pass it on.
+/// pass it on. Answers the response to send and what to store of it, if anything.
 pub(crate) trait Keep<B>: Send + 'static {
-    fn keep(self, res: Response<B>) -> impl Future<Output = Kept<B>> + Send;
+    fn keep(
+        self,
+        res: Response<B>,
+    ) -> impl Future<Output = (Response<ResponseBody<B>>, Option<StoredResponse>)> + Send;
 }
 
 /// Stores nothing: the modes without replay.
@@ -335,14 +353,19 @@ impl<B: Send + 'static> Keep<B> for Nothing {
         clippy::manual_async_fn,
         reason = "the trait names the future's bounds"
     )]
-    fn keep(self, res: Response<B>) -> impl Future<Output = Kept<B>> + Send {
-        async move { Kept::Answer(res.map(ResponseBody::new), None) }
+    fn keep(
+        self,
+        res: Response<B>,
+    ) -> impl Future<Output = (Response<ResponseBody<B>>, Option<StoredResponse>)> + Send {
+        async move { (res.map(ResponseBody::new), None) }
     }
 }
 
 /// Stores what a [`Replay`] says, when the layer has one.
 pub(crate) struct Keeper {
     pub(crate) replay: Option<Arc<Replay>>,
+    /// The fingerprint's headers: an answer that varies on others is not stored.
+    pub(crate) fingerprint: Option<Arc<RequestFingerprint>>,
     /// How long the body may take to be read.
     pub(crate) timeout: Duration,
 }
@@ -356,45 +379,61 @@ where
         clippy::manual_async_fn,
         reason = "the trait names the future's bounds"
     )]
-    fn keep(self, res: Response<B>) -> impl Future<Output = Kept<B>> + Send {
+    fn keep(
+        self,
+        res: Response<B>,
+    ) -> impl Future<Output = (Response<ResponseBody<B>>, Option<StoredResponse>)> + Send {
         async move {
-            let Some(replay) = self.replay else {
-                return Kept::Answer(res.map(ResponseBody::new), None);
-            };
-            let status = res.status();
-            let length = res.body().size_hint().exact();
-            let storable = !status.is_server_error() && status != StatusCode::TOO_MANY_REQUESTS;
-            let fits = length.is_some_and(|len| len <= replay.limit as u64);
-            if !storable || !fits {
-                if storable {
-                    tracing::debug!(
-                        ?length,
-                        limit = replay.limit,
-                        "answer passed through unstored: longer than the replay limit, or of \
-                         unknown length; its duplicates get the plain 200"
-                    );
+            match self.replay {
+                // Boxed: a layer without replay does not carry the reading in its future.
+                Some(replay) => {
+                    Box::pin(capture(replay, self.fingerprint, self.timeout, res)).await
                 }
-                return Kept::Answer(res.map(ResponseBody::new), None);
+                None => (res.map(ResponseBody::new), None),
             }
-            let (parts, body) = res.into_parts();
-            let read = Limited::new(body, replay.limit).collect();
-            let bytes = match tokio::time::timeout(self.timeout, read).await {
-                Ok(Ok(collected)) => collected.to_bytes(),
-                Ok(Err(error)) => {
-                    tracing::error!(
-                        error = &*error as &dyn std::error::Error,
-                        "the handler's answer failed while it was read to be stored"
-                    );
-                    return Kept::Broken(response::unreadable_answer());
-                }
-                Err(_elapsed) => {
-                    tracing::error!(
-                        timeout = ?self.timeout,
-                        "the handler's answer did not arrive in time to be stored"
-                    );
-                    return Kept::Broken(response::unreadable_answer());
-                }
-            };
+        }
+    }
+}
+
+/// Reads the answer whole and stores it, when it may be stored: not 5xx or 429, of known
+/// length within the limit, and varying on no header the fingerprint leaves out.
+async fn capture<B>(
+    replay: Arc<Replay>,
+    fingerprint: Option<Arc<RequestFingerprint>>,
+    timeout: Duration,
+    res: Response<B>,
+) -> (Response<ResponseBody<B>>, Option<StoredResponse>)
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let status = res.status();
+    if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+        return (res.map(ResponseBody::new), None);
+    }
+    let length = res.body().size_hint().exact();
+    if length.is_none_or(|len| len > replay.limit as u64) {
+        tracing::debug!(
+            ?length,
+            limit = replay.limit,
+            "answer passed through unstored: longer than the replay limit, or of unknown \
+             length; its duplicates get the plain 200"
+        );
+        return (res.map(ResponseBody::new), None);
+    }
+    if let Some(header) = varies_beyond(res.headers(), fingerprint.as_deref()) {
+        tracing::debug!(
+            vary = header,
+            "answer passed through unstored: it varies on a request header the fingerprint \
+             leaves out, so another request with the key may need another answer"
+        );
+        return (res.map(ResponseBody::new), None);
+    }
+    let (parts, body) = res.into_parts();
+    let read = AssertUnwindSafe(Limited::new(body, replay.limit).collect()).catch_unwind();
+    let failed = match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(Ok(collected))) => {
+            let bytes = collected.to_bytes();
             let headers = parts
                 .headers
                 .iter()
@@ -402,8 +441,41 @@ where
                 .map(|(name, value)| (name.clone(), value.clone()))
                 .collect();
             let stored = StoredResponse::new(status, headers, bytes.clone());
-            let res = Response::from_parts(parts, ResponseBody::bytes(bytes));
-            Kept::Answer(res, Some(stored))
+            return (
+                Response::from_parts(parts, ResponseBody::bytes(bytes)),
+                Some(stored),
+            );
         }
-    }
+        Ok(Ok(Err(error))) => error.to_string(),
+        Ok(Err(_panic)) => "the body panicked".to_owned(),
+        Err(_elapsed) => format!("the body did not arrive within {timeout:?}"),
+    };
+    // The handler succeeded: its work is done and the key commits, without the answer.
+    tracing::error!(
+        error = failed,
+        "the handler's answer failed while it was read to be stored; the key commits without \
+         it, and the client gets 500"
+    );
+    (response::unreadable_answer(), None)
+}
+
+/// The first header named in the answer's `Vary` that the fingerprint does not cover, if
+/// any (`*` covers everything, so no fingerprint does).
+fn varies_beyond<'h>(
+    headers: &'h http::HeaderMap,
+    fingerprint: Option<&RequestFingerprint>,
+) -> Option<&'h str> {
+    let covered = fingerprint.map_or(&[][..], |f| &f.headers[..]);
+    headers
+        .get_all(header::VARY)
+        .iter()
+        .flat_map(|value| value.to_str().unwrap_or("*").split(','))
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .find(|name| {
+            *name == "*"
+                || !covered
+                    .iter()
+                    .any(|c| c.as_str().eq_ignore_ascii_case(name))
+        })
 }

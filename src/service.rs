@@ -168,6 +168,7 @@ where
         }
         let keep = Keeper {
             replay: shared.claims.replay.clone(),
+            fingerprint: shared.claims.fingerprint.clone(),
             timeout: shared.settings.body_timeout,
         };
         let request = Request::from_parts(parts, body);

@@ -15,7 +15,7 @@ use tower_service::Service;
 use super::guard::{LeaseGuard, Owner, Settle};
 use super::prepare::tagged;
 use crate::body::ResponseBody;
-use crate::replay::{Keep, Kept};
+use crate::replay::Keep;
 
 /// A panic caught in the inner service.
 pub(crate) type Panic = Box<dyn Any + Send>;
@@ -156,15 +156,12 @@ where
         match result {
             Ok(Ok(res)) => {
                 let (res, action) = if guard.owner().settings().commit_when.commits(res.status()) {
-                    match keep.keep(res).await {
-                        Kept::Answer(res, stored) => {
-                            if let Some(stored) = stored {
-                                guard.keep(stored);
-                            }
-                            (res, Settle::Commit)
-                        }
-                        Kept::Broken(res) => (res, Settle::Release),
+                    // A body read to be stored may take a while: the heartbeat goes on.
+                    let (res, stored) = heartbeat(&mut guard, pin!(keep.keep(res))).await;
+                    if let Some(stored) = stored {
+                        guard.keep(stored);
                     }
+                    (res, Settle::Commit)
                 } else {
                     (res.map(ResponseBody::new), Settle::Release)
                 };

@@ -89,14 +89,15 @@ impl Receipt {
     /// The receipt as the SQL stores keep it, in one binary column: a layout byte, a flags
     /// byte, the fingerprint's 32 bytes if any, then, if there is a response, its status (2
     /// bytes, big-endian), its header count (2 bytes), each header as a 2-byte name length,
-    /// the name, a 4-byte value length and the value, and last the body.
+    /// the name, a 4-byte value length and the value, and last the body's length (8 bytes)
+    /// and the body. A column cut short anywhere reads as an error, never as a shorter body.
     pub fn encode(&self) -> Vec<u8> {
         let response_len = self.response.as_ref().map_or(0, |res| {
             res.headers
                 .iter()
                 .map(|(name, value)| 6 + name.as_str().len() + value.len())
                 .sum::<usize>()
-                + 4
+                + 12
                 + res.body.len()
         });
         let mut out = Vec::with_capacity(2 + 32 + response_len);
@@ -126,6 +127,7 @@ impl Receipt {
                 out.extend_from_slice(&(value.len() as u32).to_be_bytes());
                 out.extend_from_slice(value.as_bytes());
             }
+            out.extend_from_slice(&(res.body.len() as u64).to_be_bytes());
             out.extend_from_slice(&res.body);
         }
         out
@@ -162,7 +164,9 @@ impl Receipt {
                     .map_err(|_| unreadable("header value"))?;
                 headers.push((name, value));
             }
-            let body = Bytes::copy_from_slice(std::mem::take(&mut reader.0));
+            let len = usize::try_from(reader.u64("body length")?)
+                .map_err(|_| unreadable("body length"))?;
+            let body = Bytes::copy_from_slice(reader.take(len, "body cut short")?);
             Some(StoredResponse::new(status, headers, body))
         } else {
             None
@@ -199,6 +203,12 @@ impl<'a> Reader<'a> {
     fn u32(&mut self, what: &str) -> Result<u32, StoreError> {
         let bytes = self.take(4, what)?;
         Ok(u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64, StoreError> {
+        let mut bytes = [0; 8];
+        bytes.copy_from_slice(self.take(8, what)?);
+        Ok(u64::from_be_bytes(bytes))
     }
 }
 
@@ -239,16 +249,17 @@ mod tests {
             Some(StoredResponse::new(
                 StatusCode::OK,
                 vec![(http::header::ETAG, HeaderValue::from_static("\"v1\""))],
-                Bytes::new(),
+                Bytes::from_static(b"{\"paid\":true}"),
             )),
         )
         .encode();
-        for cut in 0..whole.len() - 1 {
-            // Cut anywhere before the (empty) body's end: never a panic; an error except
-            // where the cut leaves a well-formed shorter receipt, which cannot happen here
-            // because the header count says one header follows.
+        for cut in 0..whole.len() {
+            // Cut anywhere, the body's bytes included: never a panic, always an error.
             assert!(Receipt::decode(&whole[..cut]).is_err(), "cut at {cut}");
         }
+        let mut longer = whole.clone();
+        longer.push(0);
+        assert!(Receipt::decode(&longer).is_err(), "a byte past the end");
         assert!(Receipt::decode(&[2, 0]).is_err(), "unknown layout");
         assert!(
             Receipt::decode(&[1, 1, 0]).is_err(),
