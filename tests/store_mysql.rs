@@ -223,7 +223,96 @@ async fn upgrade_a_table_of_the_first_release(prefix: &str, flavor: Option<MySql
         ["PRIMARY"],
         "the indexes every commit updated are gone"
     );
-    common::upgraded_table_keeps_its_rows(store, &ns).await;
+    common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
+    common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
+    let drop = format!("DROP TABLE {table}, {table}_versions");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+/// A table made by the release before receipts (every column but `receipt`) with rows in it
+/// gets the column from `migrate()`, rows kept, and keeps receipts from then on; several
+/// instances migrating at once add it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_adds_the_receipt_column_to_a_table_of_the_previous_release() {
+    add_the_receipt_column("idempotency_prev", None).await;
+}
+
+/// The same with the two-statement claim of MySQL and of MariaDB before 10.5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_adds_the_receipt_column_with_the_two_statement_claim() {
+    add_the_receipt_column("idempotency_prev2", Some(MySqlFlavor::MySql)).await;
+}
+
+async fn add_the_receipt_column(prefix: &str, flavor: Option<MySqlFlavor>) {
+    let Some(pool) = common::db::mysql_pool().await else {
+        return;
+    };
+    let table = format!("{prefix}_{}", std::process::id());
+    let ns = common::unique_namespace("upgrade-receipt");
+    let hour_ago = "UTC_TIMESTAMP(6) - INTERVAL 1 HOUR";
+    for statement in [
+        format!("DROP TABLE IF EXISTS {table}, {table}_versions"),
+        format!(
+            r#"CREATE TABLE {table} (
+    namespace     VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    `key`         VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    state         VARCHAR(10)  CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    token         BIGINT       NOT NULL,
+    deliveries    BIGINT       NOT NULL,
+    runs          BIGINT       NOT NULL DEFAULT 1,
+    reclaimed     BOOLEAN      NOT NULL DEFAULT FALSE,
+    first_seen_at DATETIME(6)  NULL,
+    last_seen_at  DATETIME(6)  NULL,
+    renewed_at    DATETIME(6)  NULL,
+    claimed_at    DATETIME(6)  NOT NULL,
+    completed_at  DATETIME(6)  NULL,
+    PRIMARY KEY (namespace, `key`),
+    CONSTRAINT `{table}_state_check` CHECK (state IN ('processing', 'done', 'released'))
+) ENGINE = InnoDB"#
+        ),
+        format!(
+            "INSERT INTO {table} (namespace, `key`, state, token, deliveries, runs, reclaimed,
+                first_seen_at, last_seen_at, renewed_at, claimed_at, completed_at) VALUES
+            ('{ns}', 'done', 'done', 1, 3, 1, FALSE, {hour_ago}, {hour_ago}, NULL, {hour_ago},
+                UTC_TIMESTAMP(6) - INTERVAL 59 MINUTE),
+            ('{ns}', 'processing', 'processing', 2, 1, 1, FALSE, {hour_ago}, {hour_ago},
+                {hour_ago}, {hour_ago}, NULL)"
+        ),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let mut store = MySqlStore::new(pool.clone())
+        .with_table_name(&table)
+        .unwrap();
+    if let Some(flavor) = flavor {
+        store = store.with_flavor(flavor);
+    }
+    let instances: Vec<_> = (0..3)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.migrate().await })
+        })
+        .collect();
+    for instance in instances {
+        instance.await.unwrap().unwrap();
+    }
+    let receipt: String = sqlx::query_scalar(
+        "SELECT CAST(DATA_TYPE AS CHAR) FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'receipt'",
+    )
+    .bind(&table)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(receipt.to_ascii_lowercase(), "longblob");
+    common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
+    common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
     let drop = format!("DROP TABLE {table}, {table}_versions");
     sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
         .execute(&pool)

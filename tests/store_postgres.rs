@@ -308,7 +308,68 @@ INSERT INTO {table} VALUES
         [format!("{table}_before_pkey"), format!("{table}_stuck_idx")],
         "the indexes every commit updated are gone, the one of processing rows is there"
     );
-    common::upgraded_table_keeps_its_rows(store, &ns).await;
+    common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
+    common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
+    let drop = format!("DROP TABLE {table}, {table}_versions");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+/// A table made by the release before receipts (every column but `receipt`) with rows in it
+/// gets the column from `migrate()`, rows kept, and keeps receipts from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_adds_the_receipt_column_to_a_table_of_the_previous_release() {
+    let Some(pool) = pool().await else { return };
+    let table = format!("idempotency_prev_{}", std::process::id());
+    let ns = common::unique_namespace("upgrade-receipt");
+    let old = format!(
+        r#"DROP TABLE IF EXISTS {table}, {table}_versions;
+CREATE TABLE {table} (
+    namespace     TEXT        NOT NULL,
+    "key"         TEXT        NOT NULL,
+    state         TEXT        NOT NULL,
+    token         BIGINT      NOT NULL,
+    deliveries    BIGINT      NOT NULL,
+    runs          BIGINT      NOT NULL DEFAULT 1,
+    reclaimed     BOOLEAN     NOT NULL DEFAULT FALSE,
+    first_seen_at TIMESTAMPTZ,
+    last_seen_at  TIMESTAMPTZ,
+    claimed_at    TIMESTAMPTZ NOT NULL,
+    renewed_at    TIMESTAMPTZ,
+    completed_at  TIMESTAMPTZ,
+    PRIMARY KEY (namespace, "key"),
+    CONSTRAINT {table}_state_check CHECK (state IN ('processing', 'done', 'released'))
+);
+CREATE INDEX {table}_stuck_idx ON {table} (claimed_at) WHERE state = 'processing';
+INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, renewed_at, completed_at) VALUES
+    ('{ns}', 'done', 'done', 1, 3, 1, FALSE, now() - interval '1 hour',
+        now() - interval '1 hour', now() - interval '1 hour', NULL, now() - interval '59 minutes'),
+    ('{ns}', 'processing', 'processing', 2, 1, 1, FALSE, now() - interval '1 hour',
+        now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour', NULL);"#
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(old))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool.clone())
+        .with_table_name(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let receipt: String = sqlx::query_scalar(
+        "SELECT data_type::text FROM information_schema.columns \
+         WHERE table_name = $1 AND column_name = 'receipt'",
+    )
+    .bind(&table)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(receipt, "bytea");
+    common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
+    common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
     let drop = format!("DROP TABLE {table}, {table}_versions");
     sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
         .execute(&pool)

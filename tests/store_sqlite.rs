@@ -154,7 +154,8 @@ INSERT INTO {table} VALUES
         .unwrap();
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
-    common::upgraded_table_keeps_its_rows(store, &ns).await;
+    common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
+    common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
     let indexes: Vec<String> = sqlx::query_scalar(
         "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 AND sql IS NOT NULL",
     )
@@ -167,6 +168,66 @@ INSERT INTO {table} VALUES
         [format!("{table}_stuck_idx")],
         "the rebuilt table has the index of processing rows, and none that every commit updates"
     );
+    let drop = format!("DROP TABLE {table}; DROP TABLE {table}_versions");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+/// A table made by the release before receipts (every column but `receipt`) with rows in it
+/// gets the column from `migrate()`, rows kept, and keeps receipts from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_adds_the_receipt_column_to_a_table_of_the_previous_release() {
+    let pool = file_pool().await;
+    let table = format!("idempotency_prev_{}", std::process::id());
+    let ns = common::unique_namespace("upgrade-receipt");
+    let now = "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
+    let hour_ago = format!("{now} - 3600000000");
+    let old = format!(
+        r#"DROP TABLE IF EXISTS {table};
+DROP TABLE IF EXISTS {table}_versions;
+CREATE TABLE {table} (
+    namespace     TEXT    NOT NULL,
+    "key"         TEXT    NOT NULL,
+    state         TEXT    NOT NULL CHECK (state IN ('processing', 'done', 'released')),
+    token         INTEGER NOT NULL,
+    deliveries    INTEGER NOT NULL,
+    runs          INTEGER NOT NULL DEFAULT 1,
+    reclaimed     INTEGER NOT NULL DEFAULT 0,
+    first_seen_at INTEGER,
+    last_seen_at  INTEGER,
+    claimed_at    INTEGER NOT NULL,
+    renewed_at    INTEGER,
+    completed_at  INTEGER,
+    PRIMARY KEY (namespace, "key")
+);
+CREATE INDEX {table}_stuck_idx ON {table} (claimed_at) WHERE state = 'processing';
+INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, renewed_at, completed_at) VALUES
+    ('{ns}', 'done', 'done', 1, 3, 1, 0, {hour_ago}, {hour_ago}, {hour_ago}, NULL,
+        {now} - 3540000000),
+    ('{ns}', 'processing', 'processing', 2, 1, 1, 0, {hour_ago}, {hour_ago}, {hour_ago},
+        {hour_ago}, NULL);"#
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(old))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = SqliteStore::new(pool.clone())
+        .with_table_name(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let receipt: String =
+        sqlx::query_scalar("SELECT type FROM pragma_table_info(?1) WHERE name = 'receipt'")
+            .bind(&table)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(receipt, "BLOB");
+    common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
+    common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
     let drop = format!("DROP TABLE {table}; DROP TABLE {table}_versions");
     sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
         .execute(&pool)

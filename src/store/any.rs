@@ -71,8 +71,8 @@ use std::error::Error as StdError;
 use std::time::Duration;
 
 use super::{
-    Claim, ConfigError, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim,
-    VersionClaim, VersionLease, VersionStore,
+    Claim, ConfigError, KeyRecord, Lease, Receipt, Resolution, Stale, Store, StoreError,
+    StuckClaim, VersionClaim, VersionLease, VersionStore,
 };
 use crate::key::IdempotencyKey;
 
@@ -322,6 +322,10 @@ impl Store for AnyStore {
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
         each!(self, s => s.commit(lease).await)
+    }
+
+    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
+        each!(self, s => s.commit_with(lease, receipt).await)
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

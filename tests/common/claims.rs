@@ -366,7 +366,8 @@ pub async fn describe_counts_deliveries_and_runs<S: Store>(store: S) {
 }
 
 /// The `claims` arm of [`backend_suite!`](crate::backend_suite): module `claims`, one
-/// `#[tokio::test]` per check, each with a store made by `$make` (`None` skips the test).
+/// `#[tokio::test]` per check, each with a store made by `$make` (`None` skips the test): the
+/// checks of this file, and the receipts a commit keeps (`receipts.rs`).
 #[macro_export]
 macro_rules! claims_suite {
     ($make:expr) => {
@@ -409,6 +410,36 @@ macro_rules! claims_suite {
                 let _shared = $crate::common::SHARED_TABLE.read().await;
                 let Some(store) = $make.await else { return };
                 $crate::common::claims::renew_keeps_a_claim_fresh(store).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn commit_with_keeps_the_receipt() {
+                let _shared = $crate::common::SHARED_TABLE.read().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::receipts::commit_with_keeps_the_receipt(store).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn plain_commit_keeps_no_receipt() {
+                let _shared = $crate::common::SHARED_TABLE.read().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::receipts::plain_commit_keeps_no_receipt(store).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_repeated_commit_keeps_the_first_receipt() {
+                let _shared = $crate::common::SHARED_TABLE.read().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::receipts::a_repeated_commit_keeps_the_first_receipt(store).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_new_run_shows_no_receipt() {
+                let _shared = $crate::common::SHARED_TABLE.read().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::receipts::a_new_run_shows_no_receipt(store).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn commit_with_a_lost_lease_writes_nothing() {
+                let _shared = $crate::common::SHARED_TABLE.read().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::receipts::commit_with_a_lost_lease_writes_nothing(store).await;
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn describe_counts_deliveries_and_runs() {

@@ -3,8 +3,9 @@
 //!
 //! A backend's test file (`tests/store_<backend>.rs`) runs the whole contract with one
 //! [`backend_suite!`](crate::backend_suite) (in `suite.rs`); each of its arms is a file here:
-//! `claims.rs`, `races.rs`, `trust.rs`, `versions.rs`, and for SQL backends `advance.rs`,
-//! `transactional.rs` (with the statements of `sql.rs`) and `tables.rs`.
+//! `claims.rs` (with `receipts.rs`), `races.rs`, `trust.rs`, `versions.rs`, and for SQL
+//! backends `advance.rs`, `transactional.rs` (with the statements of `sql.rs`) and
+//! `tables.rs`.
 //!
 //! A store maker (`$make`) yields `Option<S>`: `None` when the backend's database cannot be
 //! reached and the test is skipped (see [`connect`]; under `CI` it panics instead).
@@ -20,6 +21,7 @@ pub mod db;
 pub mod hot_path;
 pub mod proxy;
 pub mod races;
+pub mod receipts;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub mod sql;
 pub mod suite;
@@ -250,6 +252,14 @@ impl<S: Store> Store for Counting<S> {
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
         self.count();
         self.inner.commit(lease).await
+    }
+    async fn commit_with(
+        &self,
+        lease: &Lease,
+        receipt: &tower_idempotency::store::Receipt,
+    ) -> Result<(), StoreError> {
+        self.count();
+        self.inner.commit_with(lease, receipt).await
     }
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.count();

@@ -18,8 +18,8 @@
 /// Each arm is optional (a variant of a backend, e.g. another connection setting, may run only
 /// some suites), and the arms come in this order:
 ///
-/// - `claims: $make` — module `claims`: the `Store` contract, one key at a time
-///   (`claims.rs`);
+/// - `claims: $make` — module `claims`: the `Store` contract, one key at a time, and the
+///   receipts a commit keeps (`claims.rs`, `receipts.rs`);
 /// - `trust: $make` — module `trust`: which deliveries claim a key, and how far it reaches
 ///   (`trust.rs`);
 /// - `races: $instance` — module `races`: several app instances claiming at once; each test

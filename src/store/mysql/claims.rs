@@ -26,7 +26,7 @@ impl MySqlStore {
             .bind(token.to_i64())
             .bind(stale.policy() == StalePolicy::Reclaim)
             .bind(sql::micros(stale.after()));
-        for _ in 0..7 {
+        for _ in 0..8 {
             query = query.bind(token.to_i64());
         }
         query

@@ -24,7 +24,8 @@
 //! `INSERT … ON DUPLICATE KEY UPDATE` whose assignments run left to right: count the delivery,
 //! replace the token only if the row is `released`, or `processing`, not renewed for the stale
 //! limit and the policy reclaims, and start a new run (count it, restart `claimed_at` and
-//! `renewed_at`, note whether it reclaimed, set `state` last) only if the token is now ours.
+//! `renewed_at`, note whether it reclaimed, clear the receipt, set `state` last) only if the
+//! token is now ours.
 //!
 //! - **MariaDB** (10.5 and later) accepts `RETURNING` on that statement and returns the row as
 //!   the update left it: the claim is **one round trip**, as on Postgres.
@@ -68,6 +69,7 @@
 //!     renewed_at    DATETIME(6)  NULL,
 //!     claimed_at    DATETIME(6)  NOT NULL,
 //!     completed_at  DATETIME(6)  NULL,
+//!     receipt       LONGBLOB     NULL,
 //!     PRIMARY KEY (namespace, `key`),
 //!     CONSTRAINT `idempotency_keys_state_check`
 //!         CHECK (state IN ('processing', 'done', 'released'))
@@ -87,6 +89,23 @@
 //! in `information_schema.CHECK_CONSTRAINTS`), which refuses `released`, dropped. Adding the
 //! new check would copy the table with writes blocked, so an upgraded table goes without it;
 //! checks of your own stay. Rows are kept.
+//!
+//! A table made before receipts (with `runs`, without `receipt`, as `information_schema.COLUMNS`
+//! says) gets the column with `ALTER TABLE … ADD COLUMN receipt LONGBLOB NULL`: a last
+//! nullable column, which InnoDB adds in place without copying the table (instantly on MySQL
+//! 8.0 and MariaDB 10.3 and later). The `ALTER` waits at most 10 s for the table's metadata
+//! lock (`lock_wait_timeout`), as the drop of the old indexes does, and `migrate()` fails if it
+//! did not get it. Its rows read as committed without a receipt.
+//!
+//! # Receipts
+//!
+//! `receipt` holds what [`commit_with`](crate::store::Store::commit_with) kept with a `done`
+//! row ([`Receipt::encode`](crate::store::Receipt::encode): the fingerprint and the stored
+//! response, body included; InnoDB keeps a large one off the row's page). It is NULL for a row
+//! committed with `commit`, in flight, or released, and a new run of the key clears it. Claims
+//! read it with the row, in the statements they run anyway. The commit sends it in one packet:
+//! a receipt larger than the server's `max_allowed_packet` (16 MiB by default on MariaDB, 64
+//! MiB on MySQL) fails the commit with the server's error.
 //!
 //! # Assignment order
 //!
@@ -116,7 +135,9 @@
 //!   limit under reclaim, then takes the upsert described above, which takes it over.
 //! - `renew`, `commit`, `release`: `UPDATE … WHERE namespace = ? AND `key` = ? AND token = ?
 //!   AND <state>`, one each. sqlx connects with `CLIENT_FOUND_ROWS`, so the server reports
-//!   matched rows and a repeated commit with the same lease answers `Ok`.
+//!   matched rows and a repeated commit with the same lease answers `Ok`. `commit_with` is
+//!   the commit's statement, whose first assignment `receipt = IF(state = 'done', receipt, ?)`
+//!   writes the receipt (`commit` binds NULL), and keeps what a first commit wrote.
 //! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
 //!
 //! # Delivery counts
@@ -188,8 +209,8 @@ use tokio::sync::OnceCell;
 
 use super::sql::{AfterRead, ResultExt as _, Table, TableName};
 use super::{
-    Claim, ConfigError, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim,
-    VersionClaim, VersionLease, VersionStore,
+    Claim, ConfigError, KeyRecord, Lease, Receipt, Resolution, Stale, Store, StoreError,
+    StuckClaim, VersionClaim, VersionLease, VersionStore,
 };
 use crate::key::IdempotencyKey;
 
@@ -198,7 +219,7 @@ mod queries;
 mod server;
 mod transactional;
 
-use queries::{ClaimQueries, queries, upgrade};
+use queries::{ClaimQueries, add_receipt, queries, upgrade};
 use server::{check_sql_mode, flavor_of, is_mariadb};
 
 /// The name of the lock `migrate` holds: instances starting together upgrade the table once.
@@ -363,28 +384,7 @@ impl MySqlStore {
             .map(|name| format!("DROP INDEX `{name}`"))
             .collect();
         let alter = format!("ALTER TABLE {} {}", table.quoted('`'), drops.join(", "));
-        // The table's metadata lock waits behind every open transaction on it, and every later
-        // statement waits behind the lock: give up after 10 s rather than stall the claims
-        // (`migrate()` fails, and the next start tries again). The connection's own wait is
-        // put back, as it returns to the pool.
-        let previous: u64 = sqlx::query_scalar("SELECT @@SESSION.lock_wait_timeout")
-            .fetch_one(&mut *conn)
-            .await
-            .store()?;
-        sqlx::raw_sql("SET SESSION lock_wait_timeout = 10")
-            .execute(&mut *conn)
-            .await
-            .store()?;
-        let altered = sqlx::raw_sql(AssertSqlSafe(alter))
-            .execute(&mut *conn)
-            .await;
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "SET SESSION lock_wait_timeout = {previous}"
-        )))
-        .execute(&mut *conn)
-        .await
-        .store()?;
-        altered.store().map(drop)
+        alter_briefly(conn, alter).await
     }
 
     async fn migrate_locked(&self, conn: &mut sqlx::MySqlConnection) -> Result<(), StoreError> {
@@ -404,15 +404,19 @@ impl MySqlStore {
             .await
             .store()?;
         let table = &self.table.sql.table;
-        let current: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.COLUMNS \
-             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'runs'",
+        // The columns that tell an earlier release's table: `runs` (added by the second),
+        // `receipt` (the latest).
+        let columns: Vec<String> = sqlx::query_scalar(
+            "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? \
+             AND COLUMN_NAME IN ('runs', 'receipt')",
         )
         .bind(table.bare())
-        .fetch_one(&mut *conn)
+        .fetch_all(&mut *conn)
         .await
         .store()?;
-        if current == 0 {
+        let has = |name: &str| columns.iter().any(|c| c.eq_ignore_ascii_case(name));
+        if !has("runs") {
             tracing::info!(table = %table.name(), "upgrading the idempotency table");
             // Only the check on `state`: a check of the application's own stays. The
             // catalog and the syntax are the server's, whichever way claims are made.
@@ -437,6 +441,9 @@ impl MySqlStore {
                 .execute(&mut *conn)
                 .await
                 .store()?;
+        } else if !has("receipt") {
+            tracing::info!(table = %table.name(), "adding the receipt column to the idempotency table");
+            alter_briefly(conn, add_receipt(table)).await?;
         }
         self.drop_old_indexes(conn).await?;
         sqlx::raw_sql(AssertSqlSafe(self.table.sql.versions.migrate.clone()))
@@ -445,6 +452,31 @@ impl MySqlStore {
             .store()?;
         Ok(())
     }
+}
+
+/// Runs `alter` on `conn` waiting at most 10 s for the table's metadata lock. The lock waits
+/// behind every open transaction on the table, and every later statement waits behind the
+/// lock: giving up rather than stalling the claims, `migrate()` fails, and the next start tries
+/// again. The connection's own wait is put back, as it returns to the pool.
+async fn alter_briefly(conn: &mut sqlx::MySqlConnection, alter: String) -> Result<(), StoreError> {
+    let previous: u64 = sqlx::query_scalar("SELECT @@SESSION.lock_wait_timeout")
+        .fetch_one(&mut *conn)
+        .await
+        .store()?;
+    sqlx::raw_sql("SET SESSION lock_wait_timeout = 10")
+        .execute(&mut *conn)
+        .await
+        .store()?;
+    let altered = sqlx::raw_sql(AssertSqlSafe(alter))
+        .execute(&mut *conn)
+        .await;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "SET SESSION lock_wait_timeout = {previous}"
+    )))
+    .execute(&mut *conn)
+    .await
+    .store()?;
+    altered.store().map(drop)
 }
 
 impl fmt::Debug for MySqlStore {
@@ -481,7 +513,11 @@ impl Store for MySqlStore {
     }
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.commit(lease).await
+        self.table.commit(lease, None).await
+    }
+
+    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
+        self.table.commit(lease, Some(receipt)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

@@ -48,6 +48,10 @@ const NEW_COLUMNS: &str = "runs          BIGINT       NOT NULL DEFAULT 1,
     last_seen_at  DATETIME(6)  NULL,
     renewed_at    DATETIME(6)  NULL,";
 
+/// The column of the receipt a commit keeps, the latest added: last in the table, where
+/// InnoDB adds a column without copying the table.
+const RECEIPT_COLUMN: &str = "receipt       LONGBLOB     NULL";
+
 pub(super) fn queries(table: TableName) -> (Queries, ClaimQueries) {
     let t = table.quoted('`');
     let check = table.state_check('`');
@@ -61,12 +65,13 @@ pub(super) fn queries(table: TableName) -> (Queries, ClaimQueries) {
     {NEW_COLUMNS}
     claimed_at    DATETIME(6)  NOT NULL,
     completed_at  DATETIME(6)  NULL,
+    {RECEIPT_COLUMN},
     PRIMARY KEY (namespace, `key`),
     CONSTRAINT {check} CHECK (state IN ('processing', 'done', 'released'))
 ) ENGINE = InnoDB"#
     );
     // Parameters: namespace, key, our token, whether the policy reclaims, the stale limit in
-    // microseconds, then our token seven times. The assignments run left to right: `token` is
+    // microseconds, then our token eight times. The assignments run left to right: `token` is
     // decided on the row as it was (released, or processing and not renewed for the limit
     // under reclaim); every later assignment follows only if the token is ours now, and
     // `state` comes last, so `reclaimed` still sees the old state.
@@ -84,20 +89,24 @@ ON DUPLICATE KEY UPDATE
     {claimed_at},
     {renewed_at},
     {completed_at},
+    {receipt},
     {state}"#,
         reclaimed = ours("reclaimed", "state = 'processing'"),
         runs = ours("runs", "runs + 1"),
         claimed_at = ours("claimed_at", NOW),
         renewed_at = ours("renewed_at", NOW),
         completed_at = ours("completed_at", "NULL"),
+        receipt = ours("receipt", "NULL"),
         state = ours("state", "'processing'"),
     );
     let fenced = "namespace = ? AND `key` = ? AND token = ?";
     let renew =
         format!("UPDATE {t} SET renewed_at = {NOW} WHERE {fenced} AND state = 'processing'");
+    // The encoded receipt (NULL for a plain commit) first: a row done already keeps its own.
     let commit = format!(
         r#"UPDATE {t}
-SET completed_at = IF(state = 'done', completed_at, {NOW}), state = 'done'
+SET receipt = IF(state = 'done', receipt, ?),
+    completed_at = IF(state = 'done', completed_at, {NOW}), state = 'done'
 WHERE {fenced} AND state <> 'released'"#
     );
     // Releasing twice with one lease is harmless: a release whose answer was lost is retried.
@@ -108,7 +117,7 @@ WHERE {fenced} AND state <> 'released'"#
     let age_of = |at: &str| format!("TIMESTAMPDIFF(MICROSECOND, {at}, {NOW})");
     let describe = format!(
         r#"SELECT state, deliveries, runs, reclaimed,
-    {first}, {last}, {AGE_US}, {IDLE_US}, {settled}
+    {first}, {last}, {AGE_US}, {IDLE_US}, {settled}, receipt
 FROM {t} WHERE namespace = ? AND `key` = ?"#,
         first = age_of("COALESCE(first_seen_at, claimed_at)"),
         last = age_of("COALESCE(last_seen_at, claimed_at)"),
@@ -121,7 +130,7 @@ WHERE state = 'processing'
 ORDER BY COALESCE(renewed_at, claimed_at), namespace, `key`"#
     );
     let resolve_done = format!(
-        r#"UPDATE {t} SET token = ?, state = 'done', completed_at = {NOW}
+        r#"UPDATE {t} SET token = ?, state = 'done', completed_at = {NOW}, receipt = NULL
 WHERE namespace = ? AND `key` = ? AND state = 'processing'"#
     );
     let resolve_release = format!(
@@ -143,8 +152,9 @@ WHERE state IN ('done', 'released') AND completed_at <= {NOW} - INTERVAL ? MICRO
     AND {after}"#
     );
     let purge = format!("{purge_rest} AND (namespace < ? OR (namespace = ? AND `key` <= ?))");
-    let columns =
-        format!("state, token, deliveries, reclaimed, {AGE_US} AS age_us, {IDLE_US} AS idle_us");
+    let columns = format!(
+        "state, token, deliveries, reclaimed, {AGE_US} AS age_us, {IDLE_US} AS idle_us, receipt"
+    );
     let claim_returning = format!("{claim}\nRETURNING {columns}");
     // A claim's first statement (namespace, key, token): a new key inserted. On a duplicate
     // the MySQL flavor's insert is ignored, and MariaDB's "update" assigns a column to itself,
@@ -171,7 +181,7 @@ VALUES (?, ?, 'done', ?, 1, 1, FALSE, {NOW}, {NOW}, {NOW}, {NOW})"#
     let tx_take = format!(
         r#"UPDATE {t} SET token = ?, state = 'done', runs = runs + 1, reclaimed = FALSE,
     deliveries = deliveries + 1,
-    last_seen_at = {NOW}, claimed_at = {NOW}, completed_at = {NOW}
+    last_seen_at = {NOW}, claimed_at = {NOW}, completed_at = {NOW}, receipt = NULL
 WHERE namespace = ? AND `key` = ? AND state = 'released'"#
     );
     // Written in the background, many keys a statement: the last delivery's time from how
@@ -239,6 +249,7 @@ pub(super) fn upgrade(table: &TableName, checks: &[String], mariadb: bool) -> St
     let t = table.quoted('`');
     let mut alter: Vec<String> = NEW_COLUMNS
         .lines()
+        .chain([RECEIPT_COLUMN])
         .map(|line| format!("ADD COLUMN {}", line.trim().trim_end_matches(',')))
         .collect();
     // MySQL 8.0.16 to 8.0.18 know only `DROP CHECK`.
@@ -251,6 +262,15 @@ pub(super) fn upgrade(table: &TableName, checks: &[String], mariadb: bool) -> St
         alter.push(format!("{drop} `{}`", check.replace('`', "``")));
     }
     format!("ALTER TABLE {t} {}", alter.join(", "))
+}
+
+/// The `ALTER TABLE` that adds the `receipt` column to a table made before it existed: in
+/// place and without copying the table (InnoDB adds a last nullable column instantly).
+pub(super) fn add_receipt(table: &TableName) -> String {
+    format!(
+        "ALTER TABLE {} ADD COLUMN {RECEIPT_COLUMN}",
+        table.quoted('`')
+    )
 }
 
 /// The age of the row's pending version, in microseconds, by the server's clock.

@@ -59,6 +59,7 @@
 //!     claimed_at    TIMESTAMPTZ NOT NULL,
 //!     renewed_at    TIMESTAMPTZ,
 //!     completed_at  TIMESTAMPTZ,
+//!     receipt       BYTEA,
 //!     PRIMARY KEY (namespace, "key"),
 //!     CONSTRAINT "idempotency_keys_state_check"
 //!         CHECK (state IN ('processing', 'done', 'released'))
@@ -84,26 +85,41 @@
 //! `processing` rows blocks writes to the table while it reads it once (seconds at millions of
 //! rows): migrate at a quiet time, or create the index `CONCURRENTLY` by hand first.
 //!
+//! A table made before receipts (with `runs`, without `receipt`) gets the column in the same
+//! transaction, `ADD COLUMN IF NOT EXISTS receipt BYTEA`: nullable without a default, it changes
+//! the catalog alone, so it is instant, under the same 10 s `lock_timeout`. Its rows read as
+//! committed without a receipt.
+//!
+//! # Receipts
+//!
+//! `receipt` holds what [`commit_with`](crate::store::Store::commit_with) kept with a `done`
+//! row ([`Receipt::encode`](crate::store::Receipt::encode): the fingerprint and the stored
+//! response, body included, in one value that TOAST keeps out of line when it is large). It is
+//! NULL for a row committed with `commit`, in flight, or released, and a new run of the key
+//! clears it. Claims read it with the row, in the statements they run anyway.
+//!
 //! # Round trips
 //!
 //! One per operation (once sqlx has prepared the statement on the connection):
 //!
-//! - `claim`: `WITH inserted AS (INSERT … ON CONFLICT (namespace, "key") DO NOTHING
-//!   RETURNING …) SELECT … FROM inserted UNION ALL SELECT state, token, deliveries, reclaimed,
-//!   <age>, <since renewal> FROM … WHERE namespace = $1 AND "key" = $2 AND NOT EXISTS (SELECT 1
-//!   FROM inserted)`: a new key is inserted, an existing one read, in one statement. The
+//! - `claim`: `WITH found AS (SELECT state, token, deliveries, reclaimed, <age>, <since
+//!   renewal>, receipt FROM … WHERE namespace = $1 AND "key" = $2), inserted AS (INSERT … SELECT
+//!   … WHERE NOT EXISTS (SELECT 1 FROM found) ON CONFLICT (namespace, "key") DO NOTHING
+//!   RETURNING …) SELECT … FROM found UNION ALL SELECT … FROM inserted`: a new key is inserted,
+//!   an existing one read (with its receipt), in one statement. The
 //!   primary key decides between concurrent claims; the claim acquired if the returned token is
 //!   the one it generated. A duplicate (done, in flight, held) is this one statement, which
 //!   then writes nothing and waits for no flush (see [delivery counts](#delivery-counts)). Only
 //!   a released row, or one not renewed for the limit under reclaim, takes a second: `INSERT …
 //!   ON CONFLICT (namespace, "key") DO UPDATE SET deliveries = deliveries + 1, <the claim's
 //!   columns> = CASE WHEN <released, or processing and not renewed for the limit under
-//!   reclaim> THEN <a new run> ELSE <as was> END RETURNING …`, which takes the row over
-//!   atomically. (A row that another delivery committed after the first statement's snapshot
+//!   reclaim> THEN <a new run, its receipt NULL> ELSE <as was> END RETURNING …`, which takes
+//!   the row over atomically. (A row that another delivery committed after the first statement's snapshot
 //!   was taken is missing from it: a plain read follows then.)
 //! - `renew`: `UPDATE … SET renewed_at = now() WHERE namespace = $1 AND "key" = $2 AND token =
-//!   $3 AND state = 'processing'`; `commit` sets `state = 'done'`, `release` sets `state =
-//!   'released'`, fenced the same way.
+//!   $3 AND state = 'processing'`; `commit` and `commit_with` set `state = 'done'` and `receipt
+//!   = CASE WHEN state = 'done' THEN receipt ELSE $1 END` (NULL for `commit`: a repeated commit
+//!   keeps what the first wrote), `release` sets `state = 'released'`, fenced the same way.
 //! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
 //!
 //! # Delivery counts
@@ -172,15 +188,15 @@ use super::sql::{
     AfterRead, ClaimRow, ResultExt as _, Table, TableName, retry_serialization_failure,
 };
 use super::{
-    Claim, ConfigError, KeyRecord, Lease, LeaseToken, Resolution, Stale, Store, StoreError,
-    StuckClaim, VersionClaim, VersionLease, VersionStore,
+    Claim, ConfigError, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, Store,
+    StoreError, StuckClaim, VersionClaim, VersionLease, VersionStore,
 };
 use crate::key::IdempotencyKey;
 
 mod queries;
 mod transactional;
 
-use queries::{insert_or_read, queries, upgrade};
+use queries::{add_receipt, insert_or_read, queries, upgrade};
 
 /// Claims kept in a PostgreSQL table, shared by every app instance that uses the database.
 ///
@@ -252,15 +268,19 @@ impl PostgresStore {
             .await
             .store()?;
         let table = &self.table.sql.table;
-        let current: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_attribute \
-             WHERE attrelid = to_regclass($1) AND attname = 'runs' AND NOT attisdropped)",
+        // The columns that tell an earlier release's table: `runs` (added by the second),
+        // `receipt` (the latest).
+        let (runs, receipt): (bool, bool) = sqlx::query_as(
+            "SELECT COALESCE(bool_or(attname = 'runs'), FALSE), \
+             COALESCE(bool_or(attname = 'receipt'), FALSE) FROM pg_attribute \
+             WHERE attrelid = to_regclass($1) AND attname IN ('runs', 'receipt') \
+             AND NOT attisdropped",
         )
         .bind(table.quoted('"'))
         .fetch_one(&mut *tx)
         .await
         .store()?;
-        if !current {
+        if !runs {
             tracing::info!(table = %table.name(), "upgrading the idempotency table");
             // The check on `state` refuses `released`, whatever its name (a renamed table
             // keeps the old one).
@@ -273,6 +293,12 @@ impl PostgresStore {
             .await
             .store()?;
             sqlx::raw_sql(AssertSqlSafe(upgrade(table, &checks)))
+                .execute(&mut *tx)
+                .await
+                .store()?;
+        } else if !receipt {
+            tracing::info!(table = %table.name(), "adding the receipt column to the idempotency table");
+            sqlx::raw_sql(AssertSqlSafe(add_receipt(table)))
                 .execute(&mut *tx)
                 .await
                 .store()?;
@@ -335,7 +361,11 @@ impl Store for PostgresStore {
     }
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.commit(lease).await
+        self.table.commit(lease, None).await
+    }
+
+    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
+        self.table.commit(lease, Some(receipt)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

@@ -19,7 +19,16 @@ fn columns() -> &'static str {
     last_seen_at  TIMESTAMPTZ,
     claimed_at    TIMESTAMPTZ NOT NULL,
     renewed_at    TIMESTAMPTZ,
-    completed_at  TIMESTAMPTZ,"#
+    completed_at  TIMESTAMPTZ,
+    receipt       BYTEA,"#
+}
+
+/// The line of [`columns`] that makes `name`, for `ADD COLUMN`.
+fn column(name: &str) -> Option<&'static str> {
+    columns()
+        .lines()
+        .map(|line| line.trim().trim_end_matches(','))
+        .find(|line| line.split_whitespace().next() == Some(name))
 }
 
 /// A claim's first statement: reads the key's row (`$1` namespace, `$2` key), and inserts a
@@ -34,19 +43,20 @@ pub(super) fn insert_or_read(table: &TableName) -> String {
     let idle = age_of("COALESCE(renewed_at, claimed_at)");
     format!(
         r#"WITH found AS (
-    SELECT state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us FROM {t}
-    WHERE namespace = $1 AND "key" = $2
+    SELECT state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us, receipt
+    FROM {t} WHERE namespace = $1 AND "key" = $2
 ), inserted AS (
     INSERT INTO {t} (namespace, "key", state, token, deliveries, runs, reclaimed,
         first_seen_at, last_seen_at, claimed_at, renewed_at)
     SELECT $1, $2, 'processing', $3, 1, 1, FALSE, now(), now(), now(), now()
     WHERE NOT EXISTS (SELECT 1 FROM found)
     ON CONFLICT (namespace, "key") DO NOTHING
-    RETURNING state, token, deliveries, reclaimed, 0::bigint AS age_us, 0::bigint AS idle_us
+    RETURNING state, token, deliveries, reclaimed, 0::bigint AS age_us, 0::bigint AS idle_us,
+        NULL::bytea AS receipt
 )
-SELECT state, token, deliveries, reclaimed, age_us, idle_us FROM found
+SELECT state, token, deliveries, reclaimed, age_us, idle_us, receipt FROM found
 UNION ALL
-SELECT state, token, deliveries, reclaimed, age_us, idle_us FROM inserted"#
+SELECT state, token, deliveries, reclaimed, age_us, idle_us, receipt FROM inserted"#
     )
 }
 
@@ -90,16 +100,19 @@ ON CONFLICT (namespace, "key") DO UPDATE SET
     reclaimed = CASE WHEN {take} THEN t.state = 'processing' ELSE t.reclaimed END,
     claimed_at = CASE WHEN {take} THEN now() ELSE t.claimed_at END,
     renewed_at = CASE WHEN {take} THEN now() ELSE t.renewed_at END,
-    completed_at = CASE WHEN {take} THEN NULL ELSE t.completed_at END
-RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
+    completed_at = CASE WHEN {take} THEN NULL ELSE t.completed_at END,
+    receipt = CASE WHEN {take} THEN NULL ELSE t.receipt END
+RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us, receipt"#
     );
     let fenced = r#"namespace = $1 AND "key" = $2 AND token = $3"#;
     let renew =
         format!("UPDATE {t} SET renewed_at = now() WHERE {fenced} AND state = 'processing'");
+    // $1: the encoded receipt (NULL for a plain commit); a row done already keeps its own.
     let commit = format!(
         r#"UPDATE {t} SET state = 'done',
-    completed_at = CASE WHEN state = 'done' THEN completed_at ELSE now() END
-WHERE {fenced} AND state <> 'released'"#
+    completed_at = CASE WHEN state = 'done' THEN completed_at ELSE now() END,
+    receipt = CASE WHEN state = 'done' THEN receipt ELSE $1 END
+WHERE namespace = $2 AND "key" = $3 AND token = $4 AND state <> 'released'"#
     );
     // Releasing twice with one lease is harmless: a release whose answer was lost is retried.
     let release = format!(
@@ -109,7 +122,7 @@ WHERE {fenced} AND state <> 'released'"#
     );
     let describe = format!(
         r#"SELECT state, deliveries, runs, reclaimed,
-    {first}, {last}, {age}, {idle}, {settled}
+    {first}, {last}, {age}, {idle}, {settled}, receipt
 FROM {t} WHERE namespace = $1 AND "key" = $2"#,
         first = age_of("COALESCE(first_seen_at, claimed_at)"),
         last = age_of("COALESCE(last_seen_at, claimed_at)"),
@@ -121,7 +134,7 @@ WHERE state = 'processing' AND {heartbeat} <= now() - $1::bigint * interval '1 m
 ORDER BY {heartbeat}, namespace, "key""#
     );
     let resolve_done = format!(
-        r#"UPDATE {t} SET state = 'done', completed_at = now(), token = $1
+        r#"UPDATE {t} SET state = 'done', completed_at = now(), token = $1, receipt = NULL
 WHERE namespace = $2 AND "key" = $3 AND state = 'processing'"#
     );
     let resolve_release = format!(
@@ -161,11 +174,12 @@ ON CONFLICT (namespace, "key") DO UPDATE SET
     runs = CASE WHEN {free} THEN t.runs + 1 ELSE t.runs END,
     reclaimed = CASE WHEN {free} THEN FALSE ELSE t.reclaimed END,
     claimed_at = CASE WHEN {free} THEN now() ELSE t.claimed_at END,
-    completed_at = CASE WHEN {free} THEN now() ELSE t.completed_at END
-RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
+    completed_at = CASE WHEN {free} THEN now() ELSE t.completed_at END,
+    receipt = CASE WHEN {free} THEN NULL ELSE t.receipt END
+RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us, receipt"#
     );
     let read = format!(
-        r#"SELECT state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us
+        r#"SELECT state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us, receipt
 FROM {t} WHERE namespace = $1 AND "key" = $2"#
     );
     // Written in the background, many keys a statement: the last delivery's time from how
@@ -208,6 +222,14 @@ WHERE t.namespace = v.namespace AND t."key" = v."key""#
     }
 }
 
+/// What adds the `receipt` column to a table made before it existed: instant, as the column
+/// is nullable and has no default, but under the table's lock, which `lock_timeout` bounds.
+pub(super) fn add_receipt(table: &TableName) -> String {
+    let t = table.quoted('"');
+    let receipt = column("receipt").unwrap_or_default();
+    format!("SET LOCAL lock_timeout = '10s';\nALTER TABLE {t} ADD COLUMN IF NOT EXISTS {receipt};")
+}
+
 /// What turns a table of the first release (states `processing` and `done` only, no counts
 /// of runs, no heartbeat) into the current one. Existing rows keep everything they had; the
 /// constraint is replaced `NOT VALID` because every existing row satisfies it already.
@@ -223,21 +245,19 @@ pub(super) fn upgrade(table: &TableName, checks: &[String]) -> String {
             )
         })
         .collect();
-    let add: String = columns()
-        .lines()
-        .filter(|line| {
-            [
-                "runs",
-                "reclaimed",
-                "first_seen_at",
-                "last_seen_at",
-                "renewed_at",
-            ]
-            .contains(&line.split_whitespace().next().unwrap_or_default())
-        })
-        .map(|line| format!("\n    ADD COLUMN IF NOT EXISTS {}", line.trim()))
-        .collect();
-    let add = add.trim_end_matches(',');
+    let add = [
+        "runs",
+        "reclaimed",
+        "first_seen_at",
+        "last_seen_at",
+        "renewed_at",
+        "receipt",
+    ]
+    .into_iter()
+    .filter_map(column)
+    .map(|column| format!("\n    ADD COLUMN IF NOT EXISTS {column}"))
+    .collect::<Vec<_>>()
+    .join(",");
     // Waiting long for the table's lock would stall every claim queued behind the wait: fail
     // the start-up instead, and let it try again.
     format!(

@@ -3,7 +3,7 @@
 use sqlx::Database;
 
 /// A statement of `DB` with its arguments.
-type Statement<'q, DB> = sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
+pub(crate) type Statement<'q, DB> = sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
 
 /// A database the SQL stores run on: what [`Table`] needs beyond sqlx's [`Database`].
 pub(crate) trait Backend: Database {

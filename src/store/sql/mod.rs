@@ -23,6 +23,7 @@ mod upsert;
 mod writer;
 
 pub(crate) use backend::Backend;
+use backend::Statement;
 pub(crate) use queries::{Bounded, Purge, Queries, VersionQueries};
 pub(crate) use rows::{
     ClaimRow, NEVER_STALE, duration_from_micros, key_record, micros, stuck_claim,
@@ -36,8 +37,8 @@ pub(crate) use upsert::retry_serialization_failure;
 pub(crate) use writer::Writer;
 
 use super::{
-    Claim, KeyRecord, KeyState, Lease, LeaseToken, Resolution, Stale, StalePolicy, StoreError,
-    StuckClaim, VersionLease,
+    Claim, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale, StalePolicy,
+    StoreError, StuckClaim, VersionLease,
 };
 use crate::key::IdempotencyKey;
 
@@ -133,8 +134,17 @@ where
     i64: for<'a> Encode<'a, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     bool: for<'a> Encode<'a, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     String: for<'r> Decode<'r, DB> + Type<DB>,
+    for<'r> &'r [u8]: Decode<'r, DB> + Type<DB>,
+    Option<Vec<u8>>: for<'a> Encode<'a, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
 {
+    /// Runs a write, in the writer's turn, and counts the rows it changed.
+    async fn write(&self, query: Statement<'_, DB>) -> Result<u64, StoreError> {
+        let _turn = self.writer.turn().await;
+        let done = query.execute(&self.pool).await.store()?;
+        Ok(DB::rows_affected(&done))
+    }
+
     /// Runs `sql` with (namespace, key[, token]) and counts the rows it changed.
     async fn on_key(
         &self,
@@ -148,9 +158,7 @@ where
         if let Some(token) = token {
             query = query.bind(token.to_i64());
         }
-        let _turn = self.writer.turn().await;
-        let done = query.execute(&self.pool).await.store()?;
-        Ok(DB::rows_affected(&done))
+        self.write(query).await
     }
 
     /// Runs a statement fenced by `token` on the row of `key`: no row changed means the lease
@@ -161,10 +169,7 @@ where
         key: &IdempotencyKey,
         token: LeaseToken,
     ) -> Result<(), StoreError> {
-        match self.on_key(sql, key, Some(token)).await? {
-            0 => Err(StoreError::LeaseLost),
-            _ => Ok(()),
-        }
+        held(self.on_key(sql, key, Some(token)).await?)
     }
 
     pub(crate) async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
@@ -172,11 +177,21 @@ where
             .await
     }
 
-    /// Matched rows, not changed rows (MySQL: sqlx sets `CLIENT_FOUND_ROWS`), so a repeated
-    /// commit answers `Ok`.
-    pub(crate) async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.fenced(&self.sql.commit, lease.key(), lease.token())
-            .await
+    /// Marks the leased row `done`, keeping `receipt` with it (`commit` writes none: NULL), in
+    /// one statement fenced as the others are. Matched rows, not changed rows (MySQL: sqlx
+    /// sets `CLIENT_FOUND_ROWS`), so a repeated commit answers `Ok`; the row keeps what the
+    /// first commit wrote.
+    pub(crate) async fn commit(
+        &self,
+        lease: &Lease,
+        receipt: Option<&Receipt>,
+    ) -> Result<(), StoreError> {
+        let query = sqlx::query(AssertSqlSafe(self.sql.commit.clone()))
+            .bind(receipt.map(Receipt::encode))
+            .bind(lease.key().namespace())
+            .bind(lease.key().value())
+            .bind(lease.token().to_i64());
+        held(self.write(query).await?)
     }
 
     pub(crate) async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
@@ -204,7 +219,7 @@ where
         Ok(Some(record))
     }
 
-    /// Reads the row of `key` as a claim sees it (the six columns of [`ClaimRow`]).
+    /// Reads the row of `key` as a claim sees it (the seven columns of [`ClaimRow`]).
     pub(crate) async fn read_claim(
         &self,
         key: &IdempotencyKey,
@@ -324,15 +339,11 @@ where
             // A new token fences off the old owner, whose late commit must not undo what the
             // person decided.
             Resolution::Done => {
-                let _turn = self.writer.turn().await;
-                let done = sqlx::query(AssertSqlSafe(self.sql.resolve_done.clone()))
+                let query = sqlx::query(AssertSqlSafe(self.sql.resolve_done.clone()))
                     .bind(LeaseToken::generate().to_i64())
                     .bind(key.namespace())
-                    .bind(key.value())
-                    .execute(&self.pool)
-                    .await
-                    .store()?;
-                DB::rows_affected(&done)
+                    .bind(key.value());
+                self.write(query).await?
             }
             Resolution::Release => self.on_key(&self.sql.resolve_release, key, None).await?,
         };
@@ -398,6 +409,15 @@ where
             .await
             .store()?;
         Ok(found.is_some())
+    }
+}
+
+/// What a statement fenced by a lease answers: no row changed (or matched) means the lease is
+/// lost.
+fn held(changed: u64) -> Result<(), StoreError> {
+    match changed {
+        0 => Err(StoreError::LeaseLost),
+        _ => Ok(()),
     }
 }
 

@@ -9,23 +9,27 @@ use super::table::TableName;
 ///
 /// Parameters, by position: `claim` as the backend documents; `read` (namespace, key);
 /// `tally` ([`TALLY_CHUNK`](super::TALLY_CHUNK) rows of namespace, key, count, microseconds
-/// since the last delivery); `renew`, `commit` and
-/// `release` (namespace, key, token); `describe` and `resolve_release` (namespace, key);
+/// since the last delivery); `renew` and `release` (namespace, key, token); `commit` (the
+/// encoded receipt or NULL, namespace, key, token); `describe` and `resolve_release`
+/// (namespace, key);
 /// `resolve_done` (new token, namespace, key); `stuck` (age in microseconds); `purge` as
 /// [`Purge`] says.
 pub(crate) struct Queries {
     pub(crate) table: TableName,
     pub(crate) migrate: Arc<str>,
     /// A claim's read of the key's row (namespace, key): `state, token, deliveries,
-    /// reclaimed, age_us, idle_us`. It writes nothing.
+    /// reclaimed, age_us, idle_us, receipt`. It writes nothing.
     pub(crate) read: Arc<str>,
     /// The upsert that takes a key: inserts it, or takes the row over when it is released or
-    /// stale under a reclaiming policy, counting the delivery either way.
+    /// stale under a reclaiming policy (clearing its receipt), counting the delivery either
+    /// way.
     pub(crate) claim: Arc<str>,
     /// Adds the deliveries the tally counted to the rows of up to
     /// [`TALLY_CHUNK`](super::TALLY_CHUNK) keys, in one statement.
     pub(crate) tally: Arc<str>,
     pub(crate) renew: Arc<str>,
+    /// Marks the leased row `done` and writes the receipt, unless it is `done` already: a
+    /// repeated commit matches the row and keeps what the first one wrote.
     pub(crate) commit: Arc<str>,
     pub(crate) release: Arc<str>,
     pub(crate) describe: Arc<str>,

@@ -2,14 +2,15 @@
 //! from the row an upsert returns, and the rows of `describe`, `stuck_claims` and the versions
 //! table.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::ResultExt as _;
 use super::table::TableName;
 use crate::key::IdempotencyKey;
 use crate::store::{
-    Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Stale, StoreError, StuckClaim,
-    VersionClaim,
+    Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Stale, StoreError,
+    StuckClaim, VersionClaim,
 };
 
 /// Durations are bound as whole microseconds, capped at about a century: far past any stale
@@ -31,6 +32,20 @@ fn count(deliveries: i64) -> u64 {
     u64::try_from(deliveries).unwrap_or(0)
 }
 
+/// The `receipt` column at `index`, decoded: `None` when it is NULL (a row committed without
+/// one, or not done).
+fn receipt_at<R>(row: &R, index: usize) -> Result<Option<Arc<Receipt>>, StoreError>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> &'r [u8]: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let bytes: Option<&[u8]> = row.try_get(index).store()?;
+    bytes
+        .map(|bytes| Receipt::decode(bytes).map(Arc::new))
+        .transpose()
+}
+
 /// The row an upsert left behind (or a claim's follow-up read).
 #[derive(Debug)]
 pub(crate) struct ClaimRow {
@@ -43,10 +58,13 @@ pub(crate) struct ClaimRow {
     pub(crate) age_us: i64,
     /// Microseconds since the claim was last renewed (or taken).
     pub(crate) idle_us: i64,
+    /// What the run that committed the row kept for its duplicates.
+    pub(crate) receipt: Option<Arc<Receipt>>,
 }
 
 impl ClaimRow {
-    /// Reads the six columns `state, token, deliveries, reclaimed, age_us, idle_us`.
+    /// Reads the seven columns `state, token, deliveries, reclaimed, age_us, idle_us,
+    /// receipt`.
     pub(crate) fn read<R>(row: &R) -> Result<Self, StoreError>
     where
         R: sqlx::Row,
@@ -54,6 +72,7 @@ impl ClaimRow {
         String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
         i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
         bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> &'r [u8]: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     {
         Ok(Self {
             state: row.try_get(0).store()?,
@@ -62,6 +81,7 @@ impl ClaimRow {
             reclaimed: row.try_get(3).store()?,
             age_us: row.try_get(4).store()?,
             idle_us: row.try_get(5).store()?,
+            receipt: receipt_at(row, 6)?,
         })
     }
 
@@ -88,7 +108,9 @@ impl ClaimRow {
     pub(crate) fn answer(self, stale: Stale) -> Result<Claim, StoreError> {
         let deliveries = count(self.deliveries);
         match KeyState::parse(&self.state) {
-            Some(KeyState::Done) => Ok(Claim::Done(Completed::new(deliveries))),
+            Some(KeyState::Done) => Ok(Claim::Done(
+                Completed::new(deliveries).with_receipt(self.receipt),
+            )),
             Some(KeyState::Processing) => Ok(stale.pending(
                 duration_from_micros(self.age_us),
                 duration_from_micros(self.idle_us),
@@ -102,9 +124,9 @@ impl ClaimRow {
     }
 }
 
-/// Reads a [`KeyRecord`] from the nine columns of a describe statement: `state, deliveries,
+/// Reads a [`KeyRecord`] from the ten columns of a describe statement: `state, deliveries,
 /// runs, reclaimed`, then the ages in microseconds of the first and last delivery, the claim,
-/// the last renewal and the settlement (the last two may be NULL).
+/// the last renewal and the settlement (the last two may be NULL), and last the receipt.
 pub(crate) fn key_record<R>(row: &R) -> Result<KeyRecord, StoreError>
 where
     R: sqlx::Row,
@@ -113,6 +135,7 @@ where
     i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     Option<i64>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> &'r [u8]: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     let state: String = row.try_get(0).store()?;
     let state = KeyState::parse(&state).ok_or_else(|| {
@@ -131,7 +154,8 @@ where
     )
     .with_reclaimed(row.try_get(3).store()?)
     .with_seen(age(4)?, age(5)?)
-    .with_times(age(6)?, age(7)?, age(8)?))
+    .with_times(age(6)?, age(7)?, age(8)?)
+    .with_receipt(receipt_at(row, 9)?))
 }
 
 /// A stale policy under which no claim is ever stale: transactional mode has no stale claims.
@@ -239,6 +263,7 @@ mod tests {
             reclaimed,
             age_us,
             idle_us,
+            receipt: None,
         };
         match row(PROCESSING, ours.to_i64(), 1, false, 0, 0).into_claim(&key, ours, stale) {
             Ok(Claim::Acquired(lease)) => assert!(!lease.reclaimed()),
@@ -253,6 +278,19 @@ mod tests {
                 .into_claim(&key, ours, stale)
                 .unwrap(),
             Claim::Done(Completed::new(3))
+        );
+        let receipt = Arc::new(Receipt::new(
+            Some(crate::store::Fingerprint::from_bytes([1; 32])),
+            None,
+        ));
+        let kept = ClaimRow {
+            receipt: Some(receipt.clone()),
+            ..row(DONE, other, 5, false, 9, 9)
+        };
+        assert_eq!(
+            kept.into_claim(&key, ours, stale).unwrap(),
+            Claim::Done(Completed::new(5).with_receipt(Some(receipt))),
+            "a done row answers its receipt"
         );
         assert!(matches!(
             row(PROCESSING, other, 2, false, 10, 5).into_claim(&key, ours, stale),

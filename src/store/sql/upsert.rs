@@ -23,6 +23,7 @@ where
     i64: for<'a> Encode<'a, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     bool: for<'a> Encode<'a, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     String: for<'r> Decode<'r, DB> + Type<DB>,
+    for<'r> &'r [u8]: Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
 {
     /// The claim: the upsert writes a new token if and only if it inserts the row or takes

@@ -74,6 +74,7 @@
 //!     claimed_at    INTEGER NOT NULL,
 //!     renewed_at    INTEGER,
 //!     completed_at  INTEGER,
+//!     receipt       BLOB,
 //!     PRIMARY KEY (namespace, "key")
 //! );
 //! CREATE INDEX IF NOT EXISTS "idempotency_keys_stuck_idx"
@@ -90,7 +91,18 @@
 //! SQLite cannot change a `CHECK` constraint in place, so a table of the first release
 //! (without `runs`) is rebuilt in the same transaction: renamed to `<table>_previous`, the new
 //! table created, every row copied (the seen and renewal times start at the claim time), the
-//! old table dropped. It takes as long as copying the table once.
+//! old table dropped. It takes as long as copying the table once. A table made before receipts
+//! (with `runs`, without `receipt`) gets the column with `ALTER TABLE … ADD COLUMN receipt
+//! BLOB`, a change of the schema alone: no row is rewritten. Its rows read as committed
+//! without a receipt.
+//!
+//! # Receipts
+//!
+//! `receipt` holds what [`commit_with`](crate::store::Store::commit_with) kept with a `done`
+//! row ([`Receipt::encode`](crate::store::Receipt::encode): the fingerprint and the stored
+//! response, body included). It is NULL for a row committed with `commit`, in flight, or
+//! released, and a new run of the key clears it. A claim reads it with the row, in the read or
+//! the upsert it runs anyway.
 //!
 //! # Round trips
 //!
@@ -102,10 +114,11 @@
 //!   counts](#delivery-counts)). A new key, a released one, or one not renewed for the limit
 //!   under reclaim then takes `INSERT … ON CONFLICT (namespace, "key") DO UPDATE SET deliveries
 //!   = deliveries + 1, <the claim's columns> = CASE WHEN <released, or processing and not
-//!   renewed for the limit under reclaim> THEN <a new run> ELSE <as was> END RETURNING …`, as
-//!   on PostgreSQL; acquired if the returned token is the one it generated.
-//! - `renew`, `commit`, `release`: `UPDATE … WHERE namespace = ?1 AND "key" = ?2 AND token =
-//!   ?3 AND <state>`.
+//!   renewed for the limit under reclaim> THEN <a new run, its receipt NULL> ELSE <as was> END
+//!   RETURNING …`, as on PostgreSQL; acquired if the returned token is the one it generated.
+//! - `renew`, `release`: `UPDATE … WHERE namespace = ?1 AND "key" = ?2 AND token = ?3 AND
+//!   <state>`; `commit` and `commit_with` the same with the receipt first (`?1`, NULL for
+//!   `commit`, kept as it was on a row done already), the key and token after it.
 //! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
 //!
 //! # Delivery counts
@@ -165,8 +178,8 @@ use super::sql::{AfterRead, ResultExt as _, Table, TableName, Writer};
 mod open;
 
 use super::{
-    Claim, ConfigError, KeyRecord, Lease, Resolution, Stale, Store, StoreError, StuckClaim,
-    VersionClaim, VersionLease, VersionStore,
+    Claim, ConfigError, KeyRecord, Lease, Receipt, Resolution, Stale, Store, StoreError,
+    StuckClaim, VersionClaim, VersionLease, VersionStore,
 };
 use crate::key::IdempotencyKey;
 pub(crate) use open::tuned;
@@ -174,7 +187,7 @@ pub(crate) use open::tuned;
 mod queries;
 mod transactional;
 
-use queries::{queries, upgrade};
+use queries::{add_receipt, queries, upgrade};
 
 /// Claims kept in a SQLite database.
 ///
@@ -254,9 +267,16 @@ impl SqliteStore {
             .fetch_all(&mut *tx)
             .await
             .store()?;
-        if !columns.is_empty() && !columns.iter().any(|c| c == "runs") {
+        let has = |name: &str| columns.iter().any(|c| c == name);
+        if !columns.is_empty() && !has("runs") {
             tracing::info!(table = %table.name(), "upgrading the idempotency table");
             sqlx::raw_sql(AssertSqlSafe(upgrade(table)))
+                .execute(&mut *tx)
+                .await
+                .store()?;
+        } else if !columns.is_empty() && !has("receipt") {
+            tracing::info!(table = %table.name(), "adding the receipt column to the idempotency table");
+            sqlx::raw_sql(AssertSqlSafe(add_receipt(table)))
                 .execute(&mut *tx)
                 .await
                 .store()?;
@@ -302,7 +322,11 @@ impl Store for SqliteStore {
     }
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.commit(lease).await
+        self.table.commit(lease, None).await
+    }
+
+    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
+        self.table.commit(lease, Some(receipt)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

@@ -25,6 +25,7 @@ fn create_table(table: &TableName) -> String {
     claimed_at    INTEGER NOT NULL,
     renewed_at    INTEGER,
     completed_at  INTEGER,
+    receipt       BLOB,
     PRIMARY KEY (namespace, "key")
 );"#
     )
@@ -61,6 +62,12 @@ DROP TABLE {previous};"#,
     )
 }
 
+/// Adds the `receipt` column to a table made before it existed: a change of the schema
+/// alone, no row is rewritten.
+pub(super) fn add_receipt(table: &TableName) -> String {
+    format!("ALTER TABLE {} ADD COLUMN receipt BLOB", table.quoted('"'))
+}
+
 pub(super) fn queries(table: TableName) -> Queries {
     let t = table.quoted('"');
     let heartbeat = "COALESCE(renewed_at, claimed_at)";
@@ -87,16 +94,19 @@ ON CONFLICT (namespace, "key") DO UPDATE SET
     reclaimed = CASE WHEN {take} THEN t.state = 'processing' ELSE t.reclaimed END,
     claimed_at = CASE WHEN {take} THEN {NOW_US} ELSE t.claimed_at END,
     renewed_at = CASE WHEN {take} THEN {NOW_US} ELSE t.renewed_at END,
-    completed_at = CASE WHEN {take} THEN NULL ELSE t.completed_at END
-RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
+    completed_at = CASE WHEN {take} THEN NULL ELSE t.completed_at END,
+    receipt = CASE WHEN {take} THEN NULL ELSE t.receipt END
+RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us, receipt"#
     );
     let fenced = r#"namespace = ?1 AND "key" = ?2 AND token = ?3"#;
     let renew =
         format!("UPDATE {t} SET renewed_at = {NOW_US} WHERE {fenced} AND state = 'processing'");
+    // ?1: the encoded receipt (NULL for a plain commit); a row done already keeps its own.
     let commit = format!(
         r#"UPDATE {t} SET state = 'done',
-    completed_at = CASE WHEN state = 'done' THEN completed_at ELSE {NOW_US} END
-WHERE {fenced} AND state <> 'released'"#
+    completed_at = CASE WHEN state = 'done' THEN completed_at ELSE {NOW_US} END,
+    receipt = CASE WHEN state = 'done' THEN receipt ELSE ?1 END
+WHERE namespace = ?2 AND "key" = ?3 AND token = ?4 AND state <> 'released'"#
     );
     // Releasing twice with one lease is harmless: a release whose answer was lost is retried.
     let release = format!(
@@ -106,7 +116,7 @@ WHERE {fenced} AND state <> 'released'"#
     );
     let describe = format!(
         r#"SELECT state, deliveries, runs, reclaimed,
-    {first}, {last}, {age}, {idle}, {settled}
+    {first}, {last}, {age}, {idle}, {settled}, receipt
 FROM {t} WHERE namespace = ?1 AND "key" = ?2"#,
         first = age_of("COALESCE(first_seen_at, claimed_at)"),
         last = age_of("COALESCE(last_seen_at, claimed_at)"),
@@ -118,7 +128,7 @@ WHERE state = 'processing' AND {heartbeat} <= {NOW_US} - ?1
 ORDER BY {heartbeat}, namespace, "key""#
     );
     let resolve_done = format!(
-        r#"UPDATE {t} SET state = 'done', completed_at = {NOW_US}, token = ?1
+        r#"UPDATE {t} SET state = 'done', completed_at = {NOW_US}, token = ?1, receipt = NULL
 WHERE namespace = ?2 AND "key" = ?3 AND state = 'processing'"#
     );
     let resolve_release = format!(
@@ -153,11 +163,12 @@ ON CONFLICT (namespace, "key") DO UPDATE SET
     runs = CASE WHEN {free} THEN t.runs + 1 ELSE t.runs END,
     reclaimed = CASE WHEN {free} THEN 0 ELSE t.reclaimed END,
     claimed_at = CASE WHEN {free} THEN {NOW_US} ELSE t.claimed_at END,
-    completed_at = CASE WHEN {free} THEN {NOW_US} ELSE t.completed_at END
-RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us"#
+    completed_at = CASE WHEN {free} THEN {NOW_US} ELSE t.completed_at END,
+    receipt = CASE WHEN {free} THEN NULL ELSE t.receipt END
+RETURNING state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us, receipt"#
     );
     let read = format!(
-        r#"SELECT state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us
+        r#"SELECT state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us, receipt
 FROM {t} WHERE namespace = ?1 AND "key" = ?2"#
     );
     // Written in the background, many keys a statement: the last delivery's time from how
