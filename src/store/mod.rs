@@ -103,6 +103,9 @@ pub mod mysql;
 pub mod postgres;
 mod purge;
 mod receipt;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "sqlite")]
@@ -130,6 +133,9 @@ pub use mysql::{MySqlFlavor, MySqlStore};
 pub use postgres::PostgresStore;
 pub use purge::{PurgeTask, spawn_purge};
 pub use receipt::{Fingerprint, Receipt, StoredResponse};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis::RedisStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteStore;

@@ -1,0 +1,203 @@
+//! The store contract on Redis: each step one script on the key's hash.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::RedisStore;
+use super::scripts::{CLAIM, COMMIT, DESCRIBE, RELEASE, RENEW, RESOLVE};
+use crate::key::IdempotencyKey;
+use crate::store::{
+    Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale,
+    StalePolicy, Store, StoreError, StuckClaim,
+};
+
+/// A claim script's answer: kind, token, deliveries, age and idle time (µs), reclaimed,
+/// receipt.
+type ClaimReply = (String, String, u64, i64, i64, i64, Option<Vec<u8>>);
+
+/// Microseconds as a duration; a negative one (a clock stepped back) as zero.
+pub(super) fn micros(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+/// A duration as whole microseconds, saturating.
+fn as_micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+impl RedisStore {
+    /// Runs a fenced script on the lease's key: its answer 1 means the lease held.
+    async fn fenced(
+        &self,
+        script: &redis::Script,
+        lease: &Lease,
+        args: &[Vec<u8>],
+    ) -> Result<(), StoreError> {
+        let key = self.key_of(lease.key());
+        let mut call = script.key(&key);
+        call.arg(lease.token().to_i64());
+        for arg in args {
+            call.arg(arg.as_slice());
+        }
+        let held: i64 = call
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(StoreError::backend)?;
+        if held != 1 {
+            return Err(StoreError::LeaseLost);
+        }
+        self.replicated(&key).await
+    }
+}
+
+impl Store for RedisStore {
+    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        let token = LeaseToken::generate();
+        let redis_key = self.key_of(key);
+        let reclaim = stale.policy() == StalePolicy::Reclaim;
+        let reply: ClaimReply = CLAIM
+            .key(&redis_key)
+            .arg(token.to_i64())
+            .arg(u8::from(reclaim))
+            .arg(as_micros(stale.after()))
+            .arg(key.namespace())
+            .arg(key.value())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(StoreError::backend)?;
+        let (kind, _token, deliveries, age, idle, reclaimed, receipt) = reply;
+        match kind.as_str() {
+            "acquired" => {
+                self.replicated(&redis_key).await?;
+                Ok(Claim::Acquired(Lease::new(
+                    key.clone(),
+                    token,
+                    reclaimed == 1,
+                )))
+            }
+            "done" => {
+                let receipt = receipt
+                    .map(|bytes| Receipt::decode(&bytes).map(Arc::new))
+                    .transpose()?;
+                Ok(Claim::Done(
+                    Completed::new(deliveries).with_receipt(receipt),
+                ))
+            }
+            "pending" => Ok(stale.pending(micros(age), micros(idle), deliveries)),
+            other => Err(StoreError::backend(format!(
+                "the claim script answered {other:?}"
+            ))),
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+        // A heartbeat is not waited for on replicas: a lost one only makes a live claim look
+        // idle a little sooner after a failover.
+        let key = self.key_of(lease.key());
+        let held: i64 = RENEW
+            .key(&key)
+            .arg(lease.token().to_i64())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(StoreError::backend)?;
+        if held == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::LeaseLost)
+        }
+    }
+
+    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
+        let retention = self.retention_ms().to_string().into_bytes();
+        self.fenced(&COMMIT, lease, &[retention, b"0".to_vec()])
+            .await
+    }
+
+    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
+        let retention = self.retention_ms().to_string().into_bytes();
+        self.fenced(
+            &COMMIT,
+            lease,
+            &[retention, b"1".to_vec(), receipt.encode()],
+        )
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let retention = self.retention_ms().to_string().into_bytes();
+        self.fenced(&RELEASE, lease, &[retention]).await
+    }
+
+    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
+        let reply: Vec<redis::Value> = DESCRIBE
+            .key(self.key_of(key))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(StoreError::backend)?;
+        if reply.len() < 11 {
+            return Ok(None);
+        }
+        let number = |i: usize| -> Result<i64, StoreError> {
+            redis::from_redis_value::<Option<i64>>(reply[i].clone())
+                .map(Option::unwrap_or_default)
+                .map_err(StoreError::backend)
+        };
+        let now = number(0)?;
+        let state: String =
+            redis::from_redis_value(reply[1].clone()).map_err(StoreError::backend)?;
+        let state = match state.as_str() {
+            "processing" => KeyState::Processing,
+            "done" => KeyState::Done,
+            "released" => KeyState::Released,
+            other => {
+                return Err(StoreError::backend(format!(
+                    "a claim in Redis has the unknown state {other:?}"
+                )));
+            }
+        };
+        let ago = |i: usize| number(i).map(|at| micros(now - at));
+        let receipt: Option<Vec<u8>> =
+            redis::from_redis_value(reply[10].clone()).map_err(StoreError::backend)?;
+        let receipt = receipt
+            .map(|bytes| Receipt::decode(&bytes).map(Arc::new))
+            .transpose()?;
+        let record = KeyRecord::new(
+            state,
+            u64::try_from(number(2)?).unwrap_or(0),
+            u64::try_from(number(3)?).unwrap_or(0),
+        )
+        .with_reclaimed(number(4)? == 1)
+        .with_seen(ago(5)?, ago(6)?)
+        .with_times(ago(7)?, ago(8)?, ago(9)?)
+        .with_receipt(receipt);
+        Ok(Some(record))
+    }
+
+    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
+        self.stuck(older_than).await
+    }
+
+    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
+        let how = match how {
+            Resolution::Done => "done",
+            Resolution::Release => "release",
+        };
+        let redis_key = self.key_of(key);
+        let resolved: i64 = RESOLVE
+            .key(&redis_key)
+            .arg(how)
+            .arg(LeaseToken::generate().to_i64())
+            .arg(self.retention_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(StoreError::backend)?;
+        if resolved == 1 {
+            self.replicated(&redis_key).await?;
+        }
+        Ok(resolved == 1)
+    }
+
+    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
+        self.purge(older_than).await
+    }
+}

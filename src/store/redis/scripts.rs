@@ -1,0 +1,162 @@
+//! The server-side scripts of the Redis store. Each touches one key (a claim's hash, or an
+//! entity's), so each runs in one slot of a Redis Cluster, and takes its time from the
+//! server (`TIME`), never from the application.
+//!
+//! A claim's hash holds `state` (`processing`, `done`, `released`), `token`, `deliveries`,
+//! `runs`, `reclaimed` (0 or 1), the times `first_seen`, `last_seen`, `claimed_at`,
+//! `renewed_at` and `completed_at` (microseconds of the server's clock), `receipt` when one
+//! was kept, and `ns` and `key`, so that a scan can name the claim it finds.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// The server's clock in microseconds, as every script starts.
+macro_rules! now {
+    () => {
+        "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+    };
+}
+
+/// A claim. `ARGV`: token, whether the policy reclaims (`1`), the stale limit in
+/// microseconds, namespace, key. Answers `{kind, token, deliveries, age, idle, reclaimed,
+/// receipt}`, `kind` one of `acquired`, `done`, `pending`.
+pub(super) static CLAIM: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        now!(),
+        r#"
+local h = KEYS[1]
+local state = redis.call('HGET', h, 'state')
+if not state then
+  redis.call('HSET', h, 'state', 'processing', 'token', ARGV[1], 'deliveries', 1, 'runs', 1,
+    'reclaimed', 0, 'first_seen', now, 'last_seen', now, 'claimed_at', now, 'renewed_at', now,
+    'ns', ARGV[4], 'key', ARGV[5])
+  return {'acquired', ARGV[1], 1, 0, 0, 0, false}
+end
+local deliveries = redis.call('HINCRBY', h, 'deliveries', 1)
+redis.call('HSET', h, 'last_seen', now)
+if state == 'done' then
+  return {'done', '', deliveries, 0, 0, 0, redis.call('HGET', h, 'receipt')}
+end
+local function take(reclaimed)
+  redis.call('HSET', h, 'state', 'processing', 'token', ARGV[1], 'claimed_at', now,
+    'renewed_at', now, 'reclaimed', reclaimed)
+  redis.call('HINCRBY', h, 'runs', 1)
+  redis.call('HDEL', h, 'completed_at', 'receipt')
+  redis.call('PERSIST', h)
+  return {'acquired', ARGV[1], deliveries, 0, 0, reclaimed, false}
+end
+if state == 'released' then
+  return take(0)
+end
+local claimed = tonumber(redis.call('HGET', h, 'claimed_at'))
+local idle = now - tonumber(redis.call('HGET', h, 'renewed_at'))
+if idle < 0 then idle = 0 end
+if ARGV[2] == '1' and idle >= tonumber(ARGV[3]) then
+  return take(1)
+end
+local age = now - claimed
+if age < 0 then age = 0 end
+return {'pending', '', deliveries, age, idle, 0, false}
+"#
+    ))
+});
+
+/// A renewal. `ARGV`: token. Answers 1 if the lease held.
+pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        now!(),
+        r#"
+local h = KEYS[1]
+local row = redis.call('HMGET', h, 'state', 'token')
+if row[1] ~= 'processing' or row[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', h, 'renewed_at', now)
+return 1
+"#
+    ))
+});
+
+/// A commit. `ARGV`: token, retention in milliseconds, whether a receipt follows (`1`), the
+/// receipt. Answers 1 if the lease held (a second commit with it included), 0 otherwise.
+pub(super) static COMMIT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        now!(),
+        r#"
+local h = KEYS[1]
+local row = redis.call('HMGET', h, 'state', 'token')
+if row[2] ~= ARGV[1] then return 0 end
+if row[1] == 'done' then return 1 end
+if row[1] ~= 'processing' then return 0 end
+redis.call('HSET', h, 'state', 'done', 'completed_at', now)
+if ARGV[3] == '1' then redis.call('HSET', h, 'receipt', ARGV[4]) end
+redis.call('PEXPIRE', h, ARGV[2])
+return 1
+"#
+    ))
+});
+
+/// A release. `ARGV`: token, retention in milliseconds. Answers 1 if the lease held (a
+/// second release with it included), 0 otherwise.
+pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        now!(),
+        r#"
+local h = KEYS[1]
+local row = redis.call('HMGET', h, 'state', 'token')
+if row[2] ~= ARGV[1] then return 0 end
+if row[1] == 'released' then return 1 end
+if row[1] ~= 'processing' then return 0 end
+redis.call('HSET', h, 'state', 'released', 'completed_at', now)
+redis.call('PEXPIRE', h, ARGV[2])
+return 1
+"#
+    ))
+});
+
+/// A person settles a processing claim. `ARGV`: `done` or `release`, a fresh token,
+/// retention in milliseconds. Answers 1 if there was such a claim.
+pub(super) static RESOLVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        now!(),
+        r#"
+local h = KEYS[1]
+if redis.call('HGET', h, 'state') ~= 'processing' then return 0 end
+if ARGV[1] == 'done' then
+  redis.call('HSET', h, 'state', 'done', 'token', ARGV[2], 'completed_at', now)
+else
+  redis.call('HSET', h, 'state', 'released', 'completed_at', now)
+end
+redis.call('PEXPIRE', h, ARGV[3])
+return 1
+"#
+    ))
+});
+
+/// What a claim's hash holds, with the server's clock first: `{now, state, deliveries, runs,
+/// reclaimed, first_seen, last_seen, claimed_at, renewed_at, completed_at, receipt}`, or
+/// `{now}` for a key the store does not know.
+pub(super) static DESCRIBE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        now!(),
+        r#"
+local row = redis.call('HMGET', KEYS[1], 'state', 'deliveries', 'runs', 'reclaimed',
+  'first_seen', 'last_seen', 'claimed_at', 'renewed_at', 'completed_at', 'receipt')
+if not row[1] then return {now} end
+table.insert(row, 1, now)
+return row
+"#
+    ))
+});
+
+/// Deletes a settled claim if it was settled before `ARGV[1]` (microseconds of the server's
+/// clock). Answers 1 if it deleted it.
+pub(super) static PURGE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local row = redis.call('HMGET', KEYS[1], 'state', 'completed_at')
+if row[1] ~= 'done' and row[1] ~= 'released' then return 0 end
+if not row[2] or tonumber(row[2]) > tonumber(ARGV[1]) then return 0 end
+return redis.call('DEL', KEYS[1])
+"#,
+    )
+});
