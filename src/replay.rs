@@ -75,7 +75,7 @@
 //! - A stored answer lives as long as its key: until
 //!   [`purge_completed`](crate::store::Store::purge_completed) deletes it, after the
 //!   retention the application chose ([`DEFAULT_RETENTION`](crate::store::DEFAULT_RETENTION),
-//!   8 days, by default). A retry after that runs again.
+//!   7 days, by default). A retry after that runs again.
 //!
 //! # Fingerprints
 //!

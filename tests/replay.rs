@@ -810,3 +810,4 @@ replay_suite!(memory, Some(tower_idempotency::store::MemoryStore::new()));
 replay_suite!(sqlite, crate::common::db::sqlite_file_store("replay").await);
 replay_suite!(postgres, crate::common::db::postgres_store().await);
 replay_suite!(mysql, crate::common::db::mysql_store().await);
+replay_suite!(redis, crate::common::redis_store().await);

@@ -23,6 +23,7 @@ backend_suite! {
     claims: store(),
     trust: store(),
     races: store(),
+    versions: store(),
 }
 
 /// The same suites on a Redis Cluster.
@@ -35,8 +36,12 @@ mod cluster {
             "redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003",
         );
         let nodes: Vec<&str> = urls.split(',').map(str::trim).collect();
-        let store =
-            common::connect("REDIS_CLUSTER_URLS", &urls, RedisStore::connect_cluster(nodes)).await?;
+        let store = common::connect(
+            "REDIS_CLUSTER_URLS",
+            &urls,
+            RedisStore::connect_cluster(nodes),
+        )
+        .await?;
         Some(store.with_prefix(PREFIX).expect("prefix"))
     }
 
@@ -44,5 +49,46 @@ mod cluster {
         claims: store(),
         trust: store(),
         races: store(),
+        versions: store(),
     }
+}
+
+/// Versions are compared as integers in the server's scripts, past the 2^53 where Lua's
+/// numbers stop being exact, and below zero.
+#[tokio::test]
+async fn versions_compare_exactly_past_two_to_the_fifty_third() {
+    use std::time::Duration;
+    use tower_idempotency::Stale;
+    use tower_idempotency::store::{VersionClaim, VersionStore};
+    let Some(store) = store().await else { return };
+    let stale = Stale::reclaim_after(Duration::from_secs(60));
+    let entity = common::key_in(&common::unique_namespace("big-versions"), "sub_1");
+    let big = (1_i64 << 62) + 1;
+    for (version, newer) in [(big, true), (big + 1, true), (big, false), (-5, false)] {
+        match store.begin_version(&entity, version, stale).await.unwrap() {
+            VersionClaim::Acquired(lease) => {
+                assert!(newer, "{version} is older than what was applied");
+                store.commit_version(&lease).await.unwrap();
+            }
+            VersionClaim::Outdated { applied } => {
+                assert!(!newer, "{version} is not older");
+                assert_eq!(applied, big + 1);
+            }
+            other => panic!("{version}: {other:?}"),
+        }
+    }
+    assert_eq!(store.applied_version(&entity).await.unwrap(), Some(big + 1));
+    let negative = common::key_in(&common::unique_namespace("negative-versions"), "sub_1");
+    for (version, applies) in [(-10, true), (-11, false), (-9, true), (-100, false)] {
+        let claim = store
+            .begin_version(&negative, version, stale)
+            .await
+            .unwrap();
+        match claim {
+            VersionClaim::Acquired(lease) if applies => store.commit_version(&lease).await.unwrap(),
+            VersionClaim::Outdated { .. } if !applies => {}
+            other => panic!("{version}: {other:?}"),
+        }
+    }
+    assert_eq!(store.applied_version(&negative).await.unwrap(), Some(-9));
 }

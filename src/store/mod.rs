@@ -63,11 +63,13 @@
 //! | `SqliteStore` | `sqlite` | SQLite's `unixepoch('subsec')` | 1 |
 //! | `PostgresStore` | `postgres` | Postgres' `now()` | 1 |
 //! | `MySqlStore` | `mysql` | the server's `UTC_TIMESTAMP(6)` | 1 on MariaDB 10.5+; on MySQL and older MariaDB 1 for a new key, 2 otherwise |
+//! | `RedisStore` | `redis` | the server's `TIME` | 1 (one server script), on one server or a Redis Cluster |
 //!
 //! The SQL stores take time from the database, never from the application's clock, so app
 //! instances with skewed clocks agree on which claims are stale.
 //!
-//! No store forgets a key by itself: every table, and the [`MemoryStore`]'s map, grows with
+//! No store but Redis forgets a key by itself (a settled Redis key expires after the store's
+//! retention): every table, and the [`MemoryStore`]'s map, grows with
 //! every new event until [`purge_completed`](Store::purge_completed) deletes settled keys past
 //! their retention. For the `MemoryStore` that growth is the process's memory, without bound:
 //! a long-running service runs [`spawn_purge`] next to it.

@@ -9,8 +9,9 @@ use crate::key::IdempotencyKey;
 /// Keeps, per entity (`(namespace, entity id)`), the latest version applied and the one version
 /// being applied right now: the store side of the [`VersionGuardLayer`](crate::version_guard::VersionGuardLayer).
 ///
-/// Implemented by `MemoryStore`, `SqliteStore`, `PostgresStore` and `MySqlStore`; the SQL
-/// stores keep a row per entity in the table `<table>_versions`, created by their `migrate()`.
+/// Implemented by `MemoryStore`, `SqliteStore`, `PostgresStore`, `MySqlStore` and
+/// `RedisStore`; the SQL stores keep a row per entity in the table `<table>_versions`, created
+/// by their `migrate()`, and Redis a hash per entity (`<prefix>:v:…`, kept without expiry).
 /// Time comes from the database, as for claims.
 ///
 /// ```
@@ -219,7 +220,8 @@ pub trait AdvanceVersion: super::TransactionalStore + VersionStore {
         feature = "memory",
         feature = "postgres",
         feature = "sqlite",
-        feature = "mysql"
+        feature = "mysql",
+        feature = "redis"
     )),
     allow(dead_code)
 )]

@@ -77,6 +77,19 @@ pub async fn connect<T, E: std::fmt::Display>(
     None
 }
 
+/// A `RedisStore` on a connection of its own, at `REDIS_URL` (default the local server).
+#[cfg(feature = "redis")]
+pub async fn redis_store() -> Option<tower_idempotency::store::RedisStore> {
+    let url = database_url("REDIS_URL", "redis://127.0.0.1:6379");
+    let store = tower_idempotency::store::RedisStore::connect(&url);
+    Some(
+        connect("REDIS_URL", &url, store)
+            .await?
+            .with_prefix("tower-idempotency-test")
+            .expect("prefix"),
+    )
+}
+
 /// A namespace no other test or earlier run uses.
 pub fn unique_namespace(test: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);

@@ -26,7 +26,7 @@
 //! write, as cheap as the read).
 //!
 //! Settled keys (`done`, `released`) expire after the store's retention
-//! ([`DEFAULT_RETENTION`](super::DEFAULT_RETENTION), 8 days, unless
+//! ([`DEFAULT_RETENTION`], 7 days, unless
 //! [`with_retention`](RedisStore::with_retention) says otherwise): Redis deletes them itself,
 //! no purge task needed. [`purge_completed`](super::Store::purge_completed) still deletes
 //! settled keys older than its argument, for a shorter retention now and then. It and
@@ -77,6 +77,7 @@ use crate::key::IdempotencyKey;
 mod claims;
 mod scan;
 mod scripts;
+mod versions;
 
 /// The prefix of every key the store writes, unless told otherwise.
 pub const DEFAULT_PREFIX: &str = "tower-idempotency";
@@ -193,7 +194,6 @@ impl RedisStore {
     }
 
     /// The Redis key of an entity's versions.
-    #[allow(dead_code)]
     fn entity_of(&self, entity: &IdempotencyKey) -> String {
         let ns = entity.namespace();
         format!("{}:v:{}:{ns}:{}", self.prefix, ns.len(), entity.value())

@@ -160,3 +160,91 @@ return redis.call('DEL', KEYS[1])
 "#,
     )
 });
+
+/// Compares two decimal `i64` strings exactly (Lua's numbers are doubles, which lose
+/// versions past 2^53): `-1`, `0` or `1`.
+macro_rules! compare {
+    () => {
+        r#"
+local function compare(a, b)
+  local na, nb = a:sub(1, 1) == '-', b:sub(1, 1) == '-'
+  if na ~= nb then return na and -1 or 1 end
+  local x, y = a, b
+  if na then x, y = b:sub(2), a:sub(2) end
+  if #x ~= #y then return #x < #y and -1 or 1 end
+  if x == y then return 0 end
+  return x < y and -1 or 1
+end
+local function greater(a, b)
+  if not a then return b end
+  if compare(a, b) >= 0 then return a end
+  return b
+end
+"#
+    };
+}
+
+/// An entity's version hash holds `applied` (the latest version applied), and while a version
+/// is being applied `p_version`, `p_token` and `p_since` (its last heartbeat, microseconds of
+/// the server's clock).
+///
+/// Begins a version. `ARGV`: version, token, whether the policy reclaims (`1`), the stale
+/// limit in microseconds. Answers `{applied, pending version, pending token, idle}` after the
+/// step (absent fields `nil`); the claim is ours if the pending token is the one passed.
+pub(super) static BEGIN_VERSION: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        now!(),
+        compare!(),
+        r#"
+local h = KEYS[1]
+local row = redis.call('HMGET', h, 'applied', 'p_version', 'p_token', 'p_since')
+local applied, version = row[1], ARGV[1]
+local not_older = (not applied) or compare(applied, version) <= 0
+local idle = 0
+if row[2] then
+  idle = now - tonumber(row[4])
+  if idle < 0 then idle = 0 end
+end
+local free = (not row[2])
+  or (ARGV[3] == '1' and idle >= tonumber(ARGV[4]) and compare(row[2], version) <= 0)
+if not_older and free then
+  redis.call('HSET', h, 'p_version', version, 'p_token', ARGV[2], 'p_since', now)
+  return {applied, version, ARGV[2], 0}
+end
+return {applied, row[2], row[3], idle}
+"#
+    ))
+});
+
+/// Renews a pending version. `ARGV`: token. Answers 1 if the lease held.
+pub(super) static RENEW_VERSION: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        now!(),
+        r#"
+if redis.call('HGET', KEYS[1], 'p_token') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'p_since', now)
+return 1
+"#
+    ))
+});
+
+/// Settles a pending version. `ARGV`: token (or `""` for whoever holds it, a person
+/// resolving), `apply` or `discard`. Answers 1 if there was such a pending version.
+pub(super) static SETTLE_VERSION: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        compare!(),
+        r#"
+local h = KEYS[1]
+local row = redis.call('HMGET', h, 'applied', 'p_version', 'p_token')
+if not row[2] then return 0 end
+if ARGV[1] ~= '' and row[3] ~= ARGV[1] then return 0 end
+redis.call('HDEL', h, 'p_version', 'p_token', 'p_since')
+if ARGV[2] == 'apply' then
+  redis.call('HSET', h, 'applied', greater(row[1], row[2]))
+elseif not row[1] then
+  redis.call('DEL', h)
+end
+return 1
+"#
+    ))
+});
