@@ -4,7 +4,7 @@
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | `idempotency_deliveries_total` | counter | `namespace`, `outcome` | deliveries answered, by [`Outcome`](crate::response::Outcome) (`processed`, `duplicate`, `in-flight`, …) |
+//! | `idempotency_deliveries_total` | counter | `namespace`, `outcome` | deliveries answered, by [`Outcome`] (`processed`, `duplicate`, `in-flight`, …) |
 //! | `idempotency_handler_duration_seconds` | histogram | `namespace` | how long the inner service took, claimed deliveries only |
 //! | `idempotency_store_duration_seconds` | histogram | `operation` | store calls: `claim`, `commit`, `release`, `renew` |
 //! | `idempotency_claims_in_flight` | gauge | | deliveries claiming or holding a claim in this process |
