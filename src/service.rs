@@ -337,9 +337,11 @@ async fn claim<St: Store, K: ExtractKey>(
         let claim = owner.store.claim(&key, owner.claims.stale).await?;
         Ok(answer(owner, claim, entry))
     };
-    let started = std::time::Instant::now();
+    let started = crate::engine::observe::started();
     let answer = acquire(claiming, shared.settings.store_timeout, "claim").await;
-    crate::metrics::store_call("claim", started.elapsed());
+    if let Some(started) = started {
+        crate::metrics::store_call("claim", started.elapsed());
+    }
     answer
 }
 

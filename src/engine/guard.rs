@@ -329,9 +329,11 @@ impl<O: Owner> LeaseGuard<O> {
         self.state.set_stage(Stage::Settling);
         let timeout = self.owner.settings().store_timeout;
         let receipt = self.receipt.as_deref();
-        let started = std::time::Instant::now();
+        let started = super::observe::started();
         let result = bounded(self.owner.settle(self.lease(), action, receipt), timeout).await;
-        crate::metrics::store_call(action.operation(), started.elapsed());
+        if let Some(started) = started {
+            crate::metrics::store_call(action.operation(), started.elapsed());
+        }
         if matches!(result, Err(StoreError::LeaseLost)) {
             crate::metrics::lease_lost(action.operation());
         }

@@ -48,3 +48,10 @@ pub(crate) fn keyed(key: &IdempotencyKey) {
     span.record("namespace", key.namespace());
     span.record("key", key.value());
 }
+
+/// The time now, when something will read how long a step took: the metrics, or a delivery
+/// span a subscriber records. Otherwise nothing, and no clock is read.
+pub(crate) fn started() -> Option<std::time::Instant> {
+    let wanted = cfg!(feature = "metrics") || !tracing::Span::current().is_disabled();
+    wanted.then(std::time::Instant::now)
+}

@@ -152,11 +152,12 @@ where
     async move {
         guard.start();
         req.extensions_mut().insert(guard.handle());
-        let started = std::time::Instant::now();
+        let started = super::observe::started();
         let result = heartbeat(&mut guard, pin!(call(inner, req))).await;
-        let took = started.elapsed();
-        tracing::Span::current().record("handler_ms", took.as_secs_f64() * 1000.0);
-        crate::metrics::handler(guard.lease().key().namespace(), took);
+        if let Some(took) = started.map(|at| at.elapsed()) {
+            tracing::Span::current().record("handler_ms", took.as_secs_f64() * 1000.0);
+            crate::metrics::handler(guard.lease().key().namespace(), took);
+        }
         match result {
             Ok(Ok(res)) => {
                 let (res, action) = if guard.owner().settings().commit_when.commits(res.status()) {
