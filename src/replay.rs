@@ -361,9 +361,13 @@ impl<B: Send + 'static> Keep<B> for Nothing {
     }
 }
 
-/// Stores what a [`Replay`] says, when the layer has one.
-pub(crate) struct Keeper {
-    pub(crate) replay: Option<Arc<Replay>>,
+/// Stores what a [`Replay`] says, when the layer has one. One pointer: it is held through
+/// the handler's run, whose future is boxed for every delivery.
+pub(crate) struct Keeper(pub(crate) Option<Arc<Capture>>);
+
+/// What a layer with replay stores, and how.
+pub(crate) struct Capture {
+    pub(crate) replay: Arc<Replay>,
     /// The fingerprint's headers: an answer that varies on others is not stored.
     pub(crate) fingerprint: Option<Arc<RequestFingerprint>>,
     /// How long the body may take to be read.
@@ -384,11 +388,9 @@ where
         res: Response<B>,
     ) -> impl Future<Output = (Response<ResponseBody<B>>, Option<StoredResponse>)> + Send {
         async move {
-            match self.replay {
+            match self.0 {
                 // Boxed: a layer without replay does not carry the reading in its future.
-                Some(replay) => {
-                    Box::pin(capture(replay, self.fingerprint, self.timeout, res)).await
-                }
+                Some(how) => Box::pin(capture(how, res)).await,
                 None => (res.map(ResponseBody::new), None),
             }
         }
@@ -398,15 +400,14 @@ where
 /// Reads the answer whole and stores it, when it may be stored: not 5xx or 429, of known
 /// length within the limit, and varying on no header the fingerprint leaves out.
 async fn capture<B>(
-    replay: Arc<Replay>,
-    fingerprint: Option<Arc<RequestFingerprint>>,
-    timeout: Duration,
+    how: Arc<Capture>,
     res: Response<B>,
 ) -> (Response<ResponseBody<B>>, Option<StoredResponse>)
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let (replay, fingerprint, timeout) = (&how.replay, how.fingerprint.as_deref(), how.timeout);
     let status = res.status();
     if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
         return (res.map(ResponseBody::new), None);
@@ -421,7 +422,7 @@ where
         );
         return (res.map(ResponseBody::new), None);
     }
-    if let Some(header) = varies_beyond(res.headers(), fingerprint.as_deref()) {
+    if let Some(header) = varies_beyond(res.headers(), fingerprint) {
         tracing::debug!(
             vary = header,
             "answer passed through unstored: it varies on a request header the fingerprint \

@@ -21,7 +21,7 @@ use crate::engine::wait;
 use crate::future::ResponseFuture;
 use crate::journal::{Journal, attempt_of};
 use crate::key::{Auto, ExtractKey, IdempotencyKey};
-use crate::replay::{Keeper, Replay, RequestFingerprint};
+use crate::replay::{Capture, Keeper, Replay, RequestFingerprint};
 use crate::response::{self, Outcome};
 use crate::store::{
     Claim, Completed, Fingerprint, Lease, Pending, Receipt, Stale, Store, StoreError,
@@ -158,13 +158,14 @@ where
             }
             Keyed::Rejected(error) => return Ok(reject(&error)),
         };
-        let fingerprint = fingerprints.map(|f| f.of(&parts, Some(body.buffered_bytes())));
+        // Boxed: a fingerprint held across the claim costs deliveries without one nothing.
+        let fingerprint = fingerprints.map(|f| Box::new(f.of(&parts, Some(body.buffered_bytes()))));
         let attempt = shared
             .claims
             .journal
             .as_ref()
             .and_then(|_| attempt_of(&parts));
-        let mut guard = match claimed(&shared, &key, fingerprint).await {
+        let mut guard = match claimed(&shared, &key, fingerprint.as_deref()).await {
             Ok(guard) => guard,
             Err(mut answer) => {
                 journaled(&shared, &key, attempt, &answer);
@@ -173,13 +174,15 @@ where
             }
         };
         if let Some(fingerprint) = fingerprint {
-            guard.fingerprint(fingerprint);
+            guard.fingerprint(*fingerprint);
         }
-        let keep = Keeper {
-            replay: shared.claims.replay.clone(),
-            fingerprint: shared.claims.fingerprint.clone(),
-            timeout: shared.settings.body_timeout,
-        };
+        let keep = Keeper(shared.claims.replay.as_ref().map(|replay| {
+            Arc::new(Capture {
+                replay: replay.clone(),
+                fingerprint: shared.claims.fingerprint.clone(),
+                timeout: shared.settings.body_timeout,
+            })
+        }));
         let request = Request::from_parts(parts, body);
         let mut res = match Detach::new(run(guard, inner, request, keep)).await {
             Ok(answer) => answer,
@@ -210,7 +213,7 @@ fn journaled<St, K, B>(
 async fn claimed<St, K, B>(
     shared: &Arc<Shared<St, K>>,
     key: &IdempotencyKey,
-    fingerprint: Option<Fingerprint>,
+    fingerprint: Option<&Fingerprint>,
 ) -> Result<LeaseGuard<Shared<St, K>>, Response<ResponseBody<B>>>
 where
     St: Store,
@@ -281,11 +284,11 @@ where
 fn duplicate<St, K, B>(
     shared: &Shared<St, K>,
     key: &IdempotencyKey,
-    fingerprint: Option<Fingerprint>,
+    fingerprint: Option<&Fingerprint>,
     done: &Completed,
 ) -> Response<ResponseBody<B>> {
     let receipt = done.receipt.as_deref();
-    let kept = receipt.and_then(|receipt| receipt.fingerprint);
+    let kept = receipt.and_then(|receipt| receipt.fingerprint.as_ref());
     if let (Some(ours), Some(kept)) = (fingerprint, kept)
         && ours != kept
     {

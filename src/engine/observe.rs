@@ -2,9 +2,11 @@
 //! outcome.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use http::Response;
-use tracing::Instrument;
+use pin_project_lite::pin_project;
 
 use crate::key::IdempotencyKey;
 use crate::response::Outcome;
@@ -13,9 +15,7 @@ use crate::response::Outcome;
 /// `namespace` and `key` once the key is found, `lease` once a claim is granted,
 /// `handler_ms` once the inner service answered, and `outcome` at the end. A tracing layer
 /// (OpenTelemetry's among them) sees one span per delivery without any configuration.
-pub(crate) fn observed<B, E>(
-    delivery: impl Future<Output = Result<Response<B>, E>> + Send,
-) -> impl Future<Output = Result<Response<B>, E>> + Send {
+pub(crate) fn observed<F>(delivery: F) -> Observed<F> {
     let span = tracing::info_span!(
         "delivery",
         namespace = tracing::field::Empty,
@@ -24,9 +24,29 @@ pub(crate) fn observed<B, E>(
         handler_ms = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
-    let reported = span.clone();
-    async move {
-        let res = delivery.await;
+    Observed { delivery, span }
+}
+
+pin_project! {
+    /// A delivery in its span, whose outcome is recorded when it answers. A future of its own
+    /// rather than an `async` block, which would hold the delivery twice.
+    pub(crate) struct Observed<F> {
+        #[pin]
+        delivery: F,
+        span: tracing::Span,
+    }
+}
+
+impl<F, B, E> Future for Observed<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let _entered = this.span.enter();
+        let res = std::task::ready!(this.delivery.poll(cx));
         if let Ok(res) = &res
             && let Some(outcome) = res.extensions().get::<Outcome>()
         {
@@ -34,12 +54,11 @@ pub(crate) fn observed<B, E>(
                 .extensions()
                 .get::<IdempotencyKey>()
                 .map_or("none", IdempotencyKey::namespace);
-            reported.record("outcome", outcome.as_str());
+            this.span.record("outcome", outcome.as_str());
             crate::metrics::delivery(namespace, *outcome);
         }
-        res
+        Poll::Ready(res)
     }
-    .instrument(span)
 }
 
 /// The delivery's key is known: its span says so.
