@@ -339,6 +339,9 @@ pub(crate) fn never_replayed(name: &HeaderName) -> bool {
 /// What the run does with an answer that commits, before it commits: store it for replay, or
 /// pass it on. Answers the response to send and what to store of it, if anything.
 pub(crate) trait Keep<B>: Send + 'static {
+    /// Whether it may store anything: if not, the run does not ask.
+    fn stores(&self) -> bool;
+
     fn keep(
         self,
         res: Response<B>,
@@ -349,6 +352,10 @@ pub(crate) trait Keep<B>: Send + 'static {
 pub(crate) struct Nothing;
 
 impl<B: Send + 'static> Keep<B> for Nothing {
+    fn stores(&self) -> bool {
+        false
+    }
+
     #[allow(
         clippy::manual_async_fn,
         reason = "the trait names the future's bounds"
@@ -379,6 +386,10 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    fn stores(&self) -> bool {
+        self.0.is_some()
+    }
+
     #[allow(
         clippy::manual_async_fn,
         reason = "the trait names the future's bounds"

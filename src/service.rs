@@ -113,8 +113,7 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let inner = self.inner.clone();
         let (parts, body) = req.into_parts();
-        let delivery = deliver(self.shared.clone(), inner, parts, body);
-        ResponseFuture::new(Box::pin(observed(delivery)))
+        observed(Box::pin(deliver(self.shared.clone(), inner, parts, body)))
     }
 }
 

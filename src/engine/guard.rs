@@ -95,6 +95,9 @@ pub(crate) struct LeaseState<L> {
     settled: Notify,
     /// Stops the heartbeat once the lease is settled.
     stop: Notify,
+    /// When the handler started, if anything will read how long it took. Kept here, not in
+    /// the run's future, which is boxed for every delivery.
+    started: std::sync::OnceLock<std::time::Instant>,
 }
 
 impl<L> LeaseState<L> {
@@ -108,6 +111,7 @@ impl<L> LeaseState<L> {
             watched: AtomicBool::new(false),
             settled: Notify::new(),
             stop: Notify::new(),
+            started: std::sync::OnceLock::new(),
         }
     }
 
@@ -262,7 +266,9 @@ pub(crate) struct LeaseGuard<O: Owner> {
 impl<O: Owner> LeaseGuard<O> {
     /// The store granted `lease`; `entry` counts the delivery in the drain.
     pub(crate) fn claimed(owner: Arc<O>, lease: O::Lease, mut entry: Entry) -> Self {
-        tracing::Span::current().record("lease", tracing::field::display(lease.token()));
+        if let Some(span) = super::observe::span() {
+            span.record("lease", tracing::field::display(lease.token()));
+        }
         let state = Arc::new(LeaseState::new(lease, O::WHAT));
         entry.hold(state.clone());
         Self {
@@ -305,6 +311,20 @@ impl<O: Owner> LeaseGuard<O> {
     /// The handler starts.
     pub(crate) fn start(&mut self) {
         self.phase = Phase::Running;
+        if let Some(now) = super::observe::started() {
+            let _ = self.state.started.set(now);
+        }
+    }
+
+    /// The handler answered: its span and the metrics hear how long it took.
+    pub(crate) fn handler_answered(&self) {
+        let Some(took) = self.state.started.get().map(std::time::Instant::elapsed) else {
+            return;
+        };
+        if let Some(span) = super::observe::span() {
+            span.record("handler_ms", took.as_secs_f64() * 1000.0);
+        }
+        crate::metrics::handler(self.lease().key().namespace(), took);
     }
 
     /// Starts renewing the claim in a task of its own, every renew interval until the lease is
@@ -324,42 +344,58 @@ impl<O: Owner> LeaseGuard<O> {
 
     /// Commits or releases, and answers the delivery's outcome. A store failure is retried in
     /// the background, with the heartbeat going on, while the delivery answers.
-    pub(crate) async fn settle(mut self, action: Settle) -> Outcome {
-        self.phase = Phase::Settling(action);
-        self.state.set_stage(Stage::Settling);
-        let timeout = self.owner.settings().store_timeout;
-        let receipt = self.receipt.as_deref();
-        let started = super::observe::started();
-        let result = bounded(self.owner.settle(self.lease(), action, receipt), timeout).await;
-        if let Some(started) = started {
-            crate::metrics::store_call(action.operation(), started.elapsed());
-        }
-        if matches!(result, Err(StoreError::LeaseLost)) {
-            crate::metrics::lease_lost(action.operation());
-        }
-        O::report(self.lease(), action, &result);
-        let runtime = tokio::runtime::Handle::try_current();
-        match (result, runtime) {
-            (Err(StoreError::Backend(_)), Ok(runtime)) => {
-                self.state.set_stage(Stage::Retrying);
-                runtime.spawn(self.retry(action));
+    // Not an `async fn`, which would hold the guard twice: its future sits in every run's.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
+    pub(crate) fn settle(mut self, action: Settle) -> impl Future<Output = Outcome> + Send {
+        async move {
+            self.phase = Phase::Settling(action);
+            self.state.set_stage(Stage::Settling);
+            let timeout = self.owner.settings().store_timeout;
+            let started = super::observe::started();
+            let settling = self
+                .owner
+                .settle(self.lease(), action, self.receipt.as_deref());
+            let result = bounded(settling, timeout).await;
+            if let Some(started) = started {
+                crate::metrics::store_call(action.operation(), started.elapsed());
             }
-            // Settled, fenced off, or (without a runtime) left for the stale path; logged.
-            _ => self.finish(),
+            if matches!(result, Err(StoreError::LeaseLost)) {
+                crate::metrics::lease_lost(action.operation());
+            }
+            O::report(self.lease(), action, &result);
+            let runtime = tokio::runtime::Handle::try_current();
+            match (result, runtime) {
+                (Err(StoreError::Backend(_)), Ok(runtime)) => {
+                    self.state.set_stage(Stage::Retrying);
+                    runtime.spawn(self.retry(action));
+                }
+                // Settled, fenced off, or (without a runtime) left for the stale path; logged.
+                _ => self.finish(),
+            }
+            action.outcome()
         }
-        action.outcome()
     }
 
     /// The handler panicked: under reclaim, release so the retry runs; under hold, leave the
     /// claim to the stale path, since the work may have been half done.
-    pub(crate) async fn abandon(mut self) {
-        match self.owner.stale().policy() {
-            StalePolicy::Reclaim => {
-                self.settle(Settle::Release).await;
-            }
-            StalePolicy::Hold => {
-                left_for_hold(self.lease(), O::WHAT, "the handler panicked");
-                self.finish();
+    // Not an `async fn`, which would hold the guard twice.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
+    pub(crate) fn abandon(mut self) -> impl Future<Output = ()> + Send {
+        async move {
+            match self.owner.stale().policy() {
+                StalePolicy::Reclaim => {
+                    self.settle(Settle::Release).await;
+                }
+                StalePolicy::Hold => {
+                    left_for_hold(self.lease(), O::WHAT, "the handler panicked");
+                    self.finish();
+                }
             }
         }
     }

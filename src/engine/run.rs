@@ -12,7 +12,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::guard::{LeaseGuard, Leased, Owner, Settle};
+use super::guard::{LeaseGuard, Owner, Settle};
 use super::prepare::tagged;
 use crate::body::ResponseBody;
 use crate::replay::Keep;
@@ -152,15 +152,14 @@ where
     async move {
         guard.start();
         req.extensions_mut().insert(guard.handle());
-        let started = super::observe::started();
         let result = heartbeat(&mut guard, pin!(call(inner, req))).await;
-        if let Some(took) = started.map(|at| at.elapsed()) {
-            tracing::Span::current().record("handler_ms", took.as_secs_f64() * 1000.0);
-            crate::metrics::handler(guard.lease().key().namespace(), took);
-        }
+        guard.handler_answered();
         match result {
             Ok(Ok(res)) => {
-                let (res, action) = if guard.owner().settings().commit_when.commits(res.status()) {
+                let commits = guard.owner().settings().commit_when.commits(res.status());
+                let (res, action) = if commits && !keep.stores() {
+                    (res.map(ResponseBody::new), Settle::Commit)
+                } else if commits {
                     // A body read to be stored may take a while: the heartbeat goes on.
                     let (res, stored) = heartbeat(&mut guard, pin!(keep.keep(res))).await;
                     if let Some(stored) = stored {
@@ -170,15 +169,17 @@ where
                 } else {
                     (res.map(ResponseBody::new), Settle::Release)
                 };
-                let outcome = guard.settle(action).await;
+                // Boxed, here and below: the settlement's future would otherwise take room in
+                // every run's, next to the handler's.
+                let outcome = Box::pin(guard.settle(action)).await;
                 Ok(Ok(tagged(res, outcome)))
             }
             Ok(Err(error)) => {
-                guard.settle(Settle::Release).await;
+                Box::pin(guard.settle(Settle::Release)).await;
                 Ok(Err(error))
             }
             Err(panic) => {
-                guard.abandon().await;
+                Box::pin(guard.abandon()).await;
                 Err(panic)
             }
         }

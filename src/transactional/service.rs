@@ -86,7 +86,7 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let inner = self.inner.clone();
-        ResponseFuture::new(Box::pin(observed(deliver(self.shared.clone(), inner, req))))
+        observed(Box::pin(deliver(self.shared.clone(), inner, req)))
     }
 }
 
