@@ -5,6 +5,7 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use crate::engine::settings::{Settings, shared_settings};
+use crate::journal::Journal;
 use crate::key::{self, Auto, ExtractKey, IdempotencyKey};
 use crate::replay::{Replay, RequestFingerprint};
 use crate::service::{ClaimSettings, Idempotency, Shared};
@@ -108,6 +109,14 @@ impl<St, K> IdempotencyLayer<St, K> {
     /// [`body_limit`](Self::body_limit).
     pub fn fingerprint(mut self, fingerprint: RequestFingerprint) -> Self {
         self.claims.fingerprint = Some(Arc::new(fingerprint));
+        self
+    }
+
+    /// Notes each delivery's outcome, time and the sender's attempt number in `journal`, for
+    /// an operator to read ([`Journal::last`], [`Journal::recent`]). Writes
+    /// nothing to the store.
+    pub fn journal(mut self, journal: &Journal) -> Self {
+        self.claims.journal = Some(journal.clone());
         self
     }
 

@@ -26,8 +26,11 @@ pub mod admin;
 pub mod body;
 mod engine;
 mod future;
+pub mod journal;
 pub mod key;
 mod layer;
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 pub mod replay;
 pub mod response;
 mod service;
@@ -69,6 +72,7 @@ pub use engine::{
     DEFAULT_BODY_LIMIT, Drain, DrainReport, LeaseHandle, LeftBehind, MissingKey, Stage,
 };
 pub use future::ResponseFuture;
+pub use journal::{Journal, Seen};
 pub use key::{IdempotencyKey, Scope};
 pub use layer::IdempotencyLayer;
 pub use response::Outcome;

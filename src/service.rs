@@ -13,11 +13,13 @@ use crate::body::{RequestBody, ResponseBody};
 use crate::engine::acquire::acquire;
 use crate::engine::drain::Entry;
 use crate::engine::guard::{LeaseGuard, Owner, Settle};
+use crate::engine::observe::observed;
 use crate::engine::prepare::{BoxError, Keyed, key_of, pass_through, record, reject};
 use crate::engine::run::{Detach, run};
 use crate::engine::settings::{HeldHook, Settings};
 use crate::engine::wait;
 use crate::future::ResponseFuture;
+use crate::journal::{Journal, attempt_of};
 use crate::key::{Auto, ExtractKey, IdempotencyKey};
 use crate::replay::{Keeper, Replay, RequestFingerprint};
 use crate::response::{self, Outcome};
@@ -111,7 +113,8 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let inner = self.inner.clone();
         let (parts, body) = req.into_parts();
-        ResponseFuture::new(Box::pin(deliver(self.shared.clone(), inner, parts, body)))
+        let delivery = deliver(self.shared.clone(), inner, parts, body);
+        ResponseFuture::new(Box::pin(observed(delivery)))
     }
 }
 
@@ -156,9 +159,15 @@ where
             Keyed::Rejected(error) => return Ok(reject(&error)),
         };
         let fingerprint = fingerprints.map(|f| f.of(&parts, Some(body.buffered_bytes())));
+        let attempt = shared
+            .claims
+            .journal
+            .as_ref()
+            .and_then(|_| attempt_of(&parts));
         let mut guard = match claimed(&shared, &key, fingerprint).await {
             Ok(guard) => guard,
             Err(mut answer) => {
+                journaled(&shared, &key, attempt, &answer);
                 answer.extensions_mut().insert(key);
                 return Ok(answer);
             }
@@ -177,9 +186,22 @@ where
             Err(panic) => std::panic::resume_unwind(panic),
         };
         if let Ok(res) = &mut res {
+            journaled(&shared, &key, attempt, res);
             res.extensions_mut().insert(key);
         }
         res
+    }
+}
+
+/// Notes the delivery's outcome in the layer's journal, if it keeps one.
+fn journaled<St, K, B>(
+    shared: &Shared<St, K>,
+    key: &IdempotencyKey,
+    attempt: Option<u32>,
+    res: &Response<B>,
+) {
+    if let (Some(journal), Some(outcome)) = (&shared.claims.journal, res.extensions().get()) {
+        journal.record(key, *outcome, attempt);
     }
 }
 
@@ -315,7 +337,12 @@ async fn claim<St: Store, K: ExtractKey>(
         let claim = owner.store.claim(&key, owner.claims.stale).await?;
         Ok(answer(owner, claim, entry))
     };
-    acquire(claiming, shared.settings.store_timeout, "claim").await
+    let started = crate::engine::observe::started();
+    let answer = acquire(claiming, shared.settings.store_timeout, "claim").await;
+    if let Some(started) = started {
+        crate::metrics::store_call("claim", started.elapsed());
+    }
+    answer
 }
 
 fn answer<St: Store, K: ExtractKey>(
@@ -405,6 +432,7 @@ pub(crate) struct ClaimSettings {
     pub(crate) wait_in_flight: Option<Duration>,
     pub(crate) replay: Option<Arc<Replay>>,
     pub(crate) fingerprint: Option<Arc<RequestFingerprint>>,
+    pub(crate) journal: Option<Journal>,
 }
 
 impl fmt::Debug for ClaimSettings {
@@ -415,6 +443,7 @@ impl fmt::Debug for ClaimSettings {
             .field("wait_in_flight", &self.wait_in_flight)
             .field("replay", &self.replay)
             .field("fingerprint", &self.fingerprint)
+            .field("journal", &self.journal)
             .finish()
     }
 }

@@ -92,3 +92,44 @@ async fn versions_compare_exactly_past_two_to_the_fifty_third() {
     }
     assert_eq!(store.applied_version(&negative).await.unwrap(), Some(-9));
 }
+
+/// A write that the replicas asked for do not confirm (the test server has none) is an
+/// error, and a claim it granted is given back: the next claim, waiting for no replica, gets
+/// the key as new.
+#[tokio::test]
+async fn a_claim_no_replica_confirmed_is_given_back() {
+    use std::time::Duration;
+    use tower_idempotency::Stale;
+    use tower_idempotency::store::{
+        Claim, KeyState, Store, StoreError, VersionClaim, VersionStore,
+    };
+    let Some(store) = store().await else { return };
+    let waiting = store
+        .clone()
+        .wait_for_replicas(1, Duration::from_millis(50));
+    let key = common::key_in(&common::unique_namespace("unreplicated"), "evt_1");
+    let stale = Stale::default();
+    let err = waiting.claim(&key, stale).await.unwrap_err();
+    assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
+    assert_eq!(
+        store.describe(&key).await.unwrap().map(|r| r.state),
+        Some(KeyState::Released),
+        "given back"
+    );
+    let Claim::Acquired(lease) = store.claim(&key, stale).await.unwrap() else {
+        panic!("the key is free again");
+    };
+    // A commit no replica confirmed is an error the layer retries; it landed on the server.
+    assert!(waiting.commit(&lease).await.is_err());
+    assert!(matches!(
+        store.claim(&key, stale).await.unwrap(),
+        Claim::Done(_)
+    ));
+
+    let entity = common::key_in(&common::unique_namespace("unreplicated-version"), "sub_1");
+    assert!(waiting.begin_version(&entity, 1, stale).await.is_err());
+    assert!(matches!(
+        store.begin_version(&entity, 1, stale).await.unwrap(),
+        VersionClaim::Acquired(_)
+    ));
+}

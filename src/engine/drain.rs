@@ -266,6 +266,7 @@ impl Drain {
             drain: self.clone(),
             slot: None,
         };
+        crate::metrics::in_flight(1.0);
         if self.is_closed() {
             return None; // the entry's drop uncounts it
         }
@@ -356,6 +357,7 @@ impl Drop for Entry {
             self.drain.held().remove(slot);
         }
         self.drain.inner.active.fetch_sub(1, Ordering::SeqCst);
+        crate::metrics::in_flight(-1.0);
         if self.drain.is_closed() {
             self.drain.inner.idle.notify_waiters();
         }

@@ -66,6 +66,14 @@ pub(crate) enum Settle {
 }
 
 impl Settle {
+    /// The store operation, as metrics name it.
+    pub(crate) fn operation(self) -> &'static str {
+        match self {
+            Self::Commit => "commit",
+            Self::Release => "release",
+        }
+    }
+
     pub(crate) fn outcome(self) -> Outcome {
         match self {
             Self::Commit => Outcome::Processed,
@@ -254,6 +262,7 @@ pub(crate) struct LeaseGuard<O: Owner> {
 impl<O: Owner> LeaseGuard<O> {
     /// The store granted `lease`; `entry` counts the delivery in the drain.
     pub(crate) fn claimed(owner: Arc<O>, lease: O::Lease, mut entry: Entry) -> Self {
+        tracing::Span::current().record("lease", tracing::field::display(lease.token()));
         let state = Arc::new(LeaseState::new(lease, O::WHAT));
         entry.hold(state.clone());
         Self {
@@ -320,7 +329,14 @@ impl<O: Owner> LeaseGuard<O> {
         self.state.set_stage(Stage::Settling);
         let timeout = self.owner.settings().store_timeout;
         let receipt = self.receipt.as_deref();
+        let started = super::observe::started();
         let result = bounded(self.owner.settle(self.lease(), action, receipt), timeout).await;
+        if let Some(started) = started {
+            crate::metrics::store_call(action.operation(), started.elapsed());
+        }
+        if matches!(result, Err(StoreError::LeaseLost)) {
+            crate::metrics::lease_lost(action.operation());
+        }
         O::report(self.lease(), action, &result);
         let runtime = tokio::runtime::Handle::try_current();
         match (result, runtime) {
@@ -358,6 +374,7 @@ impl<O: Owner> LeaseGuard<O> {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(MAX_RETRY_DELAY);
             let receipt = self.receipt.as_deref();
+            crate::metrics::settle_retry(action.operation());
             let result = bounded(self.owner.settle(self.lease(), action, receipt), timeout).await;
             if !matches!(result, Err(StoreError::Backend(_))) {
                 let lease = self.lease();
@@ -474,7 +491,9 @@ async fn heartbeat<O: Owner>(owner: Arc<O>, state: Arc<LeaseState<O::Lease>>) {
             return;
         }
         next = super::later(next, every);
+        let started = std::time::Instant::now();
         let result = bounded(owner.renew(state.lease()), bound).await;
+        crate::metrics::store_call("renew", started.elapsed());
         // Once the settlement has begun, a renewal has nothing left to say: the commit or the
         // release it raced may have changed the row already.
         if state.is_settled() || state.stage() != Stage::Running && state.stage() != Stage::Retrying
@@ -488,6 +507,7 @@ async fn heartbeat<O: Owner>(owner: Arc<O>, state: Arc<LeaseState<O::Lease>>) {
                 if state.stage() == Stage::Retrying {
                     return; // the retried settlement finds out, and says so
                 }
+                crate::metrics::lease_lost("renew");
                 state.lost();
                 tracing::warn!(
                     namespace = lease.key().namespace(),

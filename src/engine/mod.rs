@@ -17,6 +17,7 @@
 pub(crate) mod acquire;
 pub(crate) mod drain;
 pub(crate) mod guard;
+pub(crate) mod observe;
 pub(crate) mod prepare;
 pub(crate) mod run;
 pub(crate) mod settings;

@@ -93,7 +93,10 @@ where
     }
     let key = extractor.extract(parts, bytes.as_deref().filter(|_| reads));
     match check_len(key, settings).and_then(|key| settings.scope.apply(key, parts)) {
-        Ok(key) => Keyed::Key(key, body),
+        Ok(key) => {
+            super::observe::keyed(&key);
+            Keyed::Key(key, body)
+        }
         Err(KeyError::Missing { .. }) if settings.missing_key == MissingKey::PassThrough => {
             Keyed::PassThrough(body)
         }

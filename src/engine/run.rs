@@ -12,7 +12,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::guard::{LeaseGuard, Owner, Settle};
+use super::guard::{LeaseGuard, Leased, Owner, Settle};
 use super::prepare::tagged;
 use crate::body::ResponseBody;
 use crate::replay::Keep;
@@ -152,7 +152,12 @@ where
     async move {
         guard.start();
         req.extensions_mut().insert(guard.handle());
+        let started = super::observe::started();
         let result = heartbeat(&mut guard, pin!(call(inner, req))).await;
+        if let Some(took) = started.map(|at| at.elapsed()) {
+            tracing::Span::current().record("handler_ms", took.as_secs_f64() * 1000.0);
+            crate::metrics::handler(guard.lease().key().namespace(), took);
+        }
         match result {
             Ok(Ok(res)) => {
                 let (res, action) = if guard.owner().settings().commit_when.commits(res.status()) {

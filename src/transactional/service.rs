@@ -18,6 +18,7 @@ use super::tx::TxHandle;
 use crate::body::{RequestBody, ResponseBody};
 use crate::engine::drain::{Entry, Stage};
 use crate::engine::guard::{LeaseState, Leased};
+use crate::engine::observe::observed;
 use crate::engine::prepare::{BoxError, Keyed, keyed, pass_through, record, reject, with_outcome};
 use crate::engine::run::{Detach, Ran, call};
 use crate::engine::settings::Settings;
@@ -85,7 +86,7 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let inner = self.inner.clone();
-        ResponseFuture::new(Box::pin(deliver(self.shared.clone(), inner, req)))
+        ResponseFuture::new(Box::pin(observed(deliver(self.shared.clone(), inner, req))))
     }
 }
 

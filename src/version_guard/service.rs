@@ -13,6 +13,7 @@ use crate::MissingKey;
 use crate::body::{RequestBody, ResponseBody};
 use crate::engine::acquire::acquire;
 use crate::engine::guard::{LeaseGuard, Leased, Owner, Settle};
+use crate::engine::observe::observed;
 use crate::engine::prepare::{
     self, BoxError, check_len, pass_through, take_body, verified, verifies,
 };
@@ -104,7 +105,7 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let inner = self.inner.clone();
-        ResponseFuture::new(Box::pin(deliver(self.shared.clone(), inner, req)))
+        ResponseFuture::new(Box::pin(observed(deliver(self.shared.clone(), inner, req))))
     }
 }
 

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::RedisStore;
 use super::scripts::{CLAIM, COMMIT, DESCRIBE, RELEASE, RENEW, RESOLVE};
+use super::{RedisStore, arg, unreplicated};
 use crate::key::IdempotencyKey;
 use crate::store::{
     Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale,
@@ -21,32 +21,28 @@ pub(super) fn micros(us: i64) -> Duration {
 }
 
 /// A duration as whole microseconds, saturating.
-fn as_micros(duration: Duration) -> i64 {
+pub(super) fn as_micros(duration: Duration) -> i64 {
     i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }
 
 impl RedisStore {
-    /// Runs a fenced script on the lease's key: its answer 1 means the lease held.
+    /// Runs a fenced write on the lease's key: its answer 1 means the lease held.
     async fn fenced(
         &self,
-        script: &redis::Script,
+        script: &super::scripts::Scripted,
         lease: &Lease,
         args: &[Vec<u8>],
     ) -> Result<(), StoreError> {
         let key = self.key_of(lease.key());
-        let mut call = script.key(&key);
-        call.arg(lease.token().to_i64());
-        for arg in args {
-            call.arg(arg.as_slice());
+        let mut all = vec![arg(lease.token().to_i64())];
+        all.extend_from_slice(args);
+        let (held, replicated): (i64, bool) = self.write(script, &key, &all).await?;
+        match (held, replicated) {
+            (1, true) => Ok(()),
+            // Settled on the master; tried again, the settlement is a no-op that waits again.
+            (1, false) => Err(unreplicated()),
+            _ => Err(StoreError::LeaseLost),
         }
-        let held: i64 = call
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(StoreError::backend)?;
-        if held != 1 {
-            return Err(StoreError::LeaseLost);
-        }
-        self.replicated(&key).await
     }
 }
 
@@ -55,25 +51,29 @@ impl Store for RedisStore {
         let token = LeaseToken::generate();
         let redis_key = self.key_of(key);
         let reclaim = stale.policy() == StalePolicy::Reclaim;
-        let reply: ClaimReply = CLAIM
-            .key(&redis_key)
-            .arg(token.to_i64())
-            .arg(u8::from(reclaim))
-            .arg(as_micros(stale.after()))
-            .arg(key.namespace())
-            .arg(key.value())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(StoreError::backend)?;
+        let args = [
+            arg(token.to_i64()),
+            arg(u8::from(reclaim)),
+            arg(as_micros(stale.after())),
+            arg(key.namespace()),
+            arg(key.value()),
+        ];
+        let (reply, replicated): (ClaimReply, bool) = self.write(&CLAIM, &redis_key, &args).await?;
         let (kind, _token, deliveries, age, idle, reclaimed, receipt) = reply;
         match kind.as_str() {
+            "acquired" if replicated => Ok(Claim::Acquired(Lease::new(
+                key.clone(),
+                token,
+                reclaimed == 1,
+            ))),
             "acquired" => {
-                self.replicated(&redis_key).await?;
-                Ok(Claim::Acquired(Lease::new(
-                    key.clone(),
-                    token,
-                    reclaimed == 1,
-                )))
+                // Granted on the master alone: given back, so that a retry is not turned away
+                // by a claim nobody holds.
+                let retention = arg(self.retention_ms());
+                let _: Result<i64, _> = self
+                    .call(&RELEASE, &redis_key, &[arg(token.to_i64()), retention])
+                    .await;
+                Err(unreplicated())
             }
             "done" => {
                 let receipt = receipt
@@ -91,15 +91,12 @@ impl Store for RedisStore {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        // A heartbeat is not waited for on replicas: a lost one only makes a live claim look
+        // A heartbeat does not wait for replicas: a lost one only makes a live claim look
         // idle a little sooner after a failover.
         let key = self.key_of(lease.key());
-        let held: i64 = RENEW
-            .key(&key)
-            .arg(lease.token().to_i64())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(StoreError::backend)?;
+        let held: i64 = self
+            .call(&RENEW, &key, &[arg(lease.token().to_i64())])
+            .await?;
         if held == 1 {
             Ok(())
         } else {
@@ -108,32 +105,22 @@ impl Store for RedisStore {
     }
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        let retention = self.retention_ms().to_string().into_bytes();
-        self.fenced(&COMMIT, lease, &[retention, b"0".to_vec()])
-            .await
+        let args = [arg(self.retention_ms()), arg("0")];
+        self.fenced(&COMMIT, lease, &args).await
     }
 
     async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
-        let retention = self.retention_ms().to_string().into_bytes();
-        self.fenced(
-            &COMMIT,
-            lease,
-            &[retention, b"1".to_vec(), receipt.encode()],
-        )
-        .await
+        let args = [arg(self.retention_ms()), arg("1"), receipt.encode()];
+        self.fenced(&COMMIT, lease, &args).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        let retention = self.retention_ms().to_string().into_bytes();
-        self.fenced(&RELEASE, lease, &[retention]).await
+        self.fenced(&RELEASE, lease, &[arg(self.retention_ms())])
+            .await
     }
 
     async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
-        let reply: Vec<redis::Value> = DESCRIBE
-            .key(self.key_of(key))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(StoreError::backend)?;
+        let reply: Vec<redis::Value> = self.call(&DESCRIBE, &self.key_of(key), &[]).await?;
         if reply.len() < 11 {
             return Ok(None);
         }
@@ -182,17 +169,15 @@ impl Store for RedisStore {
             Resolution::Done => "done",
             Resolution::Release => "release",
         };
-        let redis_key = self.key_of(key);
-        let resolved: i64 = RESOLVE
-            .key(&redis_key)
-            .arg(how)
-            .arg(LeaseToken::generate().to_i64())
-            .arg(self.retention_ms())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(StoreError::backend)?;
-        if resolved == 1 {
-            self.replicated(&redis_key).await?;
+        let args = [
+            arg(how),
+            arg(LeaseToken::generate().to_i64()),
+            arg(self.retention_ms()),
+        ];
+        let (resolved, replicated): (i64, bool) =
+            self.write(&RESOLVE, &self.key_of(key), &args).await?;
+        if resolved == 1 && !replicated {
+            return Err(unreplicated());
         }
         Ok(resolved == 1)
     }

@@ -33,25 +33,38 @@
 //! [`stuck_claims`](super::Store::stuck_claims) walk every key of the store with `SCAN` (on
 //! each master of a cluster) and read each key found: their cost grows with the number of
 //! keys kept, like a table scan, and they are maintenance calls, not for the request path.
+//! A key found on a node is judged by that node's clock, which wrote its times.
 //!
 //! # What a failure can lose
 //!
 //! Redis acknowledges a write once it is in the server's memory. Its durability is the
 //! server's:
 //!
-//! - **A restart** of a server without persistence loses every claim and done key: events
-//!   delivered again afterwards run again. With `appendonly yes` and `appendfsync everysec`
-//!   (Redis's usual setting), it loses at most about the last second of writes; `appendfsync
-//!   always` loses none, at the cost of a disk flush per write.
+//! - **A restart** loses what the server had not saved. Redis's default persistence is a
+//!   snapshot now and then (RDB): a restart loses the writes since the last one, and a server
+//!   without persistence loses every claim and done key; events delivered again afterwards run
+//!   again. With `appendonly yes` and `appendfsync everysec` it loses at most about the last
+//!   second of writes; `appendfsync always` loses none, at the cost of a disk flush per write
+//!   (a duplicate's delivery count is a write too).
+//! - **Eviction** deletes keys when the server runs out of memory. Every settled key has a
+//!   time to live, so the `volatile-*` policies (the default of many managed services) evict
+//!   done keys first, and their events run again; the `allkeys-*` policies evict claims in
+//!   flight and the version guard's entities too. Run the store's server with
+//!   `maxmemory-policy noeviction`: a full server then refuses writes, which the layer answers
+//!   503, and nothing is forgotten.
 //! - **A failover** (a replica promoted because its master died) loses the writes the master
 //!   acknowledged but had not sent to that replica yet: a claim (the event then runs again on
 //!   its next delivery while the first run may still be going), or a done marker (the next
 //!   delivery runs it again). So a failover can run an event twice; it never loses one: a
-//!   delivery is acknowledged only after its handler ran.
+//!   delivery is acknowledged only after its handler ran. For the version guard the lost
+//!   write is an applied version: an older version delivered after the failover then applies
+//!   over a newer one, which ordering was meant to prevent.
 //! - [`wait_for_replicas(n, timeout)`](RedisStore::wait_for_replicas) narrows that window: each
 //!   claim, commit and release then waits (`WAIT`) until `n` replicas have it, and a write
-//!   that `n` replicas did not confirm in time is an error (the layer answers 503, or retries
-//!   the commit). It costs a round trip to the replicas per write.
+//!   that `n` replicas did not confirm in time is an error (a claim is given back and the
+//!   layer answers 503; a commit is retried). It costs a round trip to the replicas per write.
+//!   `WAIT` narrows the window, it does not close it: a replica that has a write may still not
+//!   be the one promoted.
 //!
 //! A Redis that cannot be reached, or a cluster whose slots are moving, answers errors the
 //! layer turns into 503 with `Retry-After`; the handler never runs without a claim. The
@@ -65,14 +78,16 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Value};
 
 use super::{ConfigError, DEFAULT_RETENTION, StoreError};
 use crate::key::IdempotencyKey;
+use scripts::Scripted;
 
 mod claims;
 mod scan;
@@ -90,7 +105,25 @@ pub struct RedisStore {
     prefix: Arc<str>,
     retention: Duration,
     replicas: Option<(usize, Duration)>,
+    /// Where connections of the store's own come from: the writes that wait for replicas
+    /// take them, so that a `WAIT` blocks no other call.
+    source: Option<Source>,
+    waiting: Arc<tokio::sync::OnceCell<Vec<Conn>>>,
+    turn: Arc<AtomicUsize>,
 }
+
+/// How the store connected, to connect again.
+#[derive(Clone)]
+enum Source {
+    Single(redis::Client),
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+/// Connections of their own for the writes that wait for replicas.
+const WAITING_CONNECTIONS: usize = 4;
+
+/// The longest retention Redis takes (`PEXPIRE` in milliseconds), rounded down to a century.
+const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A connection to one server, or to a cluster.
 #[derive(Clone)]
@@ -106,10 +139,12 @@ impl RedisStore {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(5)))
             .set_response_timeout(Some(Duration::from_secs(5)));
-        let conn = ConnectionManager::new_with_config(client, config)
+        let conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(StoreError::backend)?;
-        Ok(Self::new(conn))
+        let mut store = Self::new(conn);
+        store.source = Some(Source::Single(client));
+        Ok(store)
     }
 
     /// Connects to the Redis Cluster that the nodes at `urls` belong to (one is enough; the
@@ -129,7 +164,9 @@ impl RedisStore {
             .get_async_connection()
             .await
             .map_err(StoreError::backend)?;
-        Ok(Self::on_cluster(conn))
+        let mut store = Self::on_cluster(conn);
+        store.source = Some(Source::Cluster(Box::new(client)));
+        Ok(store)
     }
 
     /// A store on a connection made elsewhere.
@@ -148,23 +185,27 @@ impl RedisStore {
             prefix: DEFAULT_PREFIX.into(),
             retention: DEFAULT_RETENTION,
             replicas: None,
+            source: None,
+            waiting: Arc::default(),
+            turn: Arc::default(),
         }
     }
 
     /// Writes every key under `prefix` instead of [`DEFAULT_PREFIX`]: two stores with
-    /// different prefixes share nothing. Letters, digits, `-`, `_`, `.` and `:`, at most 64
-    /// bytes (so that the store's `SCAN` pattern matches its keys alone).
+    /// different prefixes share nothing. Letters, digits, `-`, `_` and `.`, at most 64 bytes:
+    /// no `:`, which separates the prefix from the rest of a key, so that no store's `SCAN`
+    /// pattern matches another's keys.
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
         let prefix = prefix.into();
         let valid = !prefix.is_empty()
             && prefix.len() <= 64
             && prefix
                 .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
         if !valid {
             return Err(ConfigError::InvalidTableName {
                 name: prefix,
-                reason: "a Redis key prefix is 1 to 64 letters, digits, `-`, `_`, `.` or `:`",
+                reason: "a Redis key prefix is 1 to 64 letters, digits, `-`, `_` or `.`",
             });
         }
         self.prefix = prefix.into();
@@ -175,13 +216,20 @@ impl RedisStore {
     /// [`DEFAULT_RETENTION`]. Keep it longer than any sender retries: a delivery after it runs
     /// again.
     pub fn with_retention(mut self, retention: Duration) -> Self {
-        self.retention = retention.max(Duration::from_millis(1));
+        self.retention = retention.clamp(Duration::from_millis(1), MAX_RETENTION);
         self
     }
 
-    /// After each claim, commit and release, waits until `replicas` replicas have the write
-    /// (`WAIT replicas timeout`); a write they did not confirm within `timeout` is an error.
-    /// See the module docs for what it narrows.
+    /// After each claim, commit, release and resolve (and the version guard's), waits until
+    /// `replicas` replicas have the write (`WAIT replicas timeout`); a write they did not
+    /// confirm within `timeout` is an error, and a claim or version it granted is given back
+    /// first. See the module docs for what it narrows.
+    ///
+    /// The script and its `WAIT` go together on connections of the store's own (made by
+    /// [`connect`](Self::connect) and [`connect_cluster`](Self::connect_cluster) when first
+    /// needed), because a `WAIT` holds up every later command on its connection; a store made
+    /// with [`new`](Self::new) or [`on_cluster`](Self::on_cluster) has none, and waits on the
+    /// shared connection.
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.replicas = (replicas > 0).then_some((replicas, timeout));
         self
@@ -203,36 +251,112 @@ impl RedisStore {
         u64::try_from(self.retention.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Waits for the replicas the store was told to wait for, after a write to `key`.
-    async fn replicated(&self, key: &str) -> Result<(), StoreError> {
+    /// Runs `script` on `key`: a read, or a write nobody waits on replicas for.
+    async fn call<T: FromRedisValue>(
+        &self,
+        script: &Scripted,
+        key: &str,
+        args: &[Vec<u8>],
+    ) -> Result<T, StoreError> {
+        let mut call = script.script().key(key);
+        for arg in args {
+            call.arg(arg.as_slice());
+        }
+        call.invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(StoreError::backend)
+    }
+
+    /// Runs the write `script` on `key`, and answers whether the replicas the store waits
+    /// for have it (always, when it waits for none).
+    async fn write<T: FromRedisValue>(
+        &self,
+        script: &Scripted,
+        key: &str,
+        args: &[Vec<u8>],
+    ) -> Result<(T, bool), StoreError> {
         let Some((replicas, timeout)) = self.replicas else {
-            return Ok(());
+            return Ok((self.call(script, key, args).await?, true));
         };
         let millis = u64::try_from(timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(replicas).arg(millis);
-        let reply: redis::RedisResult<Value> = match &self.conn {
-            Conn::Single(conn) => wait.query_async(&mut conn.clone()).await,
-            Conn::Cluster(conn) => {
-                // To the master of the key's slot: the one that took the write.
-                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let slot = slot_of(key.as_bytes());
-                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                    Route::new(slot, SlotAddr::Master),
-                ));
-                conn.clone().route_command(wait, route).await
-            }
-        };
-        let acked: usize = scan::parsed(reply)?;
-        if acked < replicas {
-            return Err(StoreError::backend(format!(
-                "the write reached {acked} of the {replicas} replicas asked for within {timeout:?}"
-            )));
+        let mut pipeline = redis::pipe();
+        pipeline.cmd("EVAL").arg(script.code).arg(1).arg(key);
+        for arg in args {
+            pipeline.arg(arg.as_slice());
         }
-        Ok(())
+        pipeline.cmd("WAIT").arg(replicas).arg(millis);
+        let replies: Vec<Value> = match self.waiting_connection().await? {
+            Conn::Single(mut conn) => pipeline.query_async(&mut conn).await,
+            Conn::Cluster(mut conn) => {
+                // To the master of the key's slot, which takes the write and answers the WAIT.
+                use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(
+                    slot_of(key.as_bytes()),
+                    SlotAddr::Master,
+                ));
+                conn.route_pipeline(pipeline, 0, 2, route).await
+            }
+        }
+        .map_err(StoreError::backend)?;
+        let mut replies = replies.into_iter();
+        let (Some(value), Some(acked)) = (replies.next(), replies.next()) else {
+            return Err(StoreError::backend(
+                "Redis answered the write and its WAIT with less than two replies",
+            ));
+        };
+        let value = redis::from_redis_value(value).map_err(StoreError::backend)?;
+        let acked: usize = redis::from_redis_value(acked).map_err(StoreError::backend)?;
+        if acked < replicas {
+            tracing::warn!(
+                key,
+                acked,
+                replicas,
+                ?timeout,
+                "a write reached fewer replicas than the store waits for"
+            );
+        }
+        Ok((value, acked >= replicas))
     }
+
+    /// A connection for a write that waits for replicas: one of the store's own, in turn, or
+    /// the shared one for a store made on a connection.
+    async fn waiting_connection(&self) -> Result<Conn, StoreError> {
+        let Some(source) = &self.source else {
+            return Ok(self.conn.clone());
+        };
+        let pool = self
+            .waiting
+            .get_or_try_init(|| async {
+                let mut pool = Vec::with_capacity(WAITING_CONNECTIONS);
+                for _ in 0..WAITING_CONNECTIONS {
+                    pool.push(match source {
+                        Source::Single(client) => {
+                            Conn::Single(ConnectionManager::new(client.clone()).await?)
+                        }
+                        Source::Cluster(client) => {
+                            Conn::Cluster(client.get_async_connection().await?)
+                        }
+                    });
+                }
+                Ok::<_, redis::RedisError>(pool)
+            })
+            .await
+            .map_err(StoreError::backend)?;
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed) % pool.len();
+        Ok(pool[turn].clone())
+    }
+}
+
+/// A script argument, as the bytes Redis receives.
+pub(super) fn arg(value: impl redis::ToRedisArgs) -> Vec<u8> {
+    value.to_redis_args().concat()
+}
+
+/// The error of a write the replicas did not confirm in time.
+pub(super) fn unreplicated() -> StoreError {
+    StoreError::backend("the write was not confirmed by the replicas the store waits for in time")
 }
 
 /// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag, or of the whole key, modulo

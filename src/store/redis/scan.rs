@@ -8,7 +8,7 @@ use redis::{Pipeline, Value};
 
 use super::claims::micros;
 use super::scripts::PURGE;
-use super::{Conn, RedisStore};
+use super::{Conn, RedisStore, arg};
 use crate::key::IdempotencyKey;
 use crate::store::{StoreError, StuckClaim};
 
@@ -16,22 +16,41 @@ use crate::store::{StoreError, StuckClaim};
 const SCAN_COUNT: usize = 1000;
 
 /// Where a `SCAN` runs: the one server, or a master of the cluster.
+#[derive(PartialEq, Eq)]
 enum Node {
     Server,
     Master { host: String, port: u16 },
 }
 
 impl RedisStore {
-    /// The nodes that hold the store's keys.
+    /// The nodes that hold the store's keys: each master, by the address the client knows
+    /// it by (`CLUSTER SLOTS`). A slot range without a master is an error, not a partial walk.
     async fn nodes(&self) -> Result<Vec<Node>, StoreError> {
         let Conn::Cluster(conn) = &self.conn else {
             return Ok(vec![Node::Server]);
         };
         let mut cmd = redis::cmd("CLUSTER");
-        cmd.arg("NODES");
+        cmd.arg("SLOTS");
         let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
-        let text: String = parsed(conn.clone().route_command(cmd, route).await)?;
-        Ok(masters(&text))
+        let ranges: Vec<Vec<Value>> = parsed(conn.clone().route_command(cmd, route).await)?;
+        let mut masters: Vec<Node> = Vec::new();
+        for range in ranges {
+            let master = range
+                .get(2)
+                .and_then(|m| redis::from_redis_value::<(String, u16)>(m.clone()).ok())
+                .filter(|(host, port)| !host.is_empty() && *port != 0)
+                .ok_or_else(|| {
+                    StoreError::backend("a slot range of the cluster has no reachable master")
+                })?;
+            let node = Node::Master {
+                host: master.0,
+                port: master.1,
+            };
+            if !masters.contains(&node) {
+                masters.push(node);
+            }
+        }
+        Ok(masters)
     }
 
     /// One `SCAN` call on `node`: the next cursor, and the store's claim keys it found.
@@ -75,15 +94,6 @@ impl RedisStore {
         .map_err(StoreError::backend)
     }
 
-    /// The server's clock, in microseconds.
-    async fn server_now(&self) -> Result<i64, StoreError> {
-        let (seconds, micros): (i64, i64) = redis::cmd("TIME")
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(StoreError::backend)?;
-        Ok(seconds * 1_000_000 + micros)
-    }
-
     /// A walk over every claim key of the store, node by node, reading `fields` of each.
     async fn walk(&self, fields: &'static [&'static str]) -> Result<Walk<'_>, StoreError> {
         Ok(Walk {
@@ -96,9 +106,10 @@ impl RedisStore {
     }
 
     pub(super) async fn stuck(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
-        let now = self.server_now().await?;
         let limit = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
-        let mut stuck = Vec::new();
+        let mut stuck: Vec<StuckClaim> = Vec::new();
+        // `SCAN` may return a key twice (while the server rehashes, or a slot moves).
+        let mut listed = std::collections::HashSet::new();
         const FIELDS: &[&str] = &[
             "state",
             "renewed_at",
@@ -108,7 +119,7 @@ impl RedisStore {
             "key",
         ];
         let mut walk = self.walk(FIELDS).await?;
-        while let Some(rows) = walk.next().await? {
+        while let Some((now, rows)) = walk.next().await? {
             for (redis_key, row) in rows {
                 let text = |i: usize| {
                     row.get(i)
@@ -119,8 +130,8 @@ impl RedisStore {
                 if text(0).as_deref() != Some("processing") {
                     continue;
                 }
-                let idle = now - number(1);
-                if idle < limit {
+                let idle = (now - number(1)).max(0);
+                if idle < limit || !listed.insert(redis_key.clone()) {
                     continue;
                 }
                 let (Some(ns), Some(value)) = (text(4), text(5)) else {
@@ -154,11 +165,11 @@ impl RedisStore {
     }
 
     pub(super) async fn purge(&self, older_than: Duration) -> Result<u64, StoreError> {
-        let now = self.server_now().await?;
-        let before = now.saturating_sub(i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX));
+        let older_than = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
         let mut purged = 0;
         let mut walk = self.walk(&["state", "completed_at"]).await?;
-        while let Some(rows) = walk.next().await? {
+        while let Some((now, rows)) = walk.next().await? {
+            let before = now.saturating_sub(older_than);
             for (redis_key, row) in rows {
                 let text = |i: usize| {
                     row.get(i)
@@ -171,18 +182,16 @@ impl RedisStore {
                     continue;
                 }
                 // Checked again in the script: the key may have been claimed since.
-                let deleted: u64 = PURGE
-                    .key(&redis_key)
-                    .arg(before)
-                    .invoke_async(&mut self.conn.clone())
-                    .await
-                    .map_err(StoreError::backend)?;
+                let deleted: u64 = self.call(&PURGE, &redis_key, &[arg(before)]).await?;
                 purged += deleted;
             }
         }
         Ok(purged)
     }
 }
+
+/// The clock of a node (µs), and keys of it with the fields read.
+type Batch = (i64, Vec<(String, Vec<Value>)>);
 
 /// Where a walk over the store's keys is.
 struct Walk<'s> {
@@ -195,8 +204,9 @@ struct Walk<'s> {
 }
 
 impl Walk<'_> {
-    /// The next batch of claim keys with their fields; `None` once every node was walked.
-    async fn next(&mut self) -> Result<Option<Vec<(String, Vec<Value>)>>, StoreError> {
+    /// The next batch of claim keys with their fields, and the clock of the node that holds
+    /// them; `None` once every node was walked.
+    async fn next(&mut self) -> Result<Option<Batch>, StoreError> {
         while let Some(node) = self.nodes.get(self.at) {
             let (next, keys) = self.store.scan_once(node, self.cursor).await?;
             if next == 0 {
@@ -206,15 +216,22 @@ impl Walk<'_> {
             if keys.is_empty() {
                 continue;
             }
+            // The node's own clock with its keys: it wrote their times.
             let mut pipeline = redis::pipe();
+            pipeline.cmd("TIME");
             for key in &keys {
                 pipeline.cmd("HMGET").arg(key).arg(self.fields);
             }
-            let rows = self.store.on_node(node, pipeline, keys.len()).await?;
-            let rows = rows
-                .into_iter()
-                .map(|row| redis::from_redis_value::<Vec<Value>>(row).unwrap_or_default());
-            return Ok(Some(keys.into_iter().zip(rows).collect()));
+            let mut rows = self
+                .store
+                .on_node(node, pipeline, keys.len() + 1)
+                .await?
+                .into_iter();
+            let (seconds, micros): (i64, i64) = parsed(Ok(rows.next().unwrap_or(Value::Nil)))?;
+            let rows =
+                rows.map(|row| redis::from_redis_value::<Vec<Value>>(row).unwrap_or_default());
+            let batch = keys.into_iter().zip(rows).collect();
+            return Ok(Some((seconds * 1_000_000 + micros, batch)));
         }
         Ok(None)
     }
@@ -225,55 +242,4 @@ pub(super) fn parsed<T: redis::FromRedisValue>(
     reply: redis::RedisResult<Value>,
 ) -> Result<T, StoreError> {
     redis::from_redis_value(reply.map_err(StoreError::backend)?).map_err(StoreError::backend)
-}
-
-/// The masters listed by `CLUSTER NODES`, by address.
-fn masters(nodes: &str) -> Vec<Node> {
-    nodes
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.split(' ');
-            let (_id, address, flags) = (fields.next()?, fields.next()?, fields.next()?);
-            let flags: Vec<&str> = flags.split(',').collect();
-            if !flags.contains(&"master") || flags.iter().any(|f| f.starts_with("fail")) {
-                return None;
-            }
-            // `ip:port@cport[,hostname]`
-            let address = address.split(['@', ',']).next()?;
-            let (host, port) = address.rsplit_once(':')?;
-            Some(Node::Master {
-                host: host.to_owned(),
-                port: port.parse().ok()?,
-            })
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn masters_are_read_from_cluster_nodes() {
-        let nodes = "\
-07c3 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
-67ed 127.0.0.1:7004@17004 slave 07c3 0 1 4 connected
-2924 127.0.0.1:7002@17002,node-b master - 0 1 2 connected 5461-10922
-824f 127.0.0.1:7003@17003 master,fail - 0 1 3 disconnected
-";
-        let found: Vec<(String, u16)> = masters(nodes)
-            .into_iter()
-            .map(|node| match node {
-                Node::Master { host, port } => (host, port),
-                Node::Server => unreachable!(),
-            })
-            .collect();
-        assert_eq!(
-            found,
-            [
-                ("127.0.0.1".to_owned(), 7001),
-                ("127.0.0.1".to_owned(), 7002)
-            ]
-        );
-    }
 }

@@ -7,9 +7,29 @@
 //! `renewed_at` and `completed_at` (microseconds of the server's clock), `receipt` when one
 //! was kept, and `ns` and `key`, so that a scan can name the claim it finds.
 
-use std::sync::LazyLock;
+use std::sync::OnceLock;
 
 use redis::Script;
+
+/// A server script: its source, and the client's handle on it (which sends its digest, and
+/// the source when the server does not know it yet).
+pub(super) struct Scripted {
+    pub(super) code: &'static str,
+    script: OnceLock<Script>,
+}
+
+impl Scripted {
+    const fn new(code: &'static str) -> Self {
+        Self {
+            code,
+            script: OnceLock::new(),
+        }
+    }
+
+    pub(super) fn script(&self) -> &Script {
+        self.script.get_or_init(|| Script::new(self.code))
+    }
+}
 
 /// The server's clock in microseconds, as every script starts.
 macro_rules! now {
@@ -21,10 +41,9 @@ macro_rules! now {
 /// A claim. `ARGV`: token, whether the policy reclaims (`1`), the stale limit in
 /// microseconds, namespace, key. Answers `{kind, token, deliveries, age, idle, reclaimed,
 /// receipt}`, `kind` one of `acquired`, `done`, `pending`.
-pub(super) static CLAIM: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        now!(),
-        r#"
+pub(super) static CLAIM: Scripted = Scripted::new(concat!(
+    now!(),
+    r#"
 local h = KEYS[1]
 local state = redis.call('HGET', h, 'state')
 if not state then
@@ -59,29 +78,25 @@ local age = now - claimed
 if age < 0 then age = 0 end
 return {'pending', '', deliveries, age, idle, 0, false}
 "#
-    ))
-});
+));
 
 /// A renewal. `ARGV`: token. Answers 1 if the lease held.
-pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        now!(),
-        r#"
+pub(super) static RENEW: Scripted = Scripted::new(concat!(
+    now!(),
+    r#"
 local h = KEYS[1]
 local row = redis.call('HMGET', h, 'state', 'token')
 if row[1] ~= 'processing' or row[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', h, 'renewed_at', now)
 return 1
 "#
-    ))
-});
+));
 
 /// A commit. `ARGV`: token, retention in milliseconds, whether a receipt follows (`1`), the
 /// receipt. Answers 1 if the lease held (a second commit with it included), 0 otherwise.
-pub(super) static COMMIT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        now!(),
-        r#"
+pub(super) static COMMIT: Scripted = Scripted::new(concat!(
+    now!(),
+    r#"
 local h = KEYS[1]
 local row = redis.call('HMGET', h, 'state', 'token')
 if row[2] ~= ARGV[1] then return 0 end
@@ -92,15 +107,13 @@ if ARGV[3] == '1' then redis.call('HSET', h, 'receipt', ARGV[4]) end
 redis.call('PEXPIRE', h, ARGV[2])
 return 1
 "#
-    ))
-});
+));
 
 /// A release. `ARGV`: token, retention in milliseconds. Answers 1 if the lease held (a
 /// second release with it included), 0 otherwise.
-pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        now!(),
-        r#"
+pub(super) static RELEASE: Scripted = Scripted::new(concat!(
+    now!(),
+    r#"
 local h = KEYS[1]
 local row = redis.call('HMGET', h, 'state', 'token')
 if row[2] ~= ARGV[1] then return 0 end
@@ -110,15 +123,13 @@ redis.call('HSET', h, 'state', 'released', 'completed_at', now)
 redis.call('PEXPIRE', h, ARGV[2])
 return 1
 "#
-    ))
-});
+));
 
 /// A person settles a processing claim. `ARGV`: `done` or `release`, a fresh token,
 /// retention in milliseconds. Answers 1 if there was such a claim.
-pub(super) static RESOLVE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        now!(),
-        r#"
+pub(super) static RESOLVE: Scripted = Scripted::new(concat!(
+    now!(),
+    r#"
 local h = KEYS[1]
 if redis.call('HGET', h, 'state') ~= 'processing' then return 0 end
 if ARGV[1] == 'done' then
@@ -129,37 +140,32 @@ end
 redis.call('PEXPIRE', h, ARGV[3])
 return 1
 "#
-    ))
-});
+));
 
 /// What a claim's hash holds, with the server's clock first: `{now, state, deliveries, runs,
 /// reclaimed, first_seen, last_seen, claimed_at, renewed_at, completed_at, receipt}`, or
 /// `{now}` for a key the store does not know.
-pub(super) static DESCRIBE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        now!(),
-        r#"
+pub(super) static DESCRIBE: Scripted = Scripted::new(concat!(
+    now!(),
+    r#"
 local row = redis.call('HMGET', KEYS[1], 'state', 'deliveries', 'runs', 'reclaimed',
   'first_seen', 'last_seen', 'claimed_at', 'renewed_at', 'completed_at', 'receipt')
 if not row[1] then return {now} end
 table.insert(row, 1, now)
 return row
 "#
-    ))
-});
+));
 
 /// Deletes a settled claim if it was settled before `ARGV[1]` (microseconds of the server's
 /// clock). Answers 1 if it deleted it.
-pub(super) static PURGE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
+pub(super) static PURGE: Scripted = Scripted::new(
+    r#"
 local row = redis.call('HMGET', KEYS[1], 'state', 'completed_at')
 if row[1] ~= 'done' and row[1] ~= 'released' then return 0 end
 if not row[2] or tonumber(row[2]) > tonumber(ARGV[1]) then return 0 end
 return redis.call('DEL', KEYS[1])
 "#,
-    )
-});
+);
 
 /// Compares two decimal `i64` strings exactly (Lua's numbers are doubles, which lose
 /// versions past 2^53): `-1`, `0` or `1`.
@@ -191,11 +197,10 @@ end
 /// Begins a version. `ARGV`: version, token, whether the policy reclaims (`1`), the stale
 /// limit in microseconds. Answers `{applied, pending version, pending token, idle}` after the
 /// step (absent fields `nil`); the claim is ours if the pending token is the one passed.
-pub(super) static BEGIN_VERSION: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        now!(),
-        compare!(),
-        r#"
+pub(super) static BEGIN_VERSION: Scripted = Scripted::new(concat!(
+    now!(),
+    compare!(),
+    r#"
 local h = KEYS[1]
 local row = redis.call('HMGET', h, 'applied', 'p_version', 'p_token', 'p_since')
 local applied, version = row[1], ARGV[1]
@@ -213,27 +218,23 @@ if not_older and free then
 end
 return {applied, row[2], row[3], idle}
 "#
-    ))
-});
+));
 
 /// Renews a pending version. `ARGV`: token. Answers 1 if the lease held.
-pub(super) static RENEW_VERSION: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        now!(),
-        r#"
+pub(super) static RENEW_VERSION: Scripted = Scripted::new(concat!(
+    now!(),
+    r#"
 if redis.call('HGET', KEYS[1], 'p_token') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'p_since', now)
 return 1
 "#
-    ))
-});
+));
 
 /// Settles a pending version. `ARGV`: token (or `""` for whoever holds it, a person
 /// resolving), `apply` or `discard`. Answers 1 if there was such a pending version.
-pub(super) static SETTLE_VERSION: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        compare!(),
-        r#"
+pub(super) static SETTLE_VERSION: Scripted = Scripted::new(concat!(
+    compare!(),
+    r#"
 local h = KEYS[1]
 local row = redis.call('HMGET', h, 'applied', 'p_version', 'p_token')
 if not row[2] then return 0 end
@@ -246,5 +247,4 @@ elseif not row[1] then
 end
 return 1
 "#
-    ))
-});
+));

@@ -1,8 +1,8 @@
 //! The version guard's store on Redis: one hash per entity, each step one script.
 
-use super::RedisStore;
 use super::claims::micros;
 use super::scripts::{BEGIN_VERSION, RENEW_VERSION, SETTLE_VERSION};
+use super::{RedisStore, arg, unreplicated};
 use crate::key::IdempotencyKey;
 use crate::store::{
     LeaseToken, Resolution, Stale, StalePolicy, StoreError, VersionClaim, VersionLease,
@@ -26,17 +26,16 @@ impl RedisStore {
         token: Option<LeaseToken>,
         how: &str,
     ) -> Result<bool, StoreError> {
-        let key = self.entity_of(entity);
         let token = token.map_or_else(String::new, |t| t.to_i64().to_string());
-        let settled: i64 = SETTLE_VERSION
-            .key(&key)
-            .arg(token)
-            .arg(how)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(StoreError::backend)?;
-        if settled == 1 {
-            self.replicated(&key).await?;
+        let (settled, replicated): (i64, bool) = self
+            .write(
+                &SETTLE_VERSION,
+                &self.entity_of(entity),
+                &[arg(token), arg(how)],
+            )
+            .await?;
+        if settled == 1 && !replicated {
+            return Err(unreplicated());
         }
         Ok(settled == 1)
     }
@@ -52,15 +51,14 @@ impl VersionStore for RedisStore {
         let ours = LeaseToken::generate();
         let key = self.entity_of(entity);
         let stale_us = i64::try_from(stale.after().as_micros()).unwrap_or(i64::MAX);
-        let (applied, pending, token, idle): BeginReply = BEGIN_VERSION
-            .key(&key)
-            .arg(version)
-            .arg(ours.to_i64())
-            .arg(u8::from(stale.policy() == StalePolicy::Reclaim))
-            .arg(stale_us)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(StoreError::backend)?;
+        let args = [
+            arg(version),
+            arg(ours.to_i64()),
+            arg(u8::from(stale.policy() == StalePolicy::Reclaim)),
+            arg(stale_us),
+        ];
+        let ((applied, pending, token, idle), replicated): (BeginReply, bool) =
+            self.write(&BEGIN_VERSION, &key, &args).await?;
         let applied = applied.as_deref().map(self::version).transpose()?;
         let pending = match (pending, token) {
             (Some(pending), Some(token)) => {
@@ -79,19 +77,21 @@ impl VersionStore for RedisStore {
         };
         let claim = crate::store::decide(entity, version, ours, stale, applied, pending)
             .ok_or_else(|| StoreError::backend("inconsistent version hash in Redis"))?;
-        if matches!(claim, VersionClaim::Acquired(_)) {
-            self.replicated(&key).await?;
+        if matches!(claim, VersionClaim::Acquired(_)) && !replicated {
+            // Granted on the master alone: given back, so that the entity is not blocked by
+            // a version nobody applies.
+            let discard = [arg(ours.to_i64()), arg("discard")];
+            let _: Result<i64, _> = self.call(&SETTLE_VERSION, &key, &discard).await;
+            return Err(unreplicated());
         }
         Ok(claim)
     }
 
     async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        let held: i64 = RENEW_VERSION
-            .key(self.entity_of(lease.entity()))
-            .arg(lease.token().to_i64())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(StoreError::backend)?;
+        let key = self.entity_of(lease.entity());
+        let held: i64 = self
+            .call(&RENEW_VERSION, &key, &[arg(lease.token().to_i64())])
+            .await?;
         if held == 1 {
             Ok(())
         } else {

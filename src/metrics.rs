@@ -1,0 +1,79 @@
+//! The layer's metrics, through the [`metrics`](https://docs.rs/metrics) facade (feature
+//! `metrics`): whatever recorder the application installed receives them, a Prometheus
+//! exporter for one. Without the feature, or without a recorder, they cost nothing.
+//!
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | `idempotency_deliveries_total` | counter | `namespace`, `outcome` | deliveries answered, by [`Outcome`] (`processed`, `duplicate`, `in-flight`, …) |
+//! | `idempotency_handler_duration_seconds` | histogram | `namespace` | how long the inner service took, claimed deliveries only |
+//! | `idempotency_store_duration_seconds` | histogram | `operation` | store calls: `claim`, `commit`, `release`, `renew` |
+//! | `idempotency_claims_in_flight` | gauge | | deliveries claiming or holding a claim in this process |
+//! | `idempotency_lease_lost_total` | counter | `operation` | renewals and settlements that found their claim taken over |
+//! | `idempotency_settle_retries_total` | counter | `action` | commits and releases tried again after a store failure |
+//!
+//! `namespace` is the extractor's namespace (`stripe`, `github`, …) without the route's scope,
+//! so that the labels stay few whatever the paths and clients.
+//!
+//! Exported with `metrics-exporter-prometheus`:
+//!
+//! ```ignore
+//! let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+//! let app = app.route("/metrics", get(move || std::future::ready(handle.render())));
+//! ```
+
+#![cfg_attr(not(feature = "metrics"), allow(unused_variables, dead_code))]
+
+use std::time::Duration;
+
+use crate::response::Outcome;
+
+/// The namespace without its scope: the label of the delivery metrics.
+pub(crate) fn base(namespace: &str) -> &str {
+    namespace.split('@').next().unwrap_or(namespace)
+}
+
+/// A delivery answered.
+pub(crate) fn delivery(namespace: &str, outcome: Outcome) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idempotency_deliveries_total",
+        "namespace" => base(namespace).to_owned(),
+        "outcome" => outcome.as_str(),
+    )
+    .increment(1);
+}
+
+/// The inner service's time for a claimed delivery.
+pub(crate) fn handler(namespace: &str, took: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!(
+        "idempotency_handler_duration_seconds",
+        "namespace" => base(namespace).to_owned(),
+    )
+    .record(took.as_secs_f64());
+}
+
+/// A store call's time.
+pub(crate) fn store_call(operation: &'static str, took: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("idempotency_store_duration_seconds", "operation" => operation)
+        .record(took.as_secs_f64());
+}
+
+/// A delivery started (`1.0`) or stopped (`-1.0`) claiming or holding a claim.
+pub(crate) fn in_flight(delta: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("idempotency_claims_in_flight").increment(delta);
+}
+
+/// A renewal or settlement found its claim taken over.
+pub(crate) fn lease_lost(operation: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idempotency_lease_lost_total", "operation" => operation).increment(1);
+}
+
+/// A commit or release tried again.
+pub(crate) fn settle_retry(action: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idempotency_settle_retries_total", "action" => action).increment(1);
+}
