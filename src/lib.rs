@@ -1,15 +1,28 @@
-// With SQLite, axum and verification, the crate documentation is the README (docs.rs builds it so);
-// without them, the short version below, whose examples need no database.
+// With SQLite, axum, verification and the admin router, the crate documentation is the README
+// (docs.rs builds it so); without them, the short version below, whose examples need no database.
 #![cfg_attr(
-    all(feature = "sqlite", feature = "axum", feature = "verify"),
+    all(
+        feature = "sqlite",
+        feature = "axum",
+        feature = "verify",
+        feature = "admin"
+    ),
     doc = include_str!("../README.md")
 )]
 #![cfg_attr(
-    not(all(feature = "sqlite", feature = "axum", feature = "verify")),
+    not(all(
+        feature = "sqlite",
+        feature = "axum",
+        feature = "verify",
+        feature = "admin"
+    )),
     doc = include_str!("../docs/crate.md")
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub mod admin;
 pub mod body;
 mod engine;
 mod future;

@@ -1,0 +1,211 @@
+//! An axum router for operators: the claims that are held or stuck, one key's record, and the
+//! two maintenance steps a person takes by hand (resolve a claim, purge settled keys).
+//!
+//! [`Admin::new(store)`](Admin::new)[`.router()`](Admin::router) answers an HTML page at `/`
+//! and the JSON routes it uses. Mount it under a prefix of your application, **behind your
+//! application's authentication**:
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{Router, body::Body, extract::Request, middleware::{self, Next}, response::Response};
+//! use http::StatusCode;
+//! use tower::ServiceExt;
+//! use tower_idempotency::{IdempotencyKey, Stale, admin::Admin};
+//! use tower_idempotency::store::{Claim, MemoryStore, Store};
+//!
+//! /// The application's own check; a session cookie or a proxy's single sign-on does as well.
+//! async fn require_token(req: Request, next: Next) -> Result<Response, StatusCode> {
+//!     match req.headers().get("authorization") {
+//!         Some(value) if value == "Bearer s3cret" => Ok(next.run(req).await),
+//!         _ => Err(StatusCode::UNAUTHORIZED),
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let store = MemoryStore::new();
+//! let app = Router::new()
+//!     .nest("/admin", Admin::new(store.clone()).router())
+//!     .layer(middleware::from_fn(require_token));
+//!
+//! // A claim whose owner died: nobody renews it.
+//! let key = IdempotencyKey::new("github@/webhooks/github", "d-1").unwrap();
+//! let Ok(Claim::Acquired(_lease)) = store.claim(&key, Stale::hold_after(Duration::ZERO)).await
+//! else { panic!("claimed") };
+//!
+//! let get = |uri: &str, token: Option<&str>| {
+//!     let mut req = http::Request::get(uri);
+//!     if let Some(token) = token {
+//!         req = req.header("authorization", token);
+//!     }
+//!     req.body(Body::empty()).unwrap()
+//! };
+//! let refused = app.clone().oneshot(get("/admin/claims?older_than_s=0", None)).await.unwrap();
+//! assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+//!
+//! let listed = app.clone().oneshot(get("/admin/claims?older_than_s=0", Some("Bearer s3cret"))).await.unwrap();
+//! assert_eq!(listed.status(), StatusCode::OK);
+//! let body = axum::body::to_bytes(listed.into_body(), 1 << 20).await.unwrap();
+//! let claims: serde_json::Value = serde_json::from_slice(&body).unwrap();
+//! assert_eq!(claims[0]["namespace"], "github@/webhooks/github");
+//! assert_eq!(claims[0]["key"], "d-1");
+//!
+//! // Mark it done by hand: the sender's next retry is answered as a duplicate.
+//! let resolve = http::Request::post("/admin/keys/resolve")
+//!     .header("authorization", "Bearer s3cret")
+//!     .header("content-type", "application/json")
+//!     .body(Body::from(r#"{"namespace":"github@/webhooks/github","key":"d-1","resolution":"done"}"#))
+//!     .unwrap();
+//! let resolved = app.oneshot(resolve).await.unwrap();
+//! assert_eq!(resolved.status(), StatusCode::OK);
+//! assert!(matches!(store.claim(&key, Stale::default()).await, Ok(Claim::Done(_))));
+//! # }
+//! ```
+//!
+//! The page calls the routes by relative URLs, so it works under any prefix, served at
+//! `/admin` as at `/admin/`. Which of the two answers is the application's router's choice:
+//! axum 0.8's [`Router::nest`] answers `/admin` only; [`Router::nest_service`] hands both to
+//! this router.
+//!
+//! # Never without authentication
+//!
+//! The router checks nobody's identity: whoever reaches it can mark events done that never
+//! ran, release claims whose work did run, and purge keys. **Never expose it without an
+//! authentication layer in front of it**: `.layer(..)` on the router it is nested in, as
+//! above, or [`route_layer`](axum::Router::route_layer) on a router of its own, or a
+//! reverse proxy that lets only operators through. The page calls the routes from the
+//! browser with `fetch`, which sends cookies, HTTP Basic credentials and client certificates
+//! by itself but no header of its own: use an authentication the browser carries.
+//!
+//! # Routes
+//!
+//! Relative to where the router is mounted. Durations are seconds, as JSON numbers with a
+//! fraction (`older_than_s=0.5`); ages are measured by the store's clock.
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /` | the page: held and stuck claims with buttons to resolve them, a form to look up one key |
+//! | `GET /claims?older_than_s=N` | `processing` claims not renewed for `N` seconds (default [`stuck_after`](Admin::stuck_after)), longest silent first: `[{namespace, key, age_s, since_renewal_s, deliveries, runs, renewed_ago_s}]` |
+//! | `GET /keys?namespace=NS&key=K` | one key's record: `{namespace, key, state, deliveries, runs, reclaimed, first_seen_ago_s, last_seen_ago_s, claimed_ago_s, renewed_ago_s, settled_ago_s, receipt}`, 404 if the store does not know it |
+//! | `POST /keys/resolve` `{namespace, key, resolution: "done" \| "release"}` | `{resolved}`: whether there was a `processing` claim to settle |
+//! | `POST /purge` `{older_than_s?}` | `{purged}`: `done` and `released` keys settled that long ago (default [`retention`](Admin::retention)) deleted |
+//!
+//! `namespace` is the namespace as stored, with the [scope](crate::Scope) joined to it
+//! (`github@/webhooks/github`), as `/claims` lists it. `runs` and `renewed_ago_s` in the list
+//! come from the key's record and are `null` for a claim settled between the two reads.
+//! `receipt` is `null`, or `{fingerprint, status}` for a key committed with a
+//! [receipt](crate::store::Receipt): the fingerprint in hex and the stored response's status,
+//! each `null` when not kept.
+//!
+//! Errors are `application/problem+json` (RFC 9457: `title`, `status`, `detail`): 400 for a
+//! body that is no JSON or a query that does not parse, 422 for JSON of the wrong shape, 404
+//! for an unknown key or route, 405 for a wrong method, 413 for a body over 64 KiB, 415 and
+//! 403 as below, and 503 when the store fails (the error is logged at `ERROR`).
+//!
+//! Resolving by hand is a decision about work nobody can see any more: `done` when the side
+//! effect happened (further deliveries are duplicates), `release` when it did not (the next
+//! delivery runs the handler). A purge with a short `older_than_s` forgets keys the senders may
+//! still retry: their retries then run again.
+//!
+//! # Cross-site requests are refused
+//!
+//! A browser of an operator who is logged in sends their credentials with every request to
+//! the router, also one that another site makes it send (cross-site request forgery). So the
+//! routes that change something are `POST` only, and every request that is not a `GET` or
+//! `HEAD`:
+//!
+//! - must be `Content-Type: application/json`, or it is refused with 415. An HTML form on
+//!   another site can only send `application/x-www-form-urlencoded`, `multipart/form-data` or
+//!   `text/plain`; a page that asks `fetch` for `application/json` makes the browser send a
+//!   CORS preflight first, which this router never answers with the permissions it asks for,
+//!   so the browser never sends the request itself.
+//! - is refused with 403 when the browser says it comes from another site: `Sec-Fetch-Site`
+//!   `cross-site` or `same-site` (a sibling subdomain is another origin). The page's own
+//!   requests say `same-origin`; clients that are not browsers send no such header.
+//!
+//! The page forbids being framed by another site (`Content-Security-Policy: frame-ancestors
+//! 'none'`, `X-Frame-Options: DENY`), so it cannot be overlaid to trick a click, and it loads
+//! nothing from elsewhere: its policy allows its own inline script and style, by hash, and
+//! requests to its own origin.
+
+mod guard;
+mod page;
+mod problem;
+mod routes;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post};
+
+use crate::store::{DEFAULT_RETENTION, Store};
+
+/// The default of [`Admin::stuck_after`]: a claim not renewed for a minute is listed.
+pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(60);
+
+/// The operators' router over a [`Store`]; see the [module documentation](self).
+#[must_use]
+pub struct Admin<St> {
+    store: St,
+    retention: Duration,
+    stuck_after: Duration,
+}
+
+impl<St: Store + Clone> Admin<St> {
+    /// The router's settings for `store`: the retention of [`DEFAULT_RETENTION`] for
+    /// `POST /purge`, claims not renewed for [`DEFAULT_STUCK_AFTER`] listed as stuck.
+    pub fn new(store: St) -> Self {
+        Self {
+            store,
+            retention: DEFAULT_RETENTION,
+            stuck_after: DEFAULT_STUCK_AFTER,
+        }
+    }
+
+    /// How long ago a key must have been settled for `POST /purge` without `older_than_s` to
+    /// delete it. Keep it longer than any sender retries.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How long a claim must have gone without a heartbeat for `GET /claims` without
+    /// `older_than_s` (and the page) to list it. The layer renews a running claim every
+    /// quarter of its stale limit, so a limit above the stale limit lists only claims whose
+    /// owner stopped: held claims, and claims waiting to be reclaimed.
+    pub fn stuck_after(mut self, stuck_after: Duration) -> Self {
+        self.stuck_after = stuck_after;
+        self
+    }
+
+    /// The router, to mount with [`Router::nest`] (or [`Router::merge`]) behind the
+    /// application's authentication.
+    pub fn router(&self) -> Router {
+        let state = Arc::new(Self {
+            store: self.store.clone(),
+            retention: self.retention,
+            stuck_after: self.stuck_after,
+        });
+        Router::new()
+            .route("/", get(page::page))
+            .route("/claims", get(routes::claims::<St>))
+            .route("/keys", get(routes::describe::<St>))
+            .route("/keys/resolve", post(routes::resolve::<St>))
+            .route("/purge", post(routes::purge::<St>))
+            .fallback(problem::not_found)
+            .method_not_allowed_fallback(problem::method_not_allowed)
+            .layer(axum::middleware::from_fn(guard::refuse_cross_site))
+            .with_state(state)
+    }
+}
+
+impl<St> fmt::Debug for Admin<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admin")
+            .field("retention", &self.retention)
+            .field("stuck_after", &self.stuck_after)
+            .finish_non_exhaustive()
+    }
+}

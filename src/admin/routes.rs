@@ -1,0 +1,238 @@
+//! The JSON routes: read the input, ask the store, render the answer.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::response::Response;
+use futures_util::{StreamExt, TryStreamExt, stream};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde_json::{Map, Value, json};
+
+use super::Admin;
+use super::problem::{Problem, json};
+use crate::key::IdempotencyKey;
+use crate::store::{KeyRecord, Resolution, Store};
+
+/// The largest body a route reads: its JSON is a few short fields.
+const BODY_LIMIT: usize = 64 * 1024;
+
+/// How many keys `GET /claims` describes at once.
+const DESCRIBE_AT_ONCE: usize = 8;
+
+type Shared<St> = State<Arc<Admin<St>>>;
+type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
+
+/// `GET /claims?older_than_s=N`
+pub(super) async fn claims<St: Store + Clone>(
+    State(admin): Shared<St>,
+    params: Params,
+) -> Result<Response, Problem> {
+    let params = query(params)?;
+    let older_than = match params.get("older_than_s") {
+        Some(text) => parse_seconds(text.parse().ok())
+            .ok_or_else(|| Problem::bad_request(not_seconds("older_than_s")))?,
+        None => admin.stuck_after,
+    };
+    let stuck = admin.store.stuck_claims(older_than).await?;
+    let store = &admin.store;
+    let listed: Vec<Value> = stream::iter(stuck)
+        .map(|claim| async move {
+            let record = store.describe(&claim.key).await?;
+            Ok::<_, Problem>(json!({
+                "namespace": claim.key.namespace(),
+                "key": claim.key.value(),
+                "age_s": seconds(claim.age),
+                "since_renewal_s": seconds(claim.since_renewal),
+                "deliveries": claim.deliveries,
+                "runs": record.as_ref().map(|record| record.runs),
+                "renewed_ago_s": record.and_then(|record| record.renewed_ago).map(seconds),
+            }))
+        })
+        .buffered(DESCRIBE_AT_ONCE)
+        .try_collect()
+        .await?;
+    Ok(json(Value::Array(listed)))
+}
+
+/// `GET /keys?namespace=NS&key=K`
+pub(super) async fn describe<St: Store + Clone>(
+    State(admin): Shared<St>,
+    params: Params,
+) -> Result<Response, Problem> {
+    let mut params = query(params)?;
+    let mut field = |name: &str| {
+        params
+            .remove(name)
+            .ok_or_else(|| Problem::bad_request(format!("the query needs `{name}`")))
+    };
+    let (namespace, value) = (field("namespace")?, field("key")?);
+    let key = IdempotencyKey::new(namespace, value)
+        .map_err(|err| Problem::bad_request(format!("not a key: {err}")))?;
+    match admin.store.describe(&key).await? {
+        Some(record) => Ok(json(render(&key, &record))),
+        None => Err(Problem::new(
+            http::StatusCode::NOT_FOUND,
+            format!("the store does not know the key {key} (never seen, or purged)"),
+        )),
+    }
+}
+
+/// `POST /keys/resolve` `{namespace, key, resolution}`
+pub(super) async fn resolve<St: Store + Clone>(
+    State(admin): Shared<St>,
+    body: Body,
+) -> Result<Response, Problem> {
+    let mut fields = Fields(object(body).await?);
+    let namespace = fields.string("namespace")?;
+    let value = fields.string("key")?;
+    let resolution = match fields.string("resolution")?.as_str() {
+        "done" => Resolution::Done,
+        "release" => Resolution::Release,
+        other => {
+            return Err(Problem::unprocessable(format!(
+                "`resolution` is \"done\" or \"release\", not {other:?}"
+            )));
+        }
+    };
+    fields.no_others()?;
+    let key = IdempotencyKey::new(namespace, value)
+        .map_err(|err| Problem::unprocessable(format!("not a key: {err}")))?;
+    let resolved = admin.store.resolve(&key, resolution).await?;
+    tracing::info!(%key, ?resolution, resolved, "admin: a claim resolved by hand");
+    Ok(json(json!({ "resolved": resolved })))
+}
+
+/// `POST /purge` `{older_than_s?}`
+pub(super) async fn purge<St: Store + Clone>(
+    State(admin): Shared<St>,
+    body: Body,
+) -> Result<Response, Problem> {
+    let mut fields = Fields(object(body).await?);
+    let older_than = match fields.0.remove("older_than_s") {
+        None | Some(Value::Null) => admin.retention,
+        Some(value) => parse_seconds(value.as_f64())
+            .ok_or_else(|| Problem::unprocessable(not_seconds("older_than_s")))?,
+    };
+    fields.no_others()?;
+    let purged = admin.store.purge_completed(older_than).await?;
+    tracing::info!(purged, older_than = ?older_than, "admin: settled keys purged by hand");
+    Ok(json(json!({ "purged": purged })))
+}
+
+/// One key's record as `GET /keys` answers it.
+fn render(key: &IdempotencyKey, record: &KeyRecord) -> Value {
+    let receipt = record.receipt.as_ref().map(|receipt| {
+        json!({
+            "fingerprint": receipt.fingerprint.map(|print| hex(print.as_bytes())),
+            "status": receipt.response.as_ref().map(|res| res.status.as_u16()),
+        })
+    });
+    json!({
+        "namespace": key.namespace(),
+        "key": key.value(),
+        "state": record.state.as_str(),
+        "deliveries": record.deliveries,
+        "runs": record.runs,
+        "reclaimed": record.reclaimed,
+        "first_seen_ago_s": seconds(record.first_seen_ago),
+        "last_seen_ago_s": seconds(record.last_seen_ago),
+        "claimed_ago_s": seconds(record.claimed_ago),
+        "renewed_ago_s": record.renewed_ago.map(seconds),
+        "settled_ago_s": record.settled_ago.map(seconds),
+        "receipt": receipt,
+    })
+}
+
+fn query(params: Params) -> Result<HashMap<String, String>, Problem> {
+    params
+        .map(|Query(params)| params)
+        .map_err(|err| Problem::bad_request(format!("the query does not parse: {err}")))
+}
+
+/// The body as a JSON object: 413 past the limit, 400 if it is no JSON, 422 if no object.
+async fn object(body: Body) -> Result<Map<String, Value>, Problem> {
+    let bytes = match Limited::new(body, BODY_LIMIT).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
+            return Err(Problem::new(
+                http::StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the body is over {BODY_LIMIT} bytes"),
+            ));
+        }
+        Err(err) => return Err(Problem::bad_request(format!("the body was cut: {err}"))),
+    };
+    match serde_json::from_slice(&bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(Problem::unprocessable("the body must be a JSON object")),
+        Err(err) => Err(Problem::bad_request(format!("the body is not JSON: {err}"))),
+    }
+}
+
+/// The fields of a JSON body, taken one by one.
+struct Fields(Map<String, Value>);
+
+impl Fields {
+    fn string(&mut self, name: &str) -> Result<String, Problem> {
+        match self.0.remove(name) {
+            Some(Value::String(text)) => Ok(text),
+            Some(_) => Err(Problem::unprocessable(format!("`{name}` must be a string"))),
+            None => Err(Problem::unprocessable(format!("the body needs `{name}`"))),
+        }
+    }
+
+    /// A field the route does not take is refused rather than ignored: a misspelt
+    /// `older_than_s` must not purge with the default.
+    fn no_others(self) -> Result<(), Problem> {
+        match self.0.keys().next() {
+            None => Ok(()),
+            Some(name) => Err(Problem::unprocessable(format!(
+                "unknown field `{name}` in the body"
+            ))),
+        }
+    }
+}
+
+/// Seconds as a duration: finite, not negative, representable.
+fn parse_seconds(seconds: Option<f64>) -> Option<Duration> {
+    seconds
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+}
+
+fn not_seconds(name: &str) -> String {
+    format!("`{name}` must be a number of seconds, not negative")
+}
+
+/// A duration as seconds, to the millisecond.
+fn seconds(duration: Duration) -> f64 {
+    duration.as_millis() as f64 / 1000.0
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_are_finite_and_not_negative() {
+        assert_eq!(parse_seconds(Some(0.5)), Some(Duration::from_millis(500)));
+        assert_eq!(parse_seconds(Some(0.0)), Some(Duration::ZERO));
+        for bad in [-1.0, f64::NAN, f64::INFINITY, 1e300] {
+            assert_eq!(parse_seconds(Some(bad)), None, "{bad}");
+        }
+        assert_eq!(parse_seconds(None), None);
+        assert_eq!(seconds(Duration::from_micros(1_234_567)), 1.234);
+    }
+
+    #[test]
+    fn a_fingerprint_is_lower_case_hex() {
+        assert_eq!(hex(&[0x00, 0xab, 0x7f]), "00ab7f");
+    }
+}

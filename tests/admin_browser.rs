@@ -1,0 +1,409 @@
+//! The admin page in a real browser: headless Chromium driven by chromedriver through the W3C
+//! WebDriver protocol (plain HTTP and JSON, no client library). The page lists a held claim,
+//! an operator clicks "Mark done" or "Release" and accepts the confirmation, and the next
+//! delivery through the layer is a duplicate, or runs.
+//!
+//! Needs `chromium` and `chromedriver` (Debian: `apt-get install chromium chromium-driver`).
+//! Without them the tests are skipped, loudly, or fail when `CI` is set.
+
+mod common;
+
+use std::io::{Read as _, Write as _};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+use tower_idempotency::admin::Admin;
+use tower_idempotency::store::{Claim, MemoryStore, Store};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Stale, key};
+
+use common::{PAST_SHORT, SHORT, counting_layer_service, delivery, key_in, unique_namespace};
+
+/// The W3C name of an element reference in WebDriver answers.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// How long the browser may take for one step (starting it, above all) on a busy machine.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The first of `names` found on `PATH`.
+fn on_path(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| names.iter().map(move |name| dir.join(name)))
+        .find(|candidate| candidate.is_file())
+}
+
+/// chromedriver and the browser, or `None` (after saying so) when this machine has none;
+/// under `CI`, their absence fails the test.
+fn browser_tools() -> Option<(PathBuf, PathBuf)> {
+    let driver = on_path(&["chromedriver"]);
+    let browser = on_path(&["chromium", "chromium-browser", "google-chrome"]);
+    if let (Some(driver), Some(browser)) = (&driver, &browser) {
+        return Some((driver.clone(), browser.clone()));
+    }
+    let missing = match (driver, browser) {
+        (None, None) => "chromedriver and chromium",
+        (None, _) => "chromedriver",
+        _ => "chromium",
+    };
+    if std::env::var_os("CI").is_some() {
+        panic!("{missing} not found on PATH; CI is set, so this fails instead of skipping");
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED: {missing} not found on PATH (Debian: apt-get install chromium chromium-driver)"
+    );
+    None
+}
+
+/// A port nobody listens on right now.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// A running chromedriver and, once opened, its browser session. Dropping it ends the
+/// session (the browser quits) and kills chromedriver, also when the test fails half way.
+struct Driver {
+    child: Child,
+    port: u16,
+    session: Option<String>,
+}
+
+impl Driver {
+    async fn start(driver: &PathBuf) -> Self {
+        let port = free_port();
+        let child = Command::new(driver)
+            .arg(format!("--port={port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let driver = Self {
+            child,
+            port,
+            session: None,
+        };
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Ok((_, status)) = driver.try_call(Method::GET, "/status", None).await
+                && status["value"]["ready"] == true
+            {
+                return driver;
+            }
+            assert!(Instant::now() < deadline, "chromedriver did not come up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// One WebDriver command: an HTTP/1 request with a JSON body, its status and JSON answer.
+    async fn try_call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, Value), Box<dyn std::error::Error + Send + Sync>> {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let body = body.map(|body| body.to_string()).unwrap_or_default();
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", format!("127.0.0.1:{}", self.port))
+            .header("content-type", "application/json; charset=utf-8")
+            .body(Full::new(Bytes::from(body)))?;
+        let res = sender.send_request(req).await?;
+        let status = res.status();
+        let bytes = res.into_body().collect().await?.to_bytes();
+        Ok((status, serde_json::from_slice(&bytes)?))
+    }
+
+    /// A command in the session that must succeed: its `value`.
+    async fn command(&self, method: Method, path: &str, body: Option<Value>) -> Value {
+        let session = self.session.as_deref().expect("a session");
+        let full = format!("/session/{session}{path}");
+        let (status, answer) = self
+            .try_call(method, &full, body)
+            .await
+            .unwrap_or_else(|err| panic!("{full}: {err}"));
+        assert_eq!(status, StatusCode::OK, "{full}: {answer}");
+        answer["value"].clone()
+    }
+
+    /// Opens a headless browser session.
+    async fn open(&mut self, browser: &PathBuf) {
+        let capabilities = json!({
+            "capabilities": {
+                "alwaysMatch": {
+                    "browserName": "chrome",
+                    "goog:chromeOptions": {
+                        "binary": browser,
+                        "args": ["--headless=new", "--no-sandbox", "--disable-gpu"],
+                    },
+                },
+            },
+        });
+        let (status, answer) = self
+            .try_call(Method::POST, "/session", Some(capabilities))
+            .await
+            .expect("ask chromedriver for a session");
+        assert_eq!(status, StatusCode::OK, "new session: {answer}");
+        let session = answer["value"]["sessionId"].as_str().expect("a session id");
+        self.session = Some(session.to_owned());
+        let timeouts = json!({ "script": 30_000, "pageLoad": 60_000, "implicit": 0 });
+        self.command(Method::POST, "/timeouts", Some(timeouts))
+            .await;
+    }
+
+    async fn navigate(&self, url: &str) {
+        self.command(Method::POST, "/url", Some(json!({ "url": url })))
+            .await;
+    }
+
+    /// Waits until `xpath` finds an element; answers its reference.
+    async fn wait_for(&self, xpath: &str) -> String {
+        let session = self.session.as_deref().expect("a session");
+        let path = format!("/session/{session}/element");
+        let query = json!({ "using": "xpath", "value": xpath });
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let (status, answer) = self
+                .try_call(Method::POST, &path, Some(query.clone()))
+                .await
+                .expect("find an element");
+            if status == StatusCode::OK {
+                return answer["value"][ELEMENT]
+                    .as_str()
+                    .expect("an element reference")
+                    .to_owned();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no element {xpath} on the page: {answer}\n{}",
+                self.page_text().await
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// How many elements `xpath` finds now.
+    async fn count(&self, xpath: &str) -> usize {
+        let query = json!({ "using": "xpath", "value": xpath });
+        let found = self.command(Method::POST, "/elements", Some(query)).await;
+        found.as_array().map_or(0, Vec::len)
+    }
+
+    async fn click(&self, element: &str) {
+        let path = format!("/element/{element}/click");
+        self.command(Method::POST, &path, Some(json!({}))).await;
+    }
+
+    /// Waits for the confirmation the click opened, checks that it names `key`, accepts it.
+    async fn accept_confirmation(&self, key: &str) {
+        let session = self.session.as_deref().expect("a session");
+        let path = format!("/session/{session}/alert/text");
+        let deadline = Instant::now() + PATIENCE;
+        let text = loop {
+            let (status, answer) = self
+                .try_call(Method::GET, &path, None)
+                .await
+                .expect("ask for the alert");
+            if status == StatusCode::OK {
+                break answer["value"].as_str().unwrap_or_default().to_owned();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no confirmation opened: {answer}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            text.contains(key),
+            "the confirmation names the key: {text:?}"
+        );
+        self.command(Method::POST, "/alert/accept", Some(json!({})))
+            .await;
+    }
+
+    /// The text of the whole page, for failure messages.
+    async fn page_text(&self) -> String {
+        let script = json!({ "script": "return document.body.innerText", "args": [] });
+        let session = self.session.as_deref().unwrap_or_default();
+        match self
+            .try_call(
+                Method::POST,
+                &format!("/session/{session}/execute/sync"),
+                Some(script),
+            )
+            .await
+        {
+            Ok((_, answer)) => answer["value"].to_string(),
+            Err(err) => format!("(no page text: {err})"),
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // Blocking on purpose: a drop cannot wait for a future, and the browser must quit
+        // even when the test panics.
+        if let Some(session) = self.session.take() {
+            let _ = delete_session(self.port, &session);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `DELETE /session/{id}` over a plain blocking socket: the browser quits.
+fn delete_session(port: u16, session: &str) -> std::io::Result<()> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+    write!(
+        stream,
+        "DELETE /session/{session} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer)?;
+    Ok(())
+}
+
+/// A key that would run script if the page inserted it as HTML.
+const HOSTILE: &str = "<img src=x onerror=alert(1)>";
+
+/// The layer's stale policy: hold claims not renewed for `SHORT`.
+const HOLD: Stale = Stale::hold_after(SHORT);
+
+/// Serves the admin router at `/admin` on a loopback port; answers the port.
+async fn serve_admin(store: MemoryStore) -> u16 {
+    let app = Router::new().nest_service("/admin", Admin::new(store).stuck_after(SHORT).router());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+/// A claim on `id` in `ns`, as the layer stores it for `/hook`, whose owner died at once.
+async fn held_claim(store: &MemoryStore, ns: &str, id: &str) -> IdempotencyKey {
+    let key = key_in(ns, id).scoped("/hook").unwrap();
+    let Claim::Acquired(lease) = store.claim(&key, HOLD).await.unwrap() else {
+        panic!("claim {key}")
+    };
+    drop(lease);
+    tokio::time::sleep(PAST_SHORT).await;
+    key
+}
+
+/// The next delivery of `id` through the layer: its outcome header, and whether it ran.
+async fn deliver(store: &MemoryStore, ns: &str, id: &str) -> (String, bool) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(store.clone())
+        .key(key::header("x-event-id").namespace(ns.to_owned()))
+        .stale(HOLD);
+    let res = counting_layer_service(layer, runs.clone())
+        .oneshot(delivery(id))
+        .await
+        .unwrap();
+    let outcome = res
+        .headers()
+        .get("idempotency-outcome")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (outcome, runs.load(Ordering::SeqCst) == 1)
+}
+
+/// Opens the page at `path`, waits for the held claim `id`, clicks `button` on its row,
+/// accepts the confirmation, and waits for the page to say `said`.
+async fn resolve_in_the_browser(
+    path: &str,
+    button: &str,
+    said: &str,
+) -> Option<(MemoryStore, String)> {
+    let (driver_path, browser) = browser_tools()?;
+    let store = MemoryStore::new();
+    let ns = unique_namespace("browser");
+    let id = "evt_browser";
+    let key = held_claim(&store, &ns, id).await;
+    held_claim(&store, &ns, HOSTILE).await;
+    let (outcome, ran) = deliver(&store, &ns, id).await;
+    assert_eq!((outcome.as_str(), ran), ("held", false), "held before");
+
+    let port = serve_admin(store.clone()).await;
+    let mut driver = Driver::start(&driver_path).await;
+    driver.open(&browser).await;
+    driver
+        .navigate(&format!("http://127.0.0.1:{port}{path}"))
+        .await;
+
+    let row = format!("//tr[td[normalize-space()='{id}']]");
+    driver
+        .wait_for(&format!(
+            "{row}/td[normalize-space()='{}']",
+            key.namespace()
+        ))
+        .await;
+    let runs = driver.wait_for(&format!("{row}/td[6]")).await;
+    let text = driver
+        .command(Method::GET, &format!("/element/{runs}/text"), None)
+        .await;
+    assert_eq!(text, "1", "the runs column");
+    // Shown as text: no element was made of it, no script ran.
+    driver
+        .wait_for(&format!("//td[normalize-space()='{HOSTILE}']"))
+        .await;
+    assert_eq!(driver.count("//table[@id='claims']//img").await, 0);
+
+    let clicked = driver
+        .wait_for(&format!("{row}//button[normalize-space()='{button}']"))
+        .await;
+    driver.click(&clicked).await;
+    driver.accept_confirmation(id).await;
+    driver
+        .wait_for(&format!(
+            "//p[@id='status'][contains(., '{said}')][contains(., '{id}')]"
+        ))
+        .await;
+    // The list was loaded again: the claim is gone from it, the other one is still there.
+    driver
+        .wait_for(&format!(
+            "//table[@id='claims']/tbody[not({row_in})][tr/td[normalize-space()='{HOSTILE}']]",
+            row_in = format_args!("tr[td[normalize-space()='{id}']]"),
+        ))
+        .await;
+    drop(driver);
+    Some((store, ns))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mark_done_in_the_browser_makes_the_next_delivery_a_duplicate() {
+    // At `/admin/`, with the trailing slash.
+    let Some((store, ns)) = resolve_in_the_browser("/admin/", "Mark done", "Marked done").await
+    else {
+        return;
+    };
+    let (outcome, ran) = deliver(&store, &ns, "evt_browser").await;
+    assert_eq!((outcome.as_str(), ran), ("duplicate", false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_in_the_browser_lets_the_next_delivery_run() {
+    // At `/admin`, without the trailing slash: the page's requests still reach the router.
+    let Some((store, ns)) = resolve_in_the_browser("/admin", "Release", "Released").await else {
+        return;
+    };
+    let (outcome, ran) = deliver(&store, &ns, "evt_browser").await;
+    assert_eq!((outcome.as_str(), ran), ("", true));
+}
