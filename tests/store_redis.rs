@@ -35,8 +35,12 @@ mod cluster {
             "redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003",
         );
         let nodes: Vec<&str> = urls.split(',').map(str::trim).collect();
-        let store =
-            common::connect("REDIS_CLUSTER_URLS", &urls, RedisStore::connect_cluster(nodes)).await?;
+        let store = common::connect(
+            "REDIS_CLUSTER_URLS",
+            &urls,
+            RedisStore::connect_cluster(nodes),
+        )
+        .await?;
         Some(store.with_prefix(PREFIX).expect("prefix"))
     }
 
