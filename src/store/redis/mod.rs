@@ -26,7 +26,7 @@
 //! write, as cheap as the read).
 //!
 //! Settled keys (`done`, `released`) expire after the store's retention
-//! ([`DEFAULT_RETENTION`](super::DEFAULT_RETENTION), 8 days, unless
+//! ([`DEFAULT_RETENTION`], 8 days, unless
 //! [`with_retention`](RedisStore::with_retention) says otherwise): Redis deletes them itself,
 //! no purge task needed. [`purge_completed`](super::Store::purge_completed) still deletes
 //! settled keys older than its argument, for a shorter retention now and then. It and
