@@ -149,6 +149,13 @@ async fn cli(port: u16, args: &[&str]) -> Option<String> {
     (out.status.success() && !text.starts_with("Could not connect")).then_some(text)
 }
 
+/// Writes `text` to stderr in one piece, past the test harness's capture, so that what a test
+/// measured shows in every run, passed or not.
+fn report(text: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stderr().write_all(text.as_bytes());
+}
+
 /// Waits until `ready` answers true, checking every 100 ms; panics after `limit`.
 async fn until<F, Fut>(what: &str, limit: Duration, mut ready: F) -> Duration
 where
@@ -600,7 +607,7 @@ async fn a_master_dies_mid_run() {
             doubles.push((id, ran, cluster.slot(&key).await));
         }
     }
-    println!(
+    let mut text = format!(
         "failover: {events} events in {positions} deliveries ({delivered_before} before the \
          kill); master 127.0.0.1:{} (PID {pid}, slots {:?}) killed, replica 127.0.0.1:{} \
          serving its slots {promoted:.1?} later; the {retried} events not yet acknowledged \
@@ -614,12 +621,13 @@ async fn a_master_dies_mid_run() {
             .filter(|((s, _), _)| usize::from(*s) == stage)
             .map(|((_, status), count)| format!("{status}: {count}"))
             .collect();
-        println!("  answers {name}: {}", seen.join(", "));
+        text += &format!("\n  answers {name}: {}", seen.join(", "));
     }
-    println!(
-        "  double runs: {} of {events} events {doubles:?} (event, runs, slot)",
+    text += &format!(
+        "\n  double runs: {} of {events} events {doubles:?} (event, runs, slot)\n",
         doubles.len()
     );
+    report(&text);
 
     for &(_, status) in answers.keys() {
         assert!(
@@ -730,12 +738,12 @@ async fn waiting_for_replicas_fails_without_a_live_replica() {
     let res = answer(on_paired[0].clone()).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(runs.of(&on_paired[0]), 1);
-    println!(
+    report(&format!(
         "wait_for_replicas(1): 127.0.0.1:{} without its replica answered 503 to {}, then {}; \
-         127.0.0.1:{} with its replica 200",
+         127.0.0.1:{} with its replica 200\n",
         alone.port,
         on_alone[1],
         again.status().as_u16(),
         paired.port
-    );
+    ));
 }
