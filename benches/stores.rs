@@ -1,4 +1,5 @@
-//! The SQL stores on real databases, against the seed's hand-written SQL on the same pool.
+//! The stores on real databases, against the seed's hand-written SQL on the same pool (and,
+//! for Redis, the usual hand-written Redis on the same kind of connection).
 //!
 //! For each of PostgreSQL, SQLite and MariaDB/MySQL:
 //!
@@ -11,8 +12,12 @@
 //! 3. statements per delivery, counted from sqlx's `sqlx::query` events and checked against
 //!    the server's counters (MariaDB `Questions`, PostgreSQL `xact_commit`).
 //!
-//! URLs come from `POSTGRES_URL`, `MYSQL_URL` and `SQLITE_URL` (defaults: the local servers
-//! and a file in the temp directory). An unreachable database prints `SKIPPED: <VAR>
+//! Redis (`stores/redis.rs`) gets the first and the third: throughput against `SET key 1 NX PX`,
+//! the work, `SET key done PX`, and requests per delivery, counted at a proxy between the
+//! client and the server.
+//!
+//! URLs come from `POSTGRES_URL`, `MYSQL_URL`, `SQLITE_URL` and `REDIS_URL` (defaults: the
+//! local servers and a file in the temp directory). An unreachable database prints `SKIPPED: <VAR>
 //! unreachable` and the others go on. Tables used: `bench_idempotency`, `bench_seed`,
 //! `bench_growth` (dropped and made afresh by the bench).
 //!
@@ -29,6 +34,7 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,6 +50,9 @@ use tower_idempotency::store::{
     Claim, DEFAULT_RETENTION, MySqlStore, PostgresStore, SqliteStore, Store, StoreError,
 };
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Scope, Stale, key};
+
+#[path = "stores/redis.rs"]
+mod redis;
 
 /// Connections per pool, for the layer and the baseline alike.
 const POOL_SIZE: u32 = 16;
@@ -567,7 +576,7 @@ impl BenchStore for MySqlStore {
 
 /// The store called by hand in the handler, without the layer (`BENCH_BASELINE=store`):
 /// separates what the layer adds from what the store's SQL costs.
-fn store_by_hand<St: BenchStore>(
+fn store_by_hand<St: Store + Clone>(
     store: St,
 ) -> impl Service<Req, Response = Response<Empty<Bytes>>, Error = Infallible, Future: Send>
 + Clone
@@ -604,7 +613,7 @@ fn store_by_hand<St: BenchStore>(
     })
 }
 
-fn layered<St: BenchStore>(
+fn layered<St: Store + Clone>(
     store: St,
 ) -> impl Service<Req, Response = Response<impl Send>, Error = Infallible, Future: Send>
 + Clone
@@ -657,13 +666,16 @@ where
     start.elapsed()
 }
 
-fn new_keys() -> Arc<dyn Fn(u64) -> String + Send + Sync> {
+/// The key of each delivery of a run, by its number.
+type Keys = Arc<dyn Fn(u64) -> String + Send + Sync>;
+
+fn new_keys() -> Keys {
     let run = RUN.fetch_add(1, Ordering::Relaxed);
     let pid = std::process::id();
     Arc::new(move |i| format!("new-{pid}-{run}-{i}"))
 }
 
-fn dup_keys(count: u64) -> Arc<dyn Fn(u64) -> String + Send + Sync> {
+fn dup_keys(count: u64) -> Keys {
     let run = RUN.fetch_add(1, Ordering::Relaxed) << 32;
     Arc::new(move |i| format!("dup-{}", splitmix(run + i) % count))
 }
@@ -681,11 +693,8 @@ fn group_config<'c>(
     group
 }
 
-/// Throughput of the layer and the baseline, new events and duplicates, at each concurrency.
-///
-/// Each criterion iteration is one baseline delivery and one layer delivery: within a sample
-/// the two run alternately in blocks, so that both meet the same load from the rest of the
-/// machine; each side's time is recorded for the summary.
+/// Throughput of the layer and the baseline, new events and duplicates, at each concurrency
+/// (see [`paired`]).
 fn throughput<St: BenchStore>(c: &mut Criterion, rt: &Runtime, db: &Db, label: &str) {
     let store = St::open(db, STORE_TABLE);
     rt.block_on(async {
@@ -713,48 +722,71 @@ fn throughput<St: BenchStore>(c: &mut Criterion, rt: &Runtime, db: &Db, label: &
     let mut group = group_config(c, label);
     for path in ["new", "duplicate"] {
         for concurrency in CONCURRENCY {
-            let id = format!("{path}/c{concurrency}");
-            let full = format!("{label}/{id}");
-            let keys = || {
-                if path == "new" {
-                    new_keys()
-                } else {
-                    dup_keys(DUP_KEYS)
-                }
-            };
-            group.bench_function(&id, |b| {
-                b.iter_custom(|iters| {
-                    let block = (concurrency as u64 * 8).max(128);
-                    let (mut base, mut layer) = (Duration::ZERO, Duration::ZERO);
-                    let (mut left, mut layer_first) = (iters, false);
-                    while left > 0 {
-                        let n = left.min(block);
-                        left -= n;
-                        rt.block_on(async {
-                            if layer_first {
-                                layer +=
-                                    drive(layered(store.clone()), concurrency, n, keys()).await;
-                            }
-                            base += if by_hand {
-                                drive(store_by_hand(store.clone()), concurrency, n, keys()).await
-                            } else {
-                                drive(baseline(db.clone()), concurrency, n, keys()).await
-                            };
-                            if !layer_first {
-                                layer +=
-                                    drive(layered(store.clone()), concurrency, n, keys()).await;
-                            }
-                        });
-                        layer_first = !layer_first;
-                    }
-                    record(&format!("{full}/baseline"), base, iters);
-                    record(&format!("{full}/layer"), layer, iters);
-                    base + layer
+            let base: Run<'_> = if by_hand {
+                Box::new(|n, keys| {
+                    Box::pin(drive(store_by_hand(store.clone()), concurrency, n, keys))
                 })
-            });
+            } else {
+                Box::new(|n, keys| Box::pin(drive(baseline(db.clone()), concurrency, n, keys)))
+            };
+            let layer: Run<'_> =
+                Box::new(|n, keys| Box::pin(drive(layered(store.clone()), concurrency, n, keys)));
+            paired(&mut group, rt, label, path, concurrency, base, layer);
         }
     }
     group.finish();
+}
+
+/// `n` deliveries over the given keys, through one side of a pair, answering how long they
+/// took.
+type Run<'a> = Box<dyn Fn(u64, Keys) -> Pin<Box<dyn Future<Output = Duration> + 'a>> + 'a>;
+
+/// The bench `label/path/c{concurrency}` of one pair: each criterion iteration is one
+/// baseline delivery and one layer delivery. Within a sample the two run alternately in blocks
+/// (which goes first alternates too), so that both meet the same load from the rest of the
+/// machine; each side's time is recorded for the summary.
+fn paired(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &Runtime,
+    label: &str,
+    path: &str,
+    concurrency: usize,
+    base: Run<'_>,
+    layer: Run<'_>,
+) {
+    let id = format!("{path}/c{concurrency}");
+    let full = format!("{label}/{id}");
+    let keys = || {
+        if path == "new" {
+            new_keys()
+        } else {
+            dup_keys(DUP_KEYS)
+        }
+    };
+    group.bench_function(&id, |b| {
+        b.iter_custom(|iters| {
+            let block = (concurrency as u64 * 8).max(128);
+            let (mut base_took, mut layer_took) = (Duration::ZERO, Duration::ZERO);
+            let (mut left, mut layer_first) = (iters, false);
+            while left > 0 {
+                let n = left.min(block);
+                left -= n;
+                rt.block_on(async {
+                    if layer_first {
+                        layer_took += layer(n, keys()).await;
+                    }
+                    base_took += base(n, keys()).await;
+                    if !layer_first {
+                        layer_took += layer(n, keys()).await;
+                    }
+                });
+                layer_first = !layer_first;
+            }
+            record(&format!("{full}/baseline"), base_took, iters);
+            record(&format!("{full}/layer"), layer_took, iters);
+            base_took + layer_took
+        })
+    });
 }
 
 /// Delivery latency as the table grows, then purge time.
@@ -1040,6 +1072,10 @@ fn main() {
         });
         purges.push((kind.name(), times));
     }
+    if let Some(redis) = rt.block_on(redis::connect()) {
+        redis::throughput(&mut c, &rt, &redis);
+        labels.push("redis");
+    }
     c.final_summary();
 
     // Statement counts last: the counting subscriber stays installed for the rest of the run.
@@ -1058,7 +1094,22 @@ fn main() {
         }
     }
 
+    let redis_counts = rt.block_on(redis::round_trips());
+
     summary(&labels, &reachable, &purges, &counts);
+    if let Some(counts) = redis_counts {
+        println!("\nSUMMARY stores: Redis requests per delivery (counted at a proxy)");
+        println!("| path | baseline | layer |");
+        println!("|---|---:|---:|");
+        for path in ["new", "duplicate"] {
+            let show = |which: &str| {
+                counts
+                    .get(&format!("{path}/{which}"))
+                    .map_or("-".to_owned(), |n| format!("{n:.2}"))
+            };
+            println!("| {path} | {} | {} |", show("baseline"), show("layer"));
+        }
+    }
 }
 
 /// Per sample, baseline time over layer time: the layer's throughput relative to the
@@ -1085,7 +1136,7 @@ fn summary(
 ) {
     let us = |ns: f64| format!("{:.0}", ns / 1000.0);
     println!(
-        "\nSUMMARY stores: throughput, layer vs baseline on the same pool ({POOL_SIZE} connections unless named 1conn)"
+        "\nSUMMARY stores: throughput, layer vs baseline on the same pool ({POOL_SIZE} connections unless named 1conn; redis: one multiplexed connection each)"
     );
     println!(
         "| pool | path | concurrency | baseline µs/delivery | layer µs/delivery | baseline deliveries/s | layer deliveries/s | layer / baseline |"

@@ -7,7 +7,14 @@
 //! Claims live in an embedded SQLite file by default; set `DATABASE_URL` to a `postgres://`
 //! or `mysql://` (`mariadb://`) URL to share them between several instances instead, or to
 //! another `sqlite:` file: `AnyStore::connect` picks the store by the scheme. `PORT` picks the port
-//! (default 3000). Every delivery prints one line: provider, key, outcome, and for processed
+//! (default 3000).
+//!
+//! `DATABASE_URL` may also be a `redis://` URL (or `redis+cluster://host:port,host:port` for a
+//! Redis Cluster): the claims of every claim-then-commit route (GitHub, Shopify, Standard
+//! Webhooks, payments) then live in Redis. Redis has no SQL transaction, so the two parts that
+//! need one stay on the embedded SQLite file of the default setup: the Stripe route, whose
+//! marker commits in the same transaction as its write, and the receiver's own table of side
+//! effects. The start-up line says where each lives. Every delivery prints one line: provider, key, outcome, and for processed
 //! events the side effect it had. `GET /side-effects` lists every side effect recorded, so a
 //! sender (see the `replay_storm` example) can check that each event had exactly one.
 //! `WORK_MS` makes the Standard Webhooks handler that much slower, like a slow downstream: a
@@ -44,16 +51,16 @@ use tower_idempotency::{
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let port: u16 = std::env::var("PORT").map_or(Ok(3000), |p| p.parse())?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let (store, storage) = match std::env::var("DATABASE_URL") {
+    let default_file = std::env::temp_dir().join("tower-idempotency-webhook-receiver.sqlite3");
+    let (store, mut storage) = match std::env::var("DATABASE_URL") {
         Ok(url) => {
             let store = AnyStore::connect(&url).await?;
             let storage = format!("{} (DATABASE_URL)", store.backend());
             (store, storage)
         }
         Err(_) => {
-            let path = std::env::temp_dir().join("tower-idempotency-webhook-receiver.sqlite3");
-            let store = AnyStore::from(SqliteStore::open(&path).await?);
-            (store, format!("SQLite file {}", path.display()))
+            let store = AnyStore::from(SqliteStore::open(&default_file).await?);
+            (store, format!("SQLite file {}", default_file.display()))
         }
     };
     store.migrate().await?;
@@ -66,10 +73,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         AnyStore::Sqlite(sqlite) => app(&store, sqlite.clone(), sqlite.pool(), &drain).await?,
         AnyStore::Postgres(pg) => app(&store, pg.clone(), pg.pool(), &drain).await?,
         AnyStore::MySql(mysql) => app(&store, mysql.clone(), mysql.pool(), &drain).await?,
+        // Claims in Redis; what needs SQL (the Stripe route's transaction, the side effects)
+        // on the default SQLite file.
+        AnyStore::Redis(_) => {
+            let sqlite = SqliteStore::open(&default_file).await?;
+            storage = format!(
+                "{storage}; the Stripe route's transactional claims and the side effects in \
+                 SQLite file {}",
+                default_file.display()
+            );
+            app(&store, sqlite.clone(), sqlite.pool(), &drain).await?
+        }
         _ => {
             return Err(format!(
                 "the receiver records its side effects in SQL, which the {} store is not: \
-                 set DATABASE_URL to a sqlite:, postgres:// or mysql:// URL",
+                 set DATABASE_URL to a sqlite:, postgres://, mysql:// or redis:// URL",
                 store.backend()
             )
             .into());
@@ -85,7 +103,8 @@ fn secret(var: &str) -> Option<String> {
 
 /// Builds the routes, one per sender, each with its own key and stale policy (and, where its
 /// secret is set, its signature check), all tracked by one drain. `sql` is the store inside
-/// `store`, for the transactional route; `pool` its pool, for the table of side effects.
+/// `store` (with Redis, a SQLite store beside it), for the transactional route; `pool` its
+/// pool, for the table of side effects.
 async fn app<S>(
     store: &AnyStore,
     sql: S,

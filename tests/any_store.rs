@@ -1,16 +1,19 @@
 //! The conformance suite and the races on `AnyStore`, once for each backend it can hold, every
 //! store made by `AnyStore::connect`; then what `connect` makes of each URL scheme.
 //!
-//! PostgreSQL and MySQL come from `POSTGRES_URL` and `MYSQL_URL` (defaults: the local
-//! servers); an unreachable database skips the test, or fails it when `CI` is set. The SQL
-//! stores use a table of this binary's own, so that the suite's purges leave other test
-//! binaries' rows on the same database alone.
+//! PostgreSQL and MySQL come from `POSTGRES_URL` and `MYSQL_URL`, Redis from `REDIS_URL` and
+//! the Redis Cluster from `REDIS_CLUSTER_URLS` (defaults: the local servers, and the cluster
+//! `.ci/run` starts on 127.0.0.1:7001-7006); an unreachable database skips the test, or fails
+//! it when `CI` is set. The SQL stores use a table of this binary's own, and the Redis stores a
+//! key prefix of its own, so that the suite's purges leave other test binaries' rows on the
+//! same database alone.
 
 #![cfg(any(
     feature = "memory",
     feature = "postgres",
     feature = "sqlite",
-    feature = "mysql"
+    feature = "mysql",
+    feature = "redis"
 ))]
 
 mod common;
@@ -22,13 +25,18 @@ use tower_idempotency::store::{
     AnyStore, ConnectError, Resolution, Stale, VersionClaim, VersionStore,
 };
 
-/// The table of this binary's SQL stores.
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+/// The table of this binary's SQL stores, and the key prefix of its Redis stores.
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "redis"
+))]
 const TABLE: &str = "any_store_keys";
 
 /// `AnyStore::connect(url)`, in this binary's table and migrated; `None` (or a panic under
 /// `CI`) when the database named by `var` cannot be reached.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
 async fn connect_to(var: &str, url: &str) -> Option<AnyStore> {
     let store = common::connect(var, url, AnyStore::connect(url)).await?;
     let store = store.with_table_name(TABLE).expect("a valid table name");
@@ -190,6 +198,63 @@ mod mysql {
     }
 }
 
+#[cfg(feature = "redis")]
+mod redis {
+    use tower_idempotency::store::AnyStore;
+
+    /// `redis://` on `REDIS_URL`: one app instance on its own connection.
+    async fn store() -> Option<AnyStore> {
+        let url = crate::common::database_url("REDIS_URL", "redis://127.0.0.1:6379");
+        let store = super::connect_to("REDIS_URL", &url).await?;
+        assert!(matches!(store, AnyStore::Redis(_)));
+        Some(store)
+    }
+
+    crate::claims_suite!(store());
+    crate::races_suite!(store());
+
+    #[tokio::test]
+    async fn versions_go_through() {
+        let Some(store) = store().await else { return };
+        crate::versions_go_through(store).await;
+    }
+
+    /// The same through a `redis+cluster://` URL.
+    mod cluster {
+        use tower_idempotency::store::AnyStore;
+
+        async fn store() -> Option<AnyStore> {
+            let url = super::super::cluster_url();
+            let store = super::super::connect_to("REDIS_CLUSTER_URLS", &url).await?;
+            assert!(matches!(store, AnyStore::Redis(_)));
+            Some(store)
+        }
+
+        crate::claims_suite!(store());
+        crate::races_suite!(store());
+
+        #[tokio::test]
+        async fn versions_go_through() {
+            let Some(store) = store().await else { return };
+            crate::versions_go_through(store).await;
+        }
+    }
+}
+
+/// `REDIS_CLUSTER_URLS` (comma-separated `redis://` URLs) as one `redis+cluster://` URL.
+#[cfg(feature = "redis")]
+fn cluster_url() -> String {
+    let urls = common::database_url(
+        "REDIS_CLUSTER_URLS",
+        "redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003",
+    );
+    let nodes: Vec<&str> = urls
+        .split(',')
+        .map(|url| url.trim().trim_start_matches("redis://"))
+        .collect();
+    format!("redis+cluster://{}", nodes.join(","))
+}
+
 // What `connect` makes of each scheme.
 
 #[cfg(feature = "memory")]
@@ -316,6 +381,93 @@ async fn mysql_and_mariadb_urls() {
     }
 }
 
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_urls() {
+    use tower_idempotency::store::{Claim, Store};
+
+    let url = common::database_url("REDIS_URL", "redis://127.0.0.1:6379");
+    let ns = common::unique_namespace("any-redis-urls");
+    for url in [
+        url.clone(),
+        url.replacen("redis://", "REDIS://", 1),
+        url.replacen("redis://", "valkey://", 1),
+    ] {
+        let Some(store) = common::connect("REDIS_URL", &url, AnyStore::connect(&url)).await else {
+            return;
+        };
+        assert!(matches!(store, AnyStore::Redis(_)), "{url}");
+        assert_eq!(store.backend(), "redis");
+        store.migrate().await.expect("nothing to migrate");
+        let store = store.with_table_name(TABLE).expect("a valid prefix");
+        let claim = store.claim(&common::key_in(&ns, &url), common::LONG).await;
+        assert!(matches!(claim, Ok(Claim::Acquired(_))), "{url}: {claim:?}");
+    }
+}
+
+/// `redis+cluster://` connects to the cluster through the nodes it lists, even when the first
+/// one listed is down; one store's claims are seen by another connected through other nodes.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_urls() {
+    use tower_idempotency::store::{Claim, Store};
+
+    let url = cluster_url();
+    let Some(store) = common::connect("REDIS_CLUSTER_URLS", &url, AnyStore::connect(&url)).await
+    else {
+        return;
+    };
+    assert!(matches!(store, AnyStore::Redis(_)));
+    assert_eq!(store.backend(), "redis");
+    let store = store.with_table_name(TABLE).unwrap();
+    // Port 1 on loopback refuses at once: the other nodes are enough.
+    let other = url.replacen("redis+cluster://", "valkey+cluster://127.0.0.1:1,", 1);
+    let other = AnyStore::connect(&other)
+        .await
+        .expect("the listed nodes that answer are enough")
+        .with_table_name(TABLE)
+        .unwrap();
+    let ns = common::unique_namespace("any-redis-cluster");
+    for i in 0..20 {
+        // Keys on every master, as their slots fall.
+        let key = common::key_in(&ns, &format!("evt_{i}"));
+        let Claim::Acquired(lease) = store.claim(&key, common::LONG).await.unwrap() else {
+            panic!("a new key");
+        };
+        store.commit(&lease).await.unwrap();
+        let claim = other.claim(&key, common::LONG).await.unwrap();
+        assert!(matches!(claim, Claim::Done(_)), "{claim:?}");
+    }
+}
+
+/// Redis that cannot be reached, and a URL the client refuses: a connect error naming the
+/// store, with the client's error as its source and no password anywhere. (A single server
+/// that refuses takes a few seconds: the connection manager tries again before it gives up.)
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn unreachable_redis_is_a_connect_error() {
+    for url in [
+        "redis://:hunter2@127.0.0.1:1",
+        "redis+cluster://:hunter2@127.0.0.1:1,127.0.0.1:2",
+        // Built without TLS.
+        "rediss://:hunter2@127.0.0.1:6379",
+        "redis+cluster://:hunter2@",
+    ] {
+        let started = std::time::Instant::now();
+        let err = AnyStore::connect(url).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(30), "{url}");
+        let ConnectError::Connect { backend, source } = &err else {
+            panic!("{url}: {err:?}");
+        };
+        assert_eq!(*backend, "redis", "{url}");
+        if url.contains("127.0.0.1") {
+            assert!(source.is::<::redis::RedisError>(), "{url}: {source:?}");
+        }
+        let message = format!("{err} {err:?} {source} {source:?}");
+        assert!(!message.contains("hunter2"), "{url}: {message}");
+    }
+}
+
 /// A server that cannot be reached: the error comes at once (not after the pool's 30 s acquire
 /// timeout), names the store, keeps the driver's own error (connection refused) as its source,
 /// and shows the URL's password nowhere.
@@ -350,17 +502,17 @@ async fn unreachable_server_is_a_connect_error_at_once() {
 
 #[tokio::test]
 async fn unknown_schemes_are_errors_that_name_them() {
-    let err = AnyStore::connect("redis://:hunter2@127.0.0.1:6379")
+    let err = AnyStore::connect("mongodb://:hunter2@127.0.0.1:27017")
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, ConnectError::UnknownScheme { scheme } if scheme == "redis"),
+        matches!(&err, ConnectError::UnknownScheme { scheme } if scheme == "mongodb"),
         "{err:?}"
     );
     assert_eq!(
         err.to_string(),
-        "unknown database URL scheme `redis:`: expected postgres://, postgresql://, mysql://, \
-         mariadb://, sqlite: or memory:"
+        "unknown database URL scheme `mongodb:`: expected postgres://, postgresql://, mysql://, \
+         mariadb://, sqlite:, memory:, redis:// or redis+cluster://"
     );
 
     let err = AnyStore::connect("webhooks.db").await.unwrap_err();
@@ -371,7 +523,7 @@ async fn unknown_schemes_are_errors_that_name_them() {
     assert_eq!(
         err.to_string(),
         "the database URL has no scheme: expected postgres://, postgresql://, mysql://, \
-         mariadb://, sqlite: or memory:"
+         mariadb://, sqlite:, memory:, redis:// or redis+cluster://"
     );
 }
 
@@ -384,6 +536,12 @@ async fn schemes_of_disabled_features_name_the_feature() {
         (cfg!(feature = "sqlite"), "sqlite::memory:", "sqlite"),
         (cfg!(feature = "postgres"), "postgres://u@h/db", "postgres"),
         (cfg!(feature = "mysql"), "mysql://u@h/db", "mysql"),
+        (cfg!(feature = "redis"), "redis://h:6379", "redis"),
+        (
+            cfg!(feature = "redis"),
+            "redis+cluster://h:7001,h:7002",
+            "redis",
+        ),
     ];
     for (_, url, feature) in urls.into_iter().filter(|(on, ..)| !on) {
         let err = AnyStore::connect(url).await.unwrap_err();

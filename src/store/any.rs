@@ -43,6 +43,16 @@
 //! | `mysql://`, `mariadb://` | `MySqlStore` | `mysql` | the same; `mariadb://` is passed on as `mysql://` |
 //! | `sqlite:` | `SqliteStore` | `sqlite` | a file as `SqliteStore::open` opens it (created if missing, WAL, durable commits, a 30 s busy timeout, a pool of 4, its writes queued with the process's other stores on the file), not migrated; `sqlite::memory:`: one connection kept open |
 //! | `memory:` | `MemoryStore` | `memory` | a new, empty store; the rest of the URL is ignored |
+//! | `redis://`, `valkey://`, `redis+unix://`, `valkey+unix://` | `RedisStore` | `redis` | `RedisStore::connect` with the URL as written: one server, one multiplexed connection that reconnects by itself |
+//! | `redis+cluster://`, `valkey+cluster://` | `RedisStore` | `redis` | `RedisStore::connect_cluster` on a Redis Cluster, from the nodes the URL lists (see below) |
+//!
+//! A cluster URL lists some of the cluster's nodes, comma-separated, after one optional
+//! `user:password@` that applies to each:
+//! `redis+cluster://user:password@10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379`. Each node is
+//! then connected as `redis://user:password@host:port`, followed by the URL's `?` query if it
+//! has one; one reachable node is enough, the client learns the others. The crate is built
+//! without TLS: `rediss://` and `valkeys://` are Redis URLs that fail to connect with the
+//! client's own error saying so.
 //!
 //! Schemes are case-insensitive. A scheme the crate does not know, or one whose feature was
 //! not enabled, is a [`ConnectError`] that names the scheme (and the feature), never the
@@ -63,7 +73,8 @@
         feature = "memory",
         feature = "postgres",
         feature = "sqlite",
-        feature = "mysql"
+        feature = "mysql",
+        feature = "redis"
     )))
 )]
 
@@ -82,6 +93,8 @@ use super::MemoryStore;
 use super::MySqlStore;
 #[cfg(feature = "postgres")]
 use super::PostgresStore;
+#[cfg(feature = "redis")]
+use super::RedisStore;
 #[cfg(feature = "sqlite")]
 use super::SqliteStore;
 
@@ -163,6 +176,11 @@ pub enum AnyStore {
     #[cfg(feature = "mysql")]
     #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     MySql(MySqlStore),
+    /// A [`RedisStore`], on one server or a Redis Cluster: `redis://`, `redis+cluster://`
+    /// (and their `valkey` spellings, `redis+unix://`).
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    Redis(RedisStore),
 }
 
 /// `match $store { Variant($s) => $body, .. }` for each variant built: the delegation of
@@ -178,6 +196,8 @@ macro_rules! each {
             AnyStore::Postgres($s) => $body,
             #[cfg(feature = "mysql")]
             AnyStore::MySql($s) => $body,
+            #[cfg(feature = "redis")]
+            AnyStore::Redis($s) => $body,
         }
     };
 }
@@ -208,6 +228,22 @@ impl AnyStore {
                 .await
                 .map(|pool| Self::MySql(MySqlStore::new(pool)))
                 .map_err(|source| backend.failed(source)),
+            #[cfg(feature = "redis")]
+            Backend::Redis => {
+                let url = driver_url(url, scheme, &scheme.to_ascii_lowercase());
+                RedisStore::connect(&url)
+                    .await
+                    .map(Self::Redis)
+                    .map_err(|error| backend.failed(driver_error(error)))
+            }
+            #[cfg(feature = "redis")]
+            Backend::RedisCluster => {
+                let nodes = cluster_nodes(url).map_err(|source| backend.failed(source))?;
+                RedisStore::connect_cluster(nodes)
+                    .await
+                    .map(Self::Redis)
+                    .map_err(|error| backend.failed(driver_error(error)))
+            }
             #[allow(unreachable_patterns)] // with every feature on
             _ => Err(ConnectError::FeatureDisabled {
                 scheme: scheme.to_owned(),
@@ -219,7 +255,9 @@ impl AnyStore {
     /// Uses the table `name` instead of `idempotency_keys`, as the SQL stores'
     /// `with_table_name` (and its rules: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes, on
     /// PostgreSQL optionally `schema.table`). The memory store has no table: it is returned
-    /// unchanged.
+    /// unchanged. On Redis, `name` is the prefix of every key the store writes, under
+    /// `RedisStore::with_prefix`'s rules (every valid table name is one): two
+    /// names share nothing there either.
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")]
@@ -248,11 +286,13 @@ impl AnyStore {
             Self::Postgres(store) => Self::Postgres(store.with_table_name(name)?),
             #[cfg(feature = "mysql")]
             Self::MySql(store) => Self::MySql(store.with_table_name(name)?),
+            #[cfg(feature = "redis")]
+            Self::Redis(store) => Self::Redis(store.with_prefix(name)?),
         })
     }
 
     /// Creates the chosen store's tables if they do not exist, and upgrades them (the SQL
-    /// stores' own `migrate`). Nothing to do for the memory store.
+    /// stores' own `migrate`). Nothing to do for the memory store, nor for Redis.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match self {
             #[cfg(feature = "memory")]
@@ -263,11 +303,13 @@ impl AnyStore {
             Self::Postgres(store) => store.migrate().await,
             #[cfg(feature = "mysql")]
             Self::MySql(store) => store.migrate().await,
+            #[cfg(feature = "redis")]
+            Self::Redis(_) => Ok(()),
         }
     }
 
-    /// The chosen backend, named as its feature: `"memory"`, `"sqlite"`, `"postgres"` or
-    /// `"mysql"` (MySQL and MariaDB). For logs.
+    /// The chosen backend, named as its feature: `"memory"`, `"sqlite"`, `"postgres"`,
+    /// `"mysql"` (MySQL and MariaDB) or `"redis"` (a server or a cluster). For logs.
     pub fn backend(&self) -> &'static str {
         let backend = match self {
             #[cfg(feature = "memory")]
@@ -278,6 +320,8 @@ impl AnyStore {
             Self::Postgres(_) => Backend::Postgres,
             #[cfg(feature = "mysql")]
             Self::MySql(_) => Backend::MySql,
+            #[cfg(feature = "redis")]
+            Self::Redis(_) => Backend::Redis,
         };
         backend.feature()
     }
@@ -308,6 +352,13 @@ impl From<PostgresStore> for AnyStore {
 impl From<MySqlStore> for AnyStore {
     fn from(store: MySqlStore) -> Self {
         Self::MySql(store)
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<RedisStore> for AnyStore {
+    fn from(store: RedisStore) -> Self {
+        Self::Redis(store)
     }
 }
 
@@ -420,7 +471,8 @@ pub enum ConnectError {
 }
 
 /// The schemes [`AnyStore::connect`] knows, for error messages.
-const SCHEMES: &str = "postgres://, postgresql://, mysql://, mariadb://, sqlite: or memory:";
+const SCHEMES: &str = "postgres://, postgresql://, mysql://, mariadb://, sqlite:, memory:, \
+     redis:// or redis+cluster://";
 
 fn unknown_scheme(scheme: &str) -> String {
     if scheme.is_empty() {
@@ -437,6 +489,10 @@ enum Backend {
     Sqlite,
     Postgres,
     MySql,
+    /// One Redis server.
+    Redis,
+    /// A Redis Cluster.
+    RedisCluster,
 }
 
 impl Backend {
@@ -447,10 +503,16 @@ impl Backend {
             Self::Sqlite => "sqlite",
             Self::Postgres => "postgres",
             Self::MySql => "mysql",
+            Self::Redis | Self::RedisCluster => "redis",
         }
     }
 
-    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+    #[cfg(any(
+        feature = "postgres",
+        feature = "sqlite",
+        feature = "mysql",
+        feature = "redis"
+    ))]
     fn failed(self, source: impl Into<Box<dyn StdError + Send + Sync>>) -> ConnectError {
         ConnectError::Connect {
             backend: self.feature(),
@@ -476,6 +538,8 @@ fn parse(url: &str) -> Result<(&str, Backend), ConnectError> {
         "sqlite" => Backend::Sqlite,
         "postgres" | "postgresql" => Backend::Postgres,
         "mysql" | "mariadb" => Backend::MySql,
+        "redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "valkey+unix" => Backend::Redis,
+        "redis+cluster" | "valkey+cluster" => Backend::RedisCluster,
         _ => {
             return Err(ConnectError::UnknownScheme {
                 scheme: scheme.to_owned(),
@@ -485,9 +549,14 @@ fn parse(url: &str) -> Result<(&str, Backend), ConnectError> {
     Ok((scheme, backend))
 }
 
-/// `url` with its scheme replaced by `driver`'s: sqlx's MySQL driver wants `mysql://`, and
-/// its SQLite driver a lowercase `sqlite:`.
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+/// `url` with its scheme replaced by `driver`'s: sqlx's MySQL driver wants `mysql://`, its
+/// SQLite driver a lowercase `sqlite:`, and redis-rs a lowercase scheme.
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "redis"
+))]
 fn driver_url(url: &str, scheme: &str, driver: &str) -> String {
     format!("{driver}{}", &url[scheme.len()..])
 }
@@ -503,6 +572,50 @@ async fn server_pool<DB: sqlx::Database>(url: &str) -> Result<sqlx::Pool<DB>, sq
     let options: <DB::Connection as sqlx::Connection>::Options = url.parse()?;
     options.connect().await?.close().await?;
     Ok(sqlx::pool::PoolOptions::new().connect_lazy_with(options))
+}
+
+/// The node URLs of a `redis+cluster://[user:password@]host:port,host:port[?query]` URL: each
+/// `redis://[user:password@]host:port[?query]`. An error names what is wrong, never the URL.
+#[cfg(feature = "redis")]
+fn cluster_nodes(url: &str) -> Result<Vec<String>, String> {
+    let (_, rest) = url
+        .split_once("://")
+        .ok_or("a Redis Cluster URL is redis+cluster://host:port,host:port")?;
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, format!("?{query}")),
+        None => (rest, String::new()),
+    };
+    let (userinfo, hosts) = match rest.rsplit_once('@') {
+        Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+        None => (String::new(), rest),
+    };
+    // A trailing `/` (or `/0`, the only database a cluster has) is allowed.
+    let hosts = match hosts.split_once('/') {
+        Some((hosts, "" | "0")) => hosts,
+        Some(_) => return Err("a Redis Cluster has no database but 0".to_owned()),
+        None => hosts,
+    };
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("redis://{userinfo}{host}{query}"))
+        .collect();
+    if nodes.is_empty() {
+        return Err(
+            "the Redis Cluster URL names no node: redis+cluster://host:port,host:port".to_owned(),
+        );
+    }
+    Ok(nodes)
+}
+
+/// The client's own error out of the store's, as the source of a [`ConnectError`].
+#[cfg(feature = "redis")]
+fn driver_error(error: StoreError) -> Box<dyn StdError + Send + Sync> {
+    match error {
+        StoreError::Backend(source) => source,
+        other => Box::new(other),
+    }
 }
 
 /// Opens a SQLite database as the [SQLite store's docs](super::sqlite#connecting) advise: a
@@ -558,6 +671,20 @@ mod tests {
             ("postgresql://u@h/db", "postgresql", Backend::Postgres),
             ("mysql://root@h/db", "mysql", Backend::MySql),
             ("MariaDB://root@h/db", "MariaDB", Backend::MySql),
+            ("redis://127.0.0.1:6379/0", "redis", Backend::Redis),
+            ("Valkey://h", "Valkey", Backend::Redis),
+            ("rediss://h", "rediss", Backend::Redis),
+            ("redis+unix:///run/redis.sock", "redis+unix", Backend::Redis),
+            (
+                "redis+cluster://h:7001,h:7002",
+                "redis+cluster",
+                Backend::RedisCluster,
+            ),
+            (
+                "valkey+cluster://h:7001",
+                "valkey+cluster",
+                Backend::RedisCluster,
+            ),
         ] {
             assert_eq!(parse(url).unwrap(), (scheme, backend), "{url}");
         }
@@ -565,10 +692,10 @@ mod tests {
 
     #[test]
     fn unknown_schemes_are_named_and_urls_are_not() {
-        let err = parse("redis://:hunter2@h").unwrap_err();
-        assert!(matches!(&err, ConnectError::UnknownScheme { scheme } if scheme == "redis"));
+        let err = parse("mongodb://:hunter2@h").unwrap_err();
+        assert!(matches!(&err, ConnectError::UnknownScheme { scheme } if scheme == "mongodb"));
         let message = err.to_string();
-        assert!(message.contains("`redis:`"), "{message}");
+        assert!(message.contains("`mongodb:`"), "{message}");
         assert!(message.contains("postgres://"), "{message}");
         assert!(!message.contains("hunter2"), "{message}");
 
@@ -624,6 +751,35 @@ mod tests {
         assert_eq!(driver_url("SQLITE:x.db", "SQLITE", "sqlite"), "sqlite:x.db");
     }
 
+    #[cfg(feature = "redis")]
+    #[test]
+    fn cluster_urls_name_each_node() {
+        assert_eq!(
+            cluster_nodes("redis+cluster://10.0.0.1:7001,10.0.0.2:7002").unwrap(),
+            ["redis://10.0.0.1:7001", "redis://10.0.0.2:7002"]
+        );
+        assert_eq!(
+            cluster_nodes("Redis+Cluster://app:p%40ss@h1:7001, h2:7002/?protocol=resp3").unwrap(),
+            [
+                "redis://app:p%40ss@h1:7001?protocol=resp3",
+                "redis://app:p%40ss@h2:7002?protocol=resp3"
+            ]
+        );
+        assert_eq!(
+            cluster_nodes("valkey+cluster://h:7001/0").unwrap(),
+            ["redis://h:7001"]
+        );
+        for url in [
+            "redis+cluster://",
+            "redis+cluster://:hunter2@",
+            "redis+cluster://,",
+            "redis+cluster://:hunter2@h:7001/3",
+        ] {
+            let err = cluster_nodes(url).unwrap_err();
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+    }
+
     /// Each backend whose feature is off: a clear error naming the scheme and the feature.
     #[tokio::test]
     async fn disabled_features_are_named() {
@@ -636,6 +792,12 @@ mod tests {
                 "postgres",
             ),
             (cfg!(feature = "mysql"), "mariadb://u@h/db", "mysql"),
+            (cfg!(feature = "redis"), "redis://h:6379", "redis"),
+            (
+                cfg!(feature = "redis"),
+                "redis+cluster://h:7001,h:7002",
+                "redis",
+            ),
         ];
         for (_, url, feature) in urls.into_iter().filter(|(on, ..)| !on) {
             let err = AnyStore::connect(url).await.unwrap_err();

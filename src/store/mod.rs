@@ -92,7 +92,8 @@ use crate::key::IdempotencyKey;
     feature = "memory",
     feature = "postgres",
     feature = "sqlite",
-    feature = "mysql"
+    feature = "mysql",
+    feature = "redis"
 ))]
 pub mod any;
 #[cfg(feature = "memory")]
@@ -121,7 +122,8 @@ mod versions;
     feature = "memory",
     feature = "postgres",
     feature = "sqlite",
-    feature = "mysql"
+    feature = "mysql",
+    feature = "redis"
 ))]
 pub use any::{AnyStore, ConnectError};
 #[cfg(feature = "memory")]
