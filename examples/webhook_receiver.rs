@@ -43,6 +43,8 @@ use http::StatusCode;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 use tower_idempotency::store::{AnyStore, SqliteStore, Store};
 use tower_idempotency::transactional::{TransactionalLayer, TransactionalStore, Tx};
+use tower_idempotency::admin::Admin;
+use tower_idempotency::journal::Journal as DeliveryJournal;
 use tower_idempotency::{
     Drain, IdempotencyKey, IdempotencyLayer, LeaseHandle, Outcome, Stale, key, verify,
 };
@@ -65,14 +67,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     store.migrate().await?;
     let drain = Drain::new();
+    // What the admin page shows beyond the store: each key's latest outcome here.
+    let deliveries = DeliveryJournal::default();
+    // The layer's metrics, rendered at GET /metrics for Prometheus.
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let ops = Ops {
+        journal: deliveries,
+        prometheus,
+        admin_token: admin_token(),
+    };
     // The one place that needs the concrete database: the Stripe route runs in the marker's
     // transaction, whose type names the database, and the receiver's own table of side
     // effects is SQL on that database. The claim-then-commit layers and GET /stuck take the
     // `AnyStore` itself.
     let app = match &store {
-        AnyStore::Sqlite(sqlite) => app(&store, sqlite.clone(), sqlite.pool(), &drain).await?,
-        AnyStore::Postgres(pg) => app(&store, pg.clone(), pg.pool(), &drain).await?,
-        AnyStore::MySql(mysql) => app(&store, mysql.clone(), mysql.pool(), &drain).await?,
+        AnyStore::Sqlite(sqlite) => app(&store, sqlite.clone(), sqlite.pool(), &drain, &ops).await?,
+        AnyStore::Postgres(pg) => app(&store, pg.clone(), pg.pool(), &drain, &ops).await?,
+        AnyStore::MySql(mysql) => app(&store, mysql.clone(), mysql.pool(), &drain, &ops).await?,
         // Claims in Redis; what needs SQL (the Stripe route's transaction, the side effects)
         // on the default SQLite file.
         AnyStore::Redis(_) => {
@@ -82,7 +93,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                  SQLite file {}",
                 default_file.display()
             );
-            app(&store, sqlite.clone(), sqlite.pool(), &drain).await?
+            app(&store, sqlite.clone(), sqlite.pool(), &drain, &ops).await?
         }
         _ => {
             return Err(format!(
@@ -93,7 +104,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .into());
         }
     };
-    serve(app, addr, &storage, drain).await
+    serve(app, addr, &storage, drain, &ops.admin_token).await
 }
 
 /// A route's signing secret, from the environment.
@@ -110,6 +121,7 @@ async fn app<S>(
     sql: S,
     pool: &Pool<S::Database>,
     drain: &Drain,
+    ops: &Ops,
 ) -> Result<Router, Box<dyn std::error::Error>>
 where
     S: TransactionalStore,
@@ -129,6 +141,7 @@ where
     let github_layer = IdempotencyLayer::new(store.clone())
         .key(key::github())
         .stale(Stale::reclaim_after(Duration::from_secs(30)))
+        .journal(&ops.journal)
         .drain(drain);
     let github_layer = match secret("GITHUB_WEBHOOK_SECRET") {
         Some(secret) => github_layer.verify(verify::github(secret)),
@@ -145,6 +158,7 @@ where
                 pending.since_renewal
             );
         })
+        .journal(&ops.journal)
         .drain(drain);
     let shopify_layer = match secret("SHOPIFY_WEBHOOK_SECRET") {
         Some(secret) => shopify_layer.verify(verify::shopify(secret)),
@@ -154,6 +168,7 @@ where
     let standard_layer = IdempotencyLayer::new(store.clone())
         .key(key::standard_webhooks())
         .stale(Stale::reclaim_after(Duration::from_secs(10)))
+        .journal(&ops.journal)
         .drain(drain);
     let standard_layer = match secret("STANDARD_WEBHOOK_SECRET") {
         Some(secret) => standard_layer.verify(verify::standard_webhooks(secret)),
@@ -161,7 +176,19 @@ where
     };
     // An API for clients that send `Idempotency-Key`: a retried payment gets the answer the
     // first one got (replayed), and the key reused for another payment gets 422.
-    let payments_layer = IdempotencyLayer::for_api(store.clone()).drain(drain);
+    let payments_layer = IdempotencyLayer::for_api(store.clone())
+        .journal(&ops.journal)
+        .drain(drain);
+    // The operators' page and its JSON, behind a token: it settles claims.
+    let admin = Admin::new(store.clone())
+        .journal(&ops.journal)
+        .stuck_after(Duration::from_secs(30))
+        .router()
+        .layer(middleware::from_fn_with_state(
+            ops.admin_token.clone(),
+            require_admin_token,
+        ));
+    let prometheus = ops.prometheus.clone();
     let stuck = Router::new()
         .route("/stuck", get(stuck))
         .with_state(store.clone());
@@ -190,7 +217,56 @@ where
         .route_layer(middleware::from_fn(log_delivery))
         .route("/side-effects", get(side_effects::<S::Database>))
         .with_state(pool.clone())
+        .route(
+            "/metrics",
+            get(move || std::future::ready(prometheus.render())),
+        )
+        .nest_service("/admin", admin)
         .merge(stuck))
+}
+
+/// What the operators get: the journal the layers write and the page reads, the metrics
+/// recorder, the admin page's token.
+struct Ops {
+    journal: DeliveryJournal,
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+    admin_token: String,
+}
+
+/// `ADMIN_TOKEN`, or a new one for this run (printed at start).
+fn admin_token() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    std::env::var("ADMIN_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| format!("{:016x}", RandomState::new().hash_one(std::process::id())))
+}
+
+/// The admin page asks for HTTP Basic credentials: any user name, the token as password. A
+/// real service puts its own authentication here.
+async fn require_admin_token(
+    State(token): State<String>,
+    req: Request,
+    next: Next,
+) -> Response {
+    use base64::Engine as _;
+    let given = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Basic "))
+        .and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok())
+        .and_then(|raw| String::from_utf8(raw).ok());
+    let password = given.as_deref().and_then(|pair| pair.split_once(':')).map(|(_, p)| p);
+    if password == Some(token.as_str()) {
+        return next.run(req).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(http::header::WWW_AUTHENTICATE, "Basic realm=\"admin\"")],
+        "the admin page needs the token (ADMIN_TOKEN) as the password\n",
+    )
+        .into_response()
 }
 
 async fn serve(
@@ -198,6 +274,7 @@ async fn serve(
     addr: SocketAddr,
     storage: &str,
     drain: Drain,
+    admin_token: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("webhook receiver on http://{addr}, claims in {storage}");
@@ -205,7 +282,9 @@ async fn serve(
     println!("  POST /webhooks/github    key: X-GitHub-Delivery       reclaim after 30 s silent");
     println!("  POST /webhooks/shopify   key: X-Shopify-Webhook-Id    hold after 30 s silent");
     println!("  POST /webhooks/standard  key: webhook-id / svix-id    reclaim after 10 s silent");
-    println!("  GET  /side-effects, GET /stuck");
+    println!("  POST /api/payments       key: Idempotency-Key         answers replayed");
+    println!("  GET  /side-effects, GET /stuck, GET /metrics");
+    println!("  GET  /admin/             the operators' page: user admin, password {admin_token}");
     let signed: Vec<_> = [
         ("stripe", "STRIPE_WEBHOOK_SECRET"),
         ("github", "GITHUB_WEBHOOK_SECRET"),
@@ -220,16 +299,22 @@ async fn serve(
     .collect();
     println!("  signatures: {}", signed.join(", "));
     println!();
+    // A delivery id of this run: the claims file outlives the receiver, and an id sent
+    // before would be answered as a duplicate.
+    let fresh = {
+        use std::hash::{BuildHasher, RandomState};
+        format!("{:016x}", RandomState::new().hash_one(std::time::SystemTime::now()))
+    };
     println!("Send the same GitHub event twice; it is processed once:");
     println!(
         "  for i in 1 2; do curl -s -o /dev/null -D - -X POST http://{addr}/webhooks/github \
-         -H 'X-GitHub-Delivery: 72d3162e-cc78-11e3-81ab-4c9367dc0958' \
+         -H 'X-GitHub-Delivery: {fresh}' \
          -H 'X-GitHub-Event: push' -d '{{}}' | grep -iE '^(HTTP|idempotency-outcome)'; done"
     );
     println!("Pay twice with one Idempotency-Key; the retry gets the first answer again:");
     println!(
         "  for i in 1 2; do curl -s -D - -X POST http://{addr}/api/payments \
-         -H 'Idempotency-Key: \"order-1001\"' -d '{{\"amount\":2500}}'; echo; done"
+         -H 'Idempotency-Key: \"order-{fresh}\"' -d '{{\"amount\":2500}}'; echo; done"
     );
     println!("  curl -s http://{addr}/side-effects");
     println!();
@@ -335,6 +420,10 @@ async fn shopify<DB: Journal>(State(pool): State<Pool<DB>>, headers: http::Heade
         .get("x-shopify-webhook-id")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
+    // `WORK_MS` makes it slow too: kill the receiver meanwhile, start it again, and the
+    // held claim waits on the admin page for a person.
+    let work = std::env::var("WORK_MS").ok().and_then(|ms| ms.parse().ok());
+    tokio::time::sleep(Duration::from_millis(work.unwrap_or(0))).await;
     let effect = "fulfilment requested".to_owned();
     record(&pool, "shopify", id, &effect).await?;
     Ok((Extension(SideEffect(effect)), "shipping"))

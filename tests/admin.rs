@@ -795,3 +795,36 @@ async fn the_router_is_a_plain_service() {
     assert_eq!(answer.body, json!([]));
     let _: Result<AxumResponse, Infallible> = Admin::new(store).router().oneshot(get("/")).await;
 }
+
+/// With the layer's journal, a key's description also tells its latest outcome in this
+/// process and the sender's attempt number.
+#[tokio::test]
+async fn the_journal_adds_the_latest_outcome_and_attempt() {
+    let store = tower_idempotency::store::MemoryStore::new();
+    let journal = tower_idempotency::Journal::new(64);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(store.clone())
+        .key(key::header("x-event-id").namespace("journaled"))
+        .journal(&journal);
+    let svc = counting_layer_service(layer, runs.clone());
+    for attempt in ["0", "1"] {
+        let mut req = delivery("evt_1");
+        req.headers_mut()
+            .insert("x-slack-retry-num", http::HeaderValue::from_static(attempt));
+        svc.clone().oneshot(req).await.unwrap();
+    }
+    let key = IdempotencyKey::new("journaled", "evt_1")
+        .unwrap()
+        .scoped("/hook")
+        .unwrap();
+    let app = mounted(Admin::new(store.clone()).journal(&journal));
+    let answer = send(&app, get(&describe_uri(&key))).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
+    assert_eq!(answer.body["deliveries"], 2);
+    assert_eq!(answer.body["last"]["outcome"], "duplicate");
+    assert_eq!(answer.body["last"]["attempt"], 1);
+    // Without the journal, `last` is null.
+    let answer = send(&mounted(Admin::new(store)), get(&describe_uri(&key))).await;
+    assert_eq!(answer.body["last"], Value::Null);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

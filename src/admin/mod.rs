@@ -140,6 +140,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 
+use crate::journal::Journal;
 use crate::store::{DEFAULT_RETENTION, Store};
 
 /// The default of [`Admin::stuck_after`]: a claim not renewed for a minute is listed.
@@ -151,6 +152,7 @@ pub struct Admin<St> {
     store: St,
     retention: Duration,
     stuck_after: Duration,
+    journal: Option<Journal>,
 }
 
 impl<St: Store + Clone> Admin<St> {
@@ -161,7 +163,16 @@ impl<St: Store + Clone> Admin<St> {
             store,
             retention: DEFAULT_RETENTION,
             stuck_after: DEFAULT_STUCK_AFTER,
+            journal: None,
         }
+    }
+
+    /// Reads the layer's [`Journal`] too: `GET /keys` then also answers the key's latest
+    /// outcome in this process, when, and the sender's attempt number (`last`). Give it the
+    /// journal the layer writes ([`IdempotencyLayer::journal`](crate::IdempotencyLayer::journal)).
+    pub fn journal(mut self, journal: &Journal) -> Self {
+        self.journal = Some(journal.clone());
+        self
     }
 
     /// How long ago a key must have been settled for `POST /purge` without `older_than_s` to
@@ -187,6 +198,7 @@ impl<St: Store + Clone> Admin<St> {
             store: self.store.clone(),
             retention: self.retention,
             stuck_after: self.stuck_after,
+            journal: self.journal.clone(),
         });
         Router::new()
             .route("/", get(page::page))

@@ -73,7 +73,22 @@ pub(super) async fn describe<St: Store + Clone>(
     let key = IdempotencyKey::new(namespace, value)
         .map_err(|err| Problem::bad_request(format!("not a key: {err}")))?;
     match admin.store.describe(&key).await? {
-        Some(record) => Ok(json(render(&key, &record))),
+        Some(record) => {
+            let mut rendered = render(&key, &record);
+            let last = admin
+                .journal
+                .as_ref()
+                .and_then(|journal| journal.last(&key));
+            rendered["last"] = last.map_or(Value::Null, |seen| {
+                let ago = seen.at.elapsed().unwrap_or_default();
+                json!({
+                    "outcome": seen.outcome.as_str(),
+                    "ago_s": seconds(ago),
+                    "attempt": seen.attempt,
+                })
+            });
+            Ok(json(rendered))
+        }
         None => Err(Problem::new(
             http::StatusCode::NOT_FOUND,
             format!("the store does not know the key {key} (never seen, or purged)"),

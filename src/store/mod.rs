@@ -161,7 +161,8 @@ pub use versions::AdvanceVersion;
     feature = "memory",
     feature = "postgres",
     feature = "sqlite",
-    feature = "mysql"
+    feature = "mysql",
+    feature = "redis"
 ))]
 pub(crate) use versions::decide;
 pub use versions::{Advance, PendingVersion, VersionClaim, VersionLease, VersionStore};
