@@ -41,10 +41,10 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use http::StatusCode;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
-use tower_idempotency::store::{AnyStore, SqliteStore, Store};
-use tower_idempotency::transactional::{TransactionalLayer, TransactionalStore, Tx};
 use tower_idempotency::admin::Admin;
 use tower_idempotency::journal::Journal as DeliveryJournal;
+use tower_idempotency::store::{AnyStore, SqliteStore, Store};
+use tower_idempotency::transactional::{TransactionalLayer, TransactionalStore, Tx};
 use tower_idempotency::{
     Drain, IdempotencyKey, IdempotencyLayer, LeaseHandle, Outcome, Stale, key, verify,
 };
@@ -81,7 +81,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // effects is SQL on that database. The claim-then-commit layers and GET /stuck take the
     // `AnyStore` itself.
     let app = match &store {
-        AnyStore::Sqlite(sqlite) => app(&store, sqlite.clone(), sqlite.pool(), &drain, &ops).await?,
+        AnyStore::Sqlite(sqlite) => {
+            app(&store, sqlite.clone(), sqlite.pool(), &drain, &ops).await?
+        }
         AnyStore::Postgres(pg) => app(&store, pg.clone(), pg.pool(), &drain, &ops).await?,
         AnyStore::MySql(mysql) => app(&store, mysql.clone(), mysql.pool(), &drain, &ops).await?,
         // Claims in Redis; what needs SQL (the Stripe route's transaction, the side effects)
@@ -244,11 +246,7 @@ fn admin_token() -> String {
 
 /// The admin page asks for HTTP Basic credentials: any user name, the token as password. A
 /// real service puts its own authentication here.
-async fn require_admin_token(
-    State(token): State<String>,
-    req: Request,
-    next: Next,
-) -> Response {
+async fn require_admin_token(State(token): State<String>, req: Request, next: Next) -> Response {
     use base64::Engine as _;
     let given = req
         .headers()
@@ -257,7 +255,10 @@ async fn require_admin_token(
         .and_then(|v| v.strip_prefix("Basic "))
         .and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok())
         .and_then(|raw| String::from_utf8(raw).ok());
-    let password = given.as_deref().and_then(|pair| pair.split_once(':')).map(|(_, p)| p);
+    let password = given
+        .as_deref()
+        .and_then(|pair| pair.split_once(':'))
+        .map(|(_, p)| p);
     if password == Some(token.as_str()) {
         return next.run(req).await;
     }
@@ -303,7 +304,10 @@ async fn serve(
     // before would be answered as a duplicate.
     let fresh = {
         use std::hash::{BuildHasher, RandomState};
-        format!("{:016x}", RandomState::new().hash_one(std::time::SystemTime::now()))
+        format!(
+            "{:016x}",
+            RandomState::new().hash_one(std::time::SystemTime::now())
+        )
     };
     println!("Send the same GitHub event twice; it is processed once:");
     println!(
