@@ -16,7 +16,7 @@
 //!
 //! Exported with `metrics-exporter-prometheus`:
 //!
-//! ```ignore
+//! ```text
 //! let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
 //! let app = app.route("/metrics", get(move || std::future::ready(handle.render())));
 //! ```
