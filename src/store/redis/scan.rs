@@ -35,9 +35,15 @@ impl RedisStore {
         let ranges: Vec<Vec<Value>> = parsed(conn.clone().route_command(cmd, route).await)?;
         let mut masters: Vec<Node> = Vec::new();
         for range in ranges {
+            // `[start, end, [host, port, id, …], replicas…]`
             let master = range
                 .get(2)
-                .and_then(|m| redis::from_redis_value::<(String, u16)>(m.clone()).ok())
+                .and_then(|m| redis::from_redis_value::<Vec<Value>>(m.clone()).ok())
+                .and_then(|m| {
+                    let host = redis::from_redis_value::<String>(m.first()?.clone()).ok()?;
+                    let port = redis::from_redis_value::<u16>(m.get(1)?.clone()).ok()?;
+                    Some((host, port))
+                })
                 .filter(|(host, port)| !host.is_empty() && *port != 0)
                 .ok_or_else(|| {
                     StoreError::backend("a slot range of the cluster has no reachable master")
