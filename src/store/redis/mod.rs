@@ -225,11 +225,11 @@ impl RedisStore {
     /// confirm within `timeout` is an error, and a claim or version it granted is given back
     /// first. See the module docs for what it narrows.
     ///
-    /// The script and its `WAIT` go together on connections of the store's own (made by
-    /// [`connect`](Self::connect) and [`connect_cluster`](Self::connect_cluster) when first
-    /// needed), because a `WAIT` holds up every later command on its connection; a store made
-    /// with [`new`](Self::new) or [`on_cluster`](Self::on_cluster) has none, and waits on the
-    /// shared connection.
+    /// On one server the script and its `WAIT` go together on connections of the store's
+    /// own (made by [`connect`](Self::connect) when first needed), because a `WAIT` holds up
+    /// every later command on its connection. On a cluster, and for a store made with
+    /// [`new`](Self::new), they go on the shared connection: there a replica outage slows
+    /// every call to the master concerned, up to `timeout` each.
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.replicas = (replicas > 0).then_some((replicas, timeout));
         self
@@ -290,13 +290,26 @@ impl RedisStore {
         let replies: Vec<Value> = match self.waiting_connection().await? {
             Conn::Single(mut conn) => pipeline.query_async(&mut conn).await,
             Conn::Cluster(mut conn) => {
-                // To the master of the key's slot, which takes the write and answers the WAIT.
-                use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
-                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(
-                    slot_of(key.as_bytes()),
-                    SlotAddr::Master,
+                // The write by its key, then the WAIT on the same connection to the master of
+                // the key's slot, which took the write.
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let mut write = redis::cmd("EVAL");
+                write.arg(script.code).arg(1).arg(key);
+                for arg in args {
+                    write.arg(arg.as_slice());
+                }
+                let mut wait = redis::cmd("WAIT");
+                wait.arg(replicas).arg(millis);
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::new(slot_of(key.as_bytes()), SlotAddr::Master),
                 ));
-                conn.route_pipeline(pipeline, 0, 2, route).await
+                match write.query_async::<Value>(&mut conn).await {
+                    Ok(value) => conn
+                        .route_command(wait, route)
+                        .await
+                        .map(|acked| vec![value, acked]),
+                    Err(error) => Err(error),
+                }
             }
         }
         .map_err(StoreError::backend)?;
@@ -323,7 +336,10 @@ impl RedisStore {
     /// A connection for a write that waits for replicas: one of the store's own, in turn, or
     /// the shared one for a store made on a connection.
     async fn waiting_connection(&self) -> Result<Conn, StoreError> {
-        let Some(source) = &self.source else {
+        // A cluster's writes wait on the shared connection: the client's connection to the
+        // key's master is the one that took the write (a second cluster client's WAIT found no
+        // replica in a cluster formed moments before).
+        let Some(source @ Source::Single(_)) = &self.source else {
             return Ok(self.conn.clone());
         };
         let pool = self
