@@ -105,18 +105,11 @@ pub struct RedisStore {
     prefix: Arc<str>,
     retention: Duration,
     replicas: Option<(usize, Duration)>,
-    /// Where connections of the store's own come from: the writes that wait for replicas
-    /// take them, so that a `WAIT` blocks no other call.
-    source: Option<Source>,
-    waiting: Arc<tokio::sync::OnceCell<Vec<Conn>>>,
+    /// On one server, where connections of the store's own come from: the writes that wait
+    /// for replicas take them, so that a `WAIT` blocks no other call.
+    client: Option<redis::Client>,
+    waiting: Arc<tokio::sync::OnceCell<Vec<ConnectionManager>>>,
     turn: Arc<AtomicUsize>,
-}
-
-/// How the store connected, to connect again.
-#[derive(Clone)]
-enum Source {
-    Single(redis::Client),
-    Cluster(Box<redis::cluster::ClusterClient>),
 }
 
 /// Connections of their own for the writes that wait for replicas.
@@ -143,7 +136,7 @@ impl RedisStore {
             .await
             .map_err(StoreError::backend)?;
         let mut store = Self::new(conn);
-        store.source = Some(Source::Single(client));
+        store.client = Some(client);
         Ok(store)
     }
 
@@ -164,9 +157,7 @@ impl RedisStore {
             .get_async_connection()
             .await
             .map_err(StoreError::backend)?;
-        let mut store = Self::on_cluster(conn);
-        store.source = Some(Source::Cluster(Box::new(client)));
-        Ok(store)
+        Ok(Self::on_cluster(conn))
     }
 
     /// A store on a connection made elsewhere.
@@ -185,7 +176,7 @@ impl RedisStore {
             prefix: DEFAULT_PREFIX.into(),
             retention: DEFAULT_RETENTION,
             replicas: None,
-            source: None,
+            client: None,
             waiting: Arc::default(),
             turn: Arc::default(),
         }
@@ -281,25 +272,28 @@ impl RedisStore {
         let millis = u64::try_from(timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        let mut pipeline = redis::pipe();
-        pipeline.cmd("EVAL").arg(script.code).arg(1).arg(key);
+        let mut write = redis::cmd("EVAL");
+        write.arg(script.code).arg(1).arg(key);
         for arg in args {
-            pipeline.arg(arg.as_slice());
+            write.arg(arg.as_slice());
         }
-        pipeline.cmd("WAIT").arg(replicas).arg(millis);
-        let replies: Vec<Value> = match self.waiting_connection().await? {
-            Conn::Single(mut conn) => pipeline.query_async(&mut conn).await,
-            Conn::Cluster(mut conn) => {
-                // The write by its key, then the WAIT on the same connection to the master of
-                // the key's slot, which took the write.
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(replicas).arg(millis);
+        let replies: Vec<Value> = match (&self.conn, self.waiting_connection().await?) {
+            // One server: the write and its WAIT together, on a connection of the store's own.
+            (_, Some(mut conn)) => {
+                redis::pipe()
+                    .add_command(write)
+                    .add_command(wait)
+                    .query_async(&mut conn)
+                    .await
+            }
+            // A cluster: the write by its key, then the WAIT on the shared connection to the
+            // master of the key's slot, which took the write (a second cluster client's WAIT
+            // found no replica in a cluster formed moments before).
+            (Conn::Cluster(conn), None) => {
                 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let mut write = redis::cmd("EVAL");
-                write.arg(script.code).arg(1).arg(key);
-                for arg in args {
-                    write.arg(arg.as_slice());
-                }
-                let mut wait = redis::cmd("WAIT");
-                wait.arg(replicas).arg(millis);
+                let mut conn = conn.clone();
                 let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                     Route::new(slot_of(key.as_bytes()), SlotAddr::Master),
                 ));
@@ -310,6 +304,14 @@ impl RedisStore {
                         .map(|acked| vec![value, acked]),
                     Err(error) => Err(error),
                 }
+            }
+            // A store made on a connection: the shared one.
+            (Conn::Single(conn), None) => {
+                redis::pipe()
+                    .add_command(write)
+                    .add_command(wait)
+                    .query_async(&mut conn.clone())
+                    .await
             }
         }
         .map_err(StoreError::backend)?;
@@ -333,35 +335,25 @@ impl RedisStore {
         Ok((value, acked >= replicas))
     }
 
-    /// A connection for a write that waits for replicas: one of the store's own, in turn, or
-    /// the shared one for a store made on a connection.
-    async fn waiting_connection(&self) -> Result<Conn, StoreError> {
-        // A cluster's writes wait on the shared connection: the client's connection to the
-        // key's master is the one that took the write (a second cluster client's WAIT found no
-        // replica in a cluster formed moments before).
-        let Some(source @ Source::Single(_)) = &self.source else {
-            return Ok(self.conn.clone());
+    /// On one server it connected to itself, a connection of the store's own for a write
+    /// that waits for replicas, in turn; `None` otherwise.
+    async fn waiting_connection(&self) -> Result<Option<ConnectionManager>, StoreError> {
+        let Some(client) = &self.client else {
+            return Ok(None);
         };
         let pool = self
             .waiting
             .get_or_try_init(|| async {
                 let mut pool = Vec::with_capacity(WAITING_CONNECTIONS);
                 for _ in 0..WAITING_CONNECTIONS {
-                    pool.push(match source {
-                        Source::Single(client) => {
-                            Conn::Single(ConnectionManager::new(client.clone()).await?)
-                        }
-                        Source::Cluster(client) => {
-                            Conn::Cluster(client.get_async_connection().await?)
-                        }
-                    });
+                    pool.push(ConnectionManager::new(client.clone()).await?);
                 }
                 Ok::<_, redis::RedisError>(pool)
             })
             .await
             .map_err(StoreError::backend)?;
         let turn = self.turn.fetch_add(1, Ordering::Relaxed) % pool.len();
-        Ok(pool[turn].clone())
+        Ok(Some(pool[turn].clone()))
     }
 }
 
