@@ -663,7 +663,8 @@ async fn waiting_for_replicas_fails_without_a_live_replica() {
     let store = cluster
         .store()
         .await
-        .wait_for_replicas(1, Duration::from_millis(500));
+        // Well inside the 2 s store timeout, and long enough for a loaded machine's replica.
+        .wait_for_replicas(1, Duration::from_millis(1500));
     let runs = Arc::new(Runs::default());
     let svc = service(store, runs.clone());
 
