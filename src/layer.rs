@@ -206,12 +206,12 @@ where
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency::new(
             inner,
-            Arc::new(Shared {
-                store: self.store.clone(),
-                key: self.key.clone(),
-                settings: self.settings.clone(),
-                claims: self.claims.clone(),
-            }),
+            Arc::new(Shared::new(
+                self.store.clone(),
+                self.key.clone(),
+                self.settings.clone(),
+                self.claims.clone(),
+            )),
         )
     }
 }

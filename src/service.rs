@@ -56,6 +56,27 @@ pub(crate) struct Shared<St, K> {
     pub(crate) key: K,
     pub(crate) settings: Settings,
     pub(crate) claims: ClaimSettings,
+    /// What replay stores, and how: made once from the settings, for every delivery.
+    pub(crate) capture: Option<Arc<Capture>>,
+}
+
+impl<St, K> Shared<St, K> {
+    pub(crate) fn new(store: St, key: K, settings: Settings, claims: ClaimSettings) -> Self {
+        let capture = claims.replay.as_ref().map(|replay| {
+            Arc::new(Capture {
+                replay: replay.clone(),
+                fingerprint: claims.fingerprint.clone(),
+                timeout: settings.body_timeout,
+            })
+        });
+        Self {
+            store,
+            key,
+            settings,
+            claims,
+            capture,
+        }
+    }
 }
 
 impl<S, St, K> Idempotency<S, St, K> {
@@ -175,13 +196,7 @@ where
         if let Some(fingerprint) = fingerprint {
             guard.fingerprint(*fingerprint);
         }
-        let keep = Keeper(shared.claims.replay.as_ref().map(|replay| {
-            Arc::new(Capture {
-                replay: replay.clone(),
-                fingerprint: shared.claims.fingerprint.clone(),
-                timeout: shared.settings.body_timeout,
-            })
-        }));
+        let keep = Keeper(shared.capture.clone());
         let request = Request::from_parts(parts, body);
         let mut res = match Detach::new(run(guard, inner, request, keep)).await {
             Ok(answer) => answer,
