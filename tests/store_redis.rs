@@ -51,6 +51,22 @@ mod cluster {
         races: store(),
         versions: store(),
     }
+
+    /// Duplicates' counts reach the cluster, each key's on its own slot's master.
+    #[tokio::test]
+    async fn duplicate_counts_reach_the_server() {
+        let (Some(store), Some(other)) = (store().await, store().await) else {
+            return;
+        };
+        let (store, other) = (
+            store.with_count_interval(common::hot_path::NEVER),
+            other.with_count_interval(common::hot_path::NEVER),
+        );
+        common::hot_path::duplicate_counts_reach_the_table(store, other, |store| async move {
+            store.write_counts().await.unwrap();
+        })
+        .await;
+    }
 }
 
 /// Versions are compared as integers in the server's scripts, past the 2^53 where Lua's
@@ -132,4 +148,133 @@ async fn a_claim_no_replica_confirmed_is_given_back() {
         store.begin_version(&entity, 1, stale).await.unwrap(),
         VersionClaim::Acquired(_)
     ));
+}
+
+/// The hash of `key` as the store writes it (the module docs give its name), and its time to
+/// live in milliseconds.
+async fn hash_of(key: &tower_idempotency::IdempotencyKey) -> (Vec<(String, String)>, i64) {
+    let url = common::database_url("REDIS_URL", "redis://127.0.0.1:6379");
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let ns = key.namespace();
+    let name = format!("{PREFIX}:k:{}:{ns}:{}", ns.len(), key.value());
+    let mut fields: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(&name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    fields.sort();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    (fields, ttl)
+}
+
+/// Duplicates of a done key, and of one in flight, leave its hash as it was (no count, no
+/// time, no new time to live), yet are counted at once by their store; taking a released key
+/// over does write.
+#[tokio::test]
+async fn a_duplicate_writes_nothing() {
+    use tower_idempotency::store::{Claim, Store};
+    let Some(store) = store().await else { return };
+    let store = store.with_count_interval(common::hot_path::NEVER);
+    let ns = common::unique_namespace("no-write");
+    let (done, running, released) = (
+        common::key_in(&ns, "done"),
+        common::key_in(&ns, "running"),
+        common::key_in(&ns, "released"),
+    );
+    let lease = common::acquire(&store, &done, common::LONG).await;
+    store.commit(&lease).await.unwrap();
+    let _running = common::acquire(&store, &running, common::LONG).await;
+    let lease = common::acquire(&store, &released, common::LONG).await;
+    store.release(&lease).await.unwrap();
+
+    let (done_before, done_ttl) = hash_of(&done).await;
+    let (running_before, running_ttl) = hash_of(&running).await;
+    assert!(
+        done_ttl > 0 && running_ttl == -1,
+        "{done_ttl} {running_ttl}"
+    );
+    for deliveries in 2..=4 {
+        match store.claim(&done, common::LONG).await.unwrap() {
+            Claim::Done(record) => assert_eq!(record.deliveries, deliveries),
+            other => panic!("a duplicate of a done key: {other:?}"),
+        }
+        match store.claim(&running, common::LONG).await.unwrap() {
+            Claim::InFlight(pending) => assert_eq!(pending.deliveries, deliveries),
+            other => panic!("a duplicate of a key in flight: {other:?}"),
+        }
+    }
+    let (done_after, ttl_after) = hash_of(&done).await;
+    assert_eq!(
+        done_after, done_before,
+        "a duplicate of a done key wrote its hash"
+    );
+    assert!(
+        ttl_after <= done_ttl,
+        "a duplicate renewed the time to live"
+    );
+    assert_eq!(hash_of(&running).await, (running_before, -1));
+    assert_eq!(store.describe(&done).await.unwrap().unwrap().deliveries, 4);
+
+    let (released_before, _) = hash_of(&released).await;
+    let lease = common::acquire(&store, &released, common::LONG).await;
+    assert_ne!(
+        hash_of(&released).await.0,
+        released_before,
+        "a take-over writes"
+    );
+    store.commit(&lease).await.unwrap();
+}
+
+/// Duplicates are counted at once in their instance, and in Redis once written.
+#[tokio::test]
+async fn duplicate_counts_reach_the_server() {
+    let (Some(store), Some(other)) = (store().await, store().await) else {
+        return;
+    };
+    let (store, other) = (
+        store.with_count_interval(common::hot_path::NEVER),
+        other.with_count_interval(common::hot_path::NEVER),
+    );
+    common::hot_path::duplicate_counts_reach_the_table(store, other, |store| async move {
+        store.write_counts().await.unwrap();
+    })
+    .await;
+}
+
+/// Without `write_counts`, the store's background task writes the counts within its interval.
+#[tokio::test]
+async fn duplicate_counts_are_written_in_the_background() {
+    use std::time::{Duration, Instant};
+    use tower_idempotency::store::{Claim, Store};
+    let (Some(store), Some(other)) = (store().await, store().await) else {
+        return;
+    };
+    let store = store.with_count_interval(Duration::from_millis(50));
+    let key = common::key_in(&common::unique_namespace("background-counts"), "evt");
+    let lease = common::acquire(&store, &key, common::LONG).await;
+    store.commit(&lease).await.unwrap();
+    for _ in 0..2 {
+        assert!(matches!(
+            store.claim(&key, common::LONG).await,
+            Ok(Claim::Done(_))
+        ));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = other.describe(&key).await.unwrap().unwrap().deliveries;
+        if seen == 3 {
+            break;
+        }
+        assert!(seen < 3, "counted twice: {seen}");
+        assert!(Instant::now() < deadline, "the counts never reached Redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

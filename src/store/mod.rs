@@ -114,6 +114,13 @@ mod sql;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "redis"
+))]
+mod tally;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod transactional;
 mod versions;

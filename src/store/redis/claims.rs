@@ -75,15 +75,20 @@ impl Store for RedisStore {
                     .await;
                 Err(unreplicated())
             }
+            // A duplicate, answered without a write: its delivery is counted here.
             "done" => {
                 let receipt = receipt
                     .map(|bytes| Receipt::decode(&bytes).map(Arc::new))
                     .transpose()?;
+                let deliveries = deliveries.saturating_add(self.count(key));
                 Ok(Claim::Done(
                     Completed::new(deliveries).with_receipt(receipt),
                 ))
             }
-            "pending" => Ok(stale.pending(micros(age), micros(idle), deliveries)),
+            "pending" => {
+                let deliveries = deliveries.saturating_add(self.count(key));
+                Ok(stale.pending(micros(age), micros(idle), deliveries))
+            }
             other => Err(StoreError::backend(format!(
                 "the claim script answered {other:?}"
             ))),
@@ -148,7 +153,7 @@ impl Store for RedisStore {
         let receipt = receipt
             .map(|bytes| Receipt::decode(&bytes).map(Arc::new))
             .transpose()?;
-        let record = KeyRecord::new(
+        let mut record = KeyRecord::new(
             state,
             u64::try_from(number(2)?).unwrap_or(0),
             u64::try_from(number(3)?).unwrap_or(0),
@@ -157,6 +162,10 @@ impl Store for RedisStore {
         .with_seen(ago(5)?, ago(6)?)
         .with_times(ago(7)?, ago(8)?, ago(9)?)
         .with_receipt(receipt);
+        if let Some(unwritten) = self.tally.pending(key) {
+            record.deliveries += unwritten.count;
+            record.last_seen_ago = record.last_seen_ago.min(unwritten.last.elapsed());
+        }
         Ok(Some(record))
     }
 

@@ -22,8 +22,22 @@
 //! script that reads and writes that one hash: atomic, one round trip, and, touching a single
 //! key, always within one slot of a cluster. Scripts take the time from the server (`TIME`),
 //! so app instances with skewed clocks agree on which claims are stale; leases are fenced by a
-//! token as in the SQL stores. A duplicate counts its delivery in the hash (an in-memory
-//! write, as cheap as the read).
+//! token as in the SQL stores.
+//!
+//! # Delivery counts
+//!
+//! A duplicate (of a done key, or of one in flight or held) is answered by a script that only
+//! reads the hash: nothing for the server to log to its append-only file or to send to
+//! replicas, and nothing for [`wait_for_replicas`](RedisStore::wait_for_replicas) to wait
+//! for. Its delivery is counted in the process and added to the hash's `deliveries` and
+//! `last_seen` by a background task about once a second
+//! ([`with_count_interval`](RedisStore::with_count_interval)), one script per key that had
+//! duplicates meanwhile, which leaves a key that expired meanwhile absent.
+//! [`describe`](super::Store::describe) and [`stuck_claims`](super::Store::stuck_claims) on
+//! the same store include the counts not written yet; another instance sees them once they
+//! are. A crash loses at most the last interval's counts of the instance (never a claim:
+//! counts are statistics); [`write_counts`](RedisStore::write_counts) writes them at once,
+//! before shutting down say.
 //!
 //! Settled keys (`done`, `released`) expire after the store's retention
 //! ([`DEFAULT_RETENTION`], 7 days, unless
@@ -45,7 +59,7 @@
 //!   without persistence loses every claim and done key; events delivered again afterwards run
 //!   again. With `appendonly yes` and `appendfsync everysec` it loses at most about the last
 //!   second of writes; `appendfsync always` loses none, at the cost of a disk flush per write
-//!   (a duplicate's delivery count is a write too).
+//!   (a duplicate writes nothing; its count is added later, once a key and interval).
 //! - **Eviction** deletes keys when the server runs out of memory. Every settled key has a
 //!   time to live, so the `volatile-*` policies (the default of many managed services) evict
 //!   done keys first, and their events run again; the `allkeys-*` policies evict claims in
@@ -85,9 +99,10 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Value};
 
+use super::tally::{Chunk, Tally};
 use super::{ConfigError, DEFAULT_RETENTION, StoreError};
 use crate::key::IdempotencyKey;
-use scripts::Scripted;
+use scripts::{Scripted, TALLY};
 
 mod claims;
 mod scan;
@@ -107,13 +122,24 @@ pub struct RedisStore {
     replicas: Option<(usize, Duration)>,
     /// On one server, where connections of the store's own come from: the writes that wait
     /// for replicas take them, so that a `WAIT` blocks no other call.
-    client: Option<redis::Client>,
-    waiting: Arc<tokio::sync::OnceCell<Vec<ConnectionManager>>>,
-    turn: Arc<AtomicUsize>,
+    waiting: Option<Arc<Waiting>>,
+    /// Deliveries of duplicates, counted here and written in the background.
+    tally: Arc<Tally>,
+}
+
+/// On one server it connected to itself, where the store's connections of its own for the
+/// writes that wait for replicas come from, made when first needed, and whose turn is next.
+struct Waiting {
+    client: redis::Client,
+    conns: tokio::sync::OnceCell<Vec<ConnectionManager>>,
+    turn: AtomicUsize,
 }
 
 /// Connections of their own for the writes that wait for replicas.
 const WAITING_CONNECTIONS: usize = 4;
+
+/// How often the counts of duplicates are written, unless the store says otherwise.
+const COUNT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The longest retention Redis takes (`PEXPIRE` in milliseconds), rounded down to a century.
 const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -136,7 +162,11 @@ impl RedisStore {
             .await
             .map_err(StoreError::backend)?;
         let mut store = Self::new(conn);
-        store.client = Some(client);
+        store.waiting = Some(Arc::new(Waiting {
+            client,
+            conns: tokio::sync::OnceCell::new(),
+            turn: AtomicUsize::new(0),
+        }));
         Ok(store)
     }
 
@@ -176,9 +206,8 @@ impl RedisStore {
             prefix: DEFAULT_PREFIX.into(),
             retention: DEFAULT_RETENTION,
             replicas: None,
-            client: None,
-            waiting: Arc::default(),
-            turn: Arc::default(),
+            waiting: None,
+            tally: Arc::new(Tally::every_in(COUNT_INTERVAL, 1)),
         }
     }
 
@@ -200,7 +229,47 @@ impl RedisStore {
             });
         }
         self.prefix = prefix.into();
+        // Counts kept for the old prefix's keys are not this store's.
+        self.tally = Arc::new(Tally::every_in(self.tally.interval(), 1));
         Ok(self)
+    }
+
+    /// How often the deliveries answered without writing (duplicates, see the [module
+    /// docs](self#delivery-counts)) are added to their keys: every second unless set. Set it
+    /// before the store is used; clones made earlier keep the old interval.
+    pub fn with_count_interval(mut self, every: Duration) -> Self {
+        self.tally = Arc::new(Tally::every_in(every, 1));
+        self
+    }
+
+    /// Adds the deliveries counted since the last write to their keys now, rather than within
+    /// the [count interval](Self::with_count_interval): before the process exits, say, or
+    /// before reading the keys by hand. [`describe`](super::Store::describe) and
+    /// [`stuck_claims`](super::Store::stuck_claims) include them either way.
+    pub async fn write_counts(&self) -> Result<(), StoreError> {
+        let counts = self.counts();
+        self.tally.write_round(|chunk| counts.write(chunk)).await
+    }
+
+    /// Counts a delivery answered without writing; answers how many of the key's deliveries
+    /// are unwritten now, this one included.
+    fn count(&self, key: &IdempotencyKey) -> u64 {
+        let unwritten = self.tally.add(key);
+        if !self.tally.is_flushing() {
+            let counts = self.counts();
+            self.tally
+                .keep_flushed(move |chunk| counts.clone().write_owned(chunk));
+        }
+        unwritten
+    }
+
+    /// What writes the tally's counts: the connection and the prefix, not the store, so that
+    /// the task writing them ends once every store is gone.
+    fn counts(&self) -> Counts {
+        Counts {
+            conn: self.conn.clone(),
+            prefix: self.prefix.clone(),
+        }
     }
 
     /// How long settled keys (`done`, `released`) live before Redis deletes them. Default:
@@ -228,8 +297,7 @@ impl RedisStore {
 
     /// The Redis key of a claim.
     fn key_of(&self, key: &IdempotencyKey) -> String {
-        let ns = key.namespace();
-        format!("{}:k:{}:{ns}:{}", self.prefix, ns.len(), key.value())
+        claim_key(&self.prefix, key)
     }
 
     /// The Redis key of an entity's versions.
@@ -338,22 +406,56 @@ impl RedisStore {
     /// On one server it connected to itself, a connection of the store's own for a write
     /// that waits for replicas, in turn; `None` otherwise.
     async fn waiting_connection(&self) -> Result<Option<ConnectionManager>, StoreError> {
-        let Some(client) = &self.client else {
+        let Some(waiting) = &self.waiting else {
             return Ok(None);
         };
-        let pool = self
-            .waiting
+        let pool = waiting
+            .conns
             .get_or_try_init(|| async {
                 let mut pool = Vec::with_capacity(WAITING_CONNECTIONS);
                 for _ in 0..WAITING_CONNECTIONS {
-                    pool.push(ConnectionManager::new(client.clone()).await?);
+                    pool.push(ConnectionManager::new(waiting.client.clone()).await?);
                 }
                 Ok::<_, redis::RedisError>(pool)
             })
             .await
             .map_err(StoreError::backend)?;
-        let turn = self.turn.fetch_add(1, Ordering::Relaxed) % pool.len();
+        let turn = waiting.turn.fetch_add(1, Ordering::Relaxed) % pool.len();
         Ok(Some(pool[turn].clone()))
+    }
+}
+
+/// The Redis key of a claim under `prefix`.
+fn claim_key(prefix: &str, key: &IdempotencyKey) -> String {
+    let ns = key.namespace();
+    format!("{prefix}:k:{}:{ns}:{}", ns.len(), key.value())
+}
+
+/// Writes counted deliveries to their keys (see [`Tally`]).
+#[derive(Clone)]
+struct Counts {
+    conn: Conn,
+    prefix: Arc<str>,
+}
+
+impl Counts {
+    /// Adds each key's counted deliveries to its hash, one script a key: the tally gives one
+    /// key a write, so a failure never leaves a chunk half written.
+    async fn write(&self, chunk: Chunk) -> Result<(), StoreError> {
+        for (key, seen) in chunk {
+            let ago = i64::try_from(seen.last.elapsed().as_micros()).unwrap_or(i64::MAX);
+            let mut call = TALLY.script().key(claim_key(&self.prefix, &key));
+            call.arg(seen.count).arg(ago);
+            let _found: i64 = call
+                .invoke_async(&mut self.conn.clone())
+                .await
+                .map_err(StoreError::backend)?;
+        }
+        Ok(())
+    }
+
+    async fn write_owned(self, chunk: Chunk) -> Result<(), StoreError> {
+        self.write(chunk).await
     }
 }
 

@@ -145,12 +145,16 @@ impl RedisStore {
                     continue;
                 };
                 match IdempotencyKey::new(ns.clone(), value.clone()) {
-                    Ok(key) => stuck.push(StuckClaim::new(
-                        key,
-                        micros(now - number(2)),
-                        micros(idle),
-                        u64::try_from(number(3)).unwrap_or(0),
-                    )),
+                    Ok(key) => {
+                        let unwritten = self.tally.pending(&key).map_or(0, |seen| seen.count);
+                        let deliveries = u64::try_from(number(3)).unwrap_or(0) + unwritten;
+                        stuck.push(StuckClaim::new(
+                            key,
+                            micros(now - number(2)),
+                            micros(idle),
+                            deliveries,
+                        ));
+                    }
                     Err(error) => tracing::error!(
                         key = redis_key,
                         namespace = ns,

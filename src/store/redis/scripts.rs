@@ -40,7 +40,9 @@ macro_rules! now {
 
 /// A claim. `ARGV`: token, whether the policy reclaims (`1`), the stale limit in
 /// microseconds, namespace, key. Answers `{kind, token, deliveries, age, idle, reclaimed,
-/// receipt}`, `kind` one of `acquired`, `done`, `pending`.
+/// receipt}`, `kind` one of `acquired`, `done`, `pending`. Only a claim that acquires writes:
+/// a duplicate (`done`, `pending`) reads the hash and leaves it as it was, its delivery
+/// counted by the store in the process (see [`TALLY`]).
 pub(super) static CLAIM: Scripted = Scripted::new(concat!(
     now!(),
     r#"
@@ -52,14 +54,14 @@ if not state then
     'ns', ARGV[4], 'key', ARGV[5])
   return {'acquired', ARGV[1], 1, 0, 0, 0, false}
 end
-local deliveries = redis.call('HINCRBY', h, 'deliveries', 1)
-redis.call('HSET', h, 'last_seen', now)
 if state == 'done' then
-  return {'done', '', deliveries, 0, 0, 0, redis.call('HGET', h, 'receipt')}
+  local row = redis.call('HMGET', h, 'deliveries', 'receipt')
+  return {'done', '', tonumber(row[1]), 0, 0, 0, row[2]}
 end
 local function take(reclaimed)
+  local deliveries = redis.call('HINCRBY', h, 'deliveries', 1)
   redis.call('HSET', h, 'state', 'processing', 'token', ARGV[1], 'claimed_at', now,
-    'renewed_at', now, 'reclaimed', reclaimed)
+    'renewed_at', now, 'reclaimed', reclaimed, 'last_seen', now)
   redis.call('HINCRBY', h, 'runs', 1)
   redis.call('HDEL', h, 'completed_at', 'receipt')
   redis.call('PERSIST', h)
@@ -76,7 +78,23 @@ if ARGV[2] == '1' and idle >= tonumber(ARGV[3]) then
 end
 local age = now - claimed
 if age < 0 then age = 0 end
-return {'pending', '', deliveries, age, idle, 0, false}
+return {'pending', '', tonumber(redis.call('HGET', h, 'deliveries')), age, idle, 0, false}
+"#
+));
+
+/// Adds deliveries counted in the process (duplicates, answered without a write) to a claim's
+/// hash, if it still exists: `ARGV` the count and how long ago the last of them arrived, in
+/// microseconds. Answers 1 if the key was there. The hash keeps its time to live.
+pub(super) static TALLY: Scripted = Scripted::new(concat!(
+    now!(),
+    r#"
+local h = KEYS[1]
+local last = redis.call('HGET', h, 'last_seen')
+if not last then return 0 end
+redis.call('HINCRBY', h, 'deliveries', ARGV[1])
+local seen = now - tonumber(ARGV[2])
+if seen > tonumber(last) then redis.call('HSET', h, 'last_seen', seen) end
+return 1
 "#
 ));
 

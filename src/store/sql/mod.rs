@@ -22,6 +22,8 @@ mod tally;
 mod upsert;
 mod writer;
 
+pub(crate) use super::tally::CHUNK as TALLY_CHUNK;
+use super::tally::Tally;
 pub(crate) use backend::Backend;
 use backend::Statement;
 pub(crate) use queries::{Bounded, Purge, Queries, VersionQueries};
@@ -30,8 +32,6 @@ pub(crate) use rows::{
     undecodable_stuck_row, version_claim, version_row,
 };
 pub(crate) use table::TableName;
-pub(crate) use tally::CHUNK as TALLY_CHUNK;
-use tally::Tally;
 #[cfg(feature = "postgres")]
 pub(crate) use upsert::retry_serialization_failure;
 pub(crate) use writer::Writer;
