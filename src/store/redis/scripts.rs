@@ -44,19 +44,22 @@ macro_rules! now {
 /// a duplicate (`done`, `pending`) reads the hash and leaves it as it was, its delivery
 /// counted by the store in the process (see [`TALLY`]).
 pub(super) static CLAIM: Scripted = Scripted::new(concat!(
-    now!(),
+    // A duplicate of a done key is the common read: one look at the hash, no clock needed.
     r#"
 local h = KEYS[1]
-local state = redis.call('HGET', h, 'state')
+local row = redis.call('HMGET', h, 'state', 'deliveries', 'receipt', 'claimed_at', 'renewed_at')
+local state = row[1]
+if state == 'done' then
+  return {'done', '', tonumber(row[2]), 0, 0, 0, row[3]}
+end
+"#,
+    now!(),
+    r#"
 if not state then
   redis.call('HSET', h, 'state', 'processing', 'token', ARGV[1], 'deliveries', 1, 'runs', 1,
     'reclaimed', 0, 'first_seen', now, 'last_seen', now, 'claimed_at', now, 'renewed_at', now,
     'ns', ARGV[4], 'key', ARGV[5])
   return {'acquired', ARGV[1], 1, 0, 0, 0, false}
-end
-if state == 'done' then
-  local row = redis.call('HMGET', h, 'deliveries', 'receipt')
-  return {'done', '', tonumber(row[1]), 0, 0, 0, row[2]}
 end
 local function take(reclaimed)
   local deliveries = redis.call('HINCRBY', h, 'deliveries', 1)
@@ -70,15 +73,14 @@ end
 if state == 'released' then
   return take(0)
 end
-local claimed = tonumber(redis.call('HGET', h, 'claimed_at'))
-local idle = now - tonumber(redis.call('HGET', h, 'renewed_at'))
+local idle = now - tonumber(row[5])
 if idle < 0 then idle = 0 end
 if ARGV[2] == '1' and idle >= tonumber(ARGV[3]) then
   return take(1)
 end
-local age = now - claimed
+local age = now - tonumber(row[4])
 if age < 0 then age = 0 end
-return {'pending', '', tonumber(redis.call('HGET', h, 'deliveries')), age, idle, 0, false}
+return {'pending', '', tonumber(row[2]), age, idle, 0, false}
 "#
 ));
 
