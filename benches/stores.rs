@@ -25,10 +25,12 @@
 //! baseline's table the store's index of processing rows; `BENCH_BASELINE=store` replaces the
 //! seed's SQL with the store called by hand (claim, work, commit) to isolate what the layer
 //! adds; `BENCH_COUNT_INTERVAL_S=3600` keeps the stores from writing the counts of duplicates
-//! while they are measured, to show what writing them costs.
+//! while they are measured, to show what writing them costs; `BENCH_NO_STUCK_INDEX=1` drops
+//! the store's index of processing rows (PostgreSQL, SQLite) after `migrate`, to show what it
+//! costs a commit.
 //!
 //! ```sh
-//! CARGO_TARGET_DIR=/work/target-bench cargo bench --all-features --bench stores
+//! cargo bench --all-features --bench stores
 //! ```
 
 use std::collections::BTreeMap;
@@ -703,6 +705,13 @@ fn throughput<St: BenchStore>(c: &mut Criterion, rt: &Runtime, db: &Db, label: &
         db.drop_table(SEED_TABLE).await;
         store.create().await.expect("migrate");
         db.create_seed_table().await;
+        if std::env::var("BENCH_NO_STUCK_INDEX").is_ok_and(|v| v == "1")
+            && !matches!(db.kind(), Kind::MySql)
+        {
+            // MySQL's store has none.
+            db.exec(format!("DROP INDEX IF EXISTS {STORE_TABLE}_stuck_idx"))
+                .await;
+        }
         if std::env::var("BENCH_SEED_INDEXES").is_ok_and(|v| v == "1") {
             // The store's index of processing rows (for `stuck_claims`) on the baseline's
             // table too, where the backend has one (MySQL has no partial index, and the store
