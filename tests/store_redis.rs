@@ -278,3 +278,33 @@ async fn duplicate_counts_are_written_in_the_background() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A round writes many keys' counts at once, each exactly once.
+#[tokio::test]
+async fn many_keys_counts_are_written_once_each() {
+    use tower_idempotency::store::{Claim, Store};
+    let (Some(store), Some(other)) = (store().await, store().await) else {
+        return;
+    };
+    let store = store.with_count_interval(common::hot_path::NEVER);
+    let ns = common::unique_namespace("many-counts");
+    let keys: Vec<_> = (0..100)
+        .map(|i| common::key_in(&ns, &format!("evt_{i}")))
+        .collect();
+    for key in &keys {
+        let lease = common::acquire(&store, key, common::LONG).await;
+        store.commit(&lease).await.unwrap();
+        for _ in 0..2 {
+            assert!(matches!(
+                store.claim(key, common::LONG).await,
+                Ok(Claim::Done(_))
+            ));
+        }
+    }
+    store.write_counts().await.unwrap();
+    store.write_counts().await.unwrap();
+    for key in &keys {
+        let seen = other.describe(key).await.unwrap().unwrap();
+        assert_eq!(seen.deliveries, 3, "{key}");
+    }
+}

@@ -28,11 +28,13 @@
 //!
 //! A duplicate (of a done key, or of one in flight or held) is answered by a script that only
 //! reads the hash: nothing for the server to log to its append-only file or to send to
-//! replicas, and nothing for [`wait_for_replicas`](RedisStore::wait_for_replicas) to wait
-//! for. Its delivery is counted in the process and added to the hash's `deliveries` and
+//! replicas (with [`wait_for_replicas`](RedisStore::wait_for_replicas), its `WAIT` returns
+//! as soon as the replicas have the earlier writes). Its delivery is counted in the process and added to the hash's `deliveries` and
 //! `last_seen` by a background task about once a second
 //! ([`with_count_interval`](RedisStore::with_count_interval)), one script per key that had
-//! duplicates meanwhile, which leaves a key that expired meanwhile absent.
+//! duplicates meanwhile (32 at once), which leaves a key that expired meanwhile absent. A
+//! write whose answer is lost (a connection that drops just then) is tried again, and its
+//! counts may then be added twice.
 //! [`describe`](super::Store::describe) and [`stuck_claims`](super::Store::stuck_claims) on
 //! the same store include the counts not written yet; another instance sees them once they
 //! are. A crash loses at most the last interval's counts of the instance (never a claim:
@@ -141,6 +143,11 @@ const WAITING_CONNECTIONS: usize = 4;
 /// How often the counts of duplicates are written, unless the store says otherwise.
 const COUNT_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How many keys' counts are written at once: one script a key, sent together on the
+/// multiplexed connection (or to each key's master), so a round of many keys is not one
+/// round trip per key one after another.
+const PARALLEL_COUNTS: usize = 32;
+
 /// The longest retention Redis takes (`PEXPIRE` in milliseconds), rounded down to a century.
 const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
@@ -207,7 +214,7 @@ impl RedisStore {
             retention: DEFAULT_RETENTION,
             replicas: None,
             waiting: None,
-            tally: Arc::new(Tally::every_in(COUNT_INTERVAL, 1)),
+            tally: Arc::new(Tally::every_in(COUNT_INTERVAL, 1, PARALLEL_COUNTS)),
         }
     }
 
@@ -230,7 +237,7 @@ impl RedisStore {
         }
         self.prefix = prefix.into();
         // Counts kept for the old prefix's keys are not this store's.
-        self.tally = Arc::new(Tally::every_in(self.tally.interval(), 1));
+        self.tally = Arc::new(self.tally.like());
         Ok(self)
     }
 
@@ -238,7 +245,7 @@ impl RedisStore {
     /// docs](self#delivery-counts)) are added to their keys: every second unless set. Set it
     /// before the store is used; clones made earlier keep the old interval.
     pub fn with_count_interval(mut self, every: Duration) -> Self {
-        self.tally = Arc::new(Tally::every_in(every, 1));
+        self.tally = Arc::new(Tally::every_in(every, 1, PARALLEL_COUNTS));
         self
     }
 
@@ -440,7 +447,7 @@ struct Counts {
 
 impl Counts {
     /// Adds each key's counted deliveries to its hash, one script a key: the tally gives one
-    /// key a write, so a failure never leaves a chunk half written.
+    /// key a write (many of them at once), so a failure never leaves a chunk half written.
     async fn write(&self, chunk: Chunk) -> Result<(), StoreError> {
         for (key, seen) in chunk {
             let ago = i64::try_from(seen.last.elapsed().as_micros()).unwrap_or(i64::MAX);
