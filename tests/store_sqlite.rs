@@ -547,6 +547,10 @@ async fn a_burst_on_an_opened_file_queues_its_writes() {
             SqliteStore::options(&path).busy_timeout(std::time::Duration::from_millis(20));
         stores.push(SqliteStore::open_with(options).await.expect("open"));
     }
+    assert!(
+        !stores[0].pool().options().get_test_before_acquire(),
+        "an opened store's pool pings no connection before lending it"
+    );
     let ns = common::unique_namespace("burst");
     let runs = Arc::new(AtomicUsize::new(0));
     let services: Vec<_> = stores

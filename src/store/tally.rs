@@ -89,11 +89,6 @@ impl Tally {
         Self::every_in(self.every, self.chunk, self.parallel)
     }
 
-    /// How often the counts are written.
-    pub(crate) fn interval(&self) -> Duration {
-        self.every
-    }
-
     fn seen(&self) -> MutexGuard<'_, HashMap<IdempotencyKey, Seen>> {
         // A count is a plain number: one left half-changed by a panic is still a number.
         self.seen

@@ -93,7 +93,7 @@ impl<DB: Database> Table<DB> {
     pub(crate) fn with_queries(self, sql: Queries) -> Self {
         Self {
             sql: Arc::new(sql),
-            tally: Arc::new(Tally::every(self.tally.interval())),
+            tally: Arc::new(self.tally.like()),
             ..self
         }
     }

@@ -28,7 +28,10 @@ impl SqliteStore {
     ///   write waits for a flush of the WAL.
     /// - **A pool of 4 connections**, and the writes of every store this process opens on the
     ///   file queued in the process, in arrival order (see [writers](super#writers)); a write
-    ///   still waits up to 30 s (`busy_timeout`) for another process's.
+    ///   still waits up to 30 s (`busy_timeout`) for another process's. The pool lends a
+    ///   connection without pinging it first (sqlx's `test_before_acquire`, on by default):
+    ///   a connection in the process has no network to lose, and the ping is one more trip to
+    ///   its thread for every statement.
     ///
     /// For other settings, open the pool yourself and use [`new`](Self::new).
     ///
@@ -100,6 +103,7 @@ async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Er
     loop {
         let pool = SqlitePoolOptions::new()
             .max_connections(CONNECTIONS)
+            .test_before_acquire(false)
             .connect_with(options.clone())
             .await;
         match pool {
