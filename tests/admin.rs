@@ -828,3 +828,37 @@ async fn the_journal_adds_the_latest_outcome_and_attempt() {
     assert_eq!(answer.body["last"], Value::Null);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A long list is cut at its limit (the longest stuck first), and says how long it was.
+#[tokio::test]
+async fn a_long_list_of_claims_is_cut_at_its_limit() {
+    let store = tower_idempotency::store::MemoryStore::new();
+    let ns = unique_namespace("admin-limit");
+    for i in 0..5 {
+        let key = key_in(&ns, &format!("evt_{i}"));
+        assert!(matches!(
+            store.claim(&key, HOLD).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let app = mounted(Admin::new(store));
+    let keys = |answer: &Answer| -> Vec<String> {
+        let listed = answer.body.as_array().expect("a list");
+        listed
+            .iter()
+            .map(|c| c["key"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let cut = send(&app, get("/admin/claims?older_than_s=0&limit=2")).await;
+    assert_eq!(cut.status, StatusCode::OK, "{}", cut.text);
+    assert_eq!(cut.headers["x-total-count"], "5");
+    assert_eq!(keys(&cut), ["evt_0", "evt_1"], "the longest stuck first");
+    let all = send(&app, get("/admin/claims?older_than_s=0")).await;
+    assert_eq!(all.headers["x-total-count"], "5");
+    assert_eq!(keys(&all).len(), 5, "under the default limit");
+    for limit in ["0", "1001", "two", "-1", ""] {
+        let uri = format!("/admin/claims?older_than_s=0&limit={limit}");
+        assert_problem(&send(&app, get(&uri)).await, StatusCode::BAD_REQUEST);
+    }
+}

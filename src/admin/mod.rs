@@ -85,7 +85,7 @@
 //! | route | answer |
 //! |---|---|
 //! | `GET /` | the page: held and stuck claims with buttons to resolve them, a form to look up one key |
-//! | `GET /claims?older_than_s=N` | `processing` claims not renewed for `N` seconds (default [`stuck_after`](Admin::stuck_after)), longest silent first: `[{namespace, key, age_s, since_renewal_s, deliveries, runs, renewed_ago_s}]` |
+//! | `GET /claims?older_than_s=N&limit=L` | `processing` claims not renewed for `N` seconds (default [`stuck_after`](Admin::stuck_after)), longest silent first, the first `L` of them (100 unless said, 1 to 1000): `[{namespace, key, age_s, since_renewal_s, deliveries, runs, renewed_ago_s}]`; the `x-total-count` header counts them all |
 //! | `GET /keys?namespace=NS&key=K` | one key's record: `{namespace, key, state, deliveries, runs, reclaimed, first_seen_ago_s, last_seen_ago_s, claimed_ago_s, renewed_ago_s, settled_ago_s, receipt}`, 404 if the store does not know it |
 //! | `POST /keys/resolve` `{namespace, key, resolution: "done" \| "release"}` | `{resolved}`: whether there was a `processing` claim to settle |
 //! | `POST /purge` `{older_than_s?}` | `{purged}`: `done` and `released` keys settled that long ago (default [`retention`](Admin::retention)) deleted |

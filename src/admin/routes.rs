@@ -23,10 +23,18 @@ const BODY_LIMIT: usize = 64 * 1024;
 /// How many keys `GET /claims` describes at once.
 const DESCRIBE_AT_ONCE: usize = 8;
 
+/// How many claims `GET /claims` lists unless `limit` says otherwise, and the most it lists.
+const LIST_DEFAULT: usize = 100;
+const LIST_MAX: usize = 1000;
+
+/// The header of `GET /claims` that counts every stuck claim, listed or not.
+const TOTAL_COUNT: &str = "x-total-count";
+
 type Shared<St> = State<Arc<Admin<St>>>;
 type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
 
-/// `GET /claims?older_than_s=N`
+/// `GET /claims?older_than_s=N&limit=L`: the `L` claims stuck longest (100 unless said, at
+/// most 1000), each described; `x-total-count` says how many are stuck in all.
 pub(super) async fn claims<St: Store + Clone>(
     State(admin): Shared<St>,
     params: Params,
@@ -37,9 +45,22 @@ pub(super) async fn claims<St: Store + Clone>(
             .ok_or_else(|| Problem::bad_request(not_seconds("older_than_s")))?,
         None => admin.stuck_after,
     };
+    let limit = match params.get("limit") {
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|limit| (1..=LIST_MAX).contains(limit))
+            .ok_or_else(|| {
+                Problem::bad_request(format!(
+                    "`limit` must be a whole number from 1 to {LIST_MAX}"
+                ))
+            })?,
+        None => LIST_DEFAULT,
+    };
     let stuck = admin.store.stuck_claims(older_than).await?;
+    let total = stuck.len();
     let store = &admin.store;
-    let listed: Vec<Value> = stream::iter(stuck)
+    let listed: Vec<Value> = stream::iter(stuck.into_iter().take(limit))
         .map(|claim| async move {
             let record = store.describe(&claim.key).await?;
             Ok::<_, Problem>(json!({
@@ -55,7 +76,10 @@ pub(super) async fn claims<St: Store + Clone>(
         .buffered(DESCRIBE_AT_ONCE)
         .try_collect()
         .await?;
-    Ok(json(Value::Array(listed)))
+    let mut res = json(Value::Array(listed));
+    res.headers_mut()
+        .insert(TOTAL_COUNT, http::HeaderValue::from(total));
+    Ok(res)
 }
 
 /// `GET /keys?namespace=NS&key=K`
