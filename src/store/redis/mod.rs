@@ -29,15 +29,14 @@
 //! A duplicate (of a done key, or of one in flight or held) is answered by a script that only
 //! reads the hash: nothing for the server to log to its append-only file or to send to
 //! replicas (with [`wait_for_replicas`](RedisStore::wait_for_replicas), its `WAIT` returns
-//! as soon as the replicas have the earlier writes). Its delivery is counted in the process and added to the hash's `deliveries` and
-//! `last_seen` by a background task about once a second
-//! ([`with_count_interval`](RedisStore::with_count_interval)), one script per key that had
-//! duplicates meanwhile (32 at once), which leaves a key that expired meanwhile absent. A
-//! write whose answer is lost (a connection that drops just then) is tried again, and its
-//! counts may then be added twice.
-//! [`describe`](super::Store::describe) and [`stuck_claims`](super::Store::stuck_claims) on
-//! the same store include the counts not written yet; another instance sees them once they
-//! are. A crash loses at most the last interval's counts of the instance (never a claim:
+//! as soon as the replicas have the earlier writes). Its delivery is counted in the process
+//! and added to the hash's `deliveries` and `last_seen` by a background task about once a
+//! second ([`with_count_interval`](RedisStore::with_count_interval)), one script per key
+//! that had duplicates meanwhile (32 at once), which leaves a key that expired meanwhile
+//! absent. A write whose answer is lost (a connection that drops just then) is tried again,
+//! and its counts may then be added twice. [`describe`](super::Store::describe) and
+//! [`stuck_claims`](super::Store::stuck_claims) on the same store include the counts not
+//! written yet; another instance sees them once they are. A crash loses at most the last interval's counts of the instance (never a claim:
 //! counts are statistics); [`write_counts`](RedisStore::write_counts) writes them at once,
 //! before shutting down say.
 //!
