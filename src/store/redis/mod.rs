@@ -36,9 +36,9 @@
 //! absent. A write whose answer is lost (a connection that drops just then) is tried again,
 //! and its counts may then be added twice. [`describe`](super::Store::describe) and
 //! [`stuck_claims`](super::Store::stuck_claims) on the same store include the counts not
-//! written yet; another instance sees them once they are. A crash loses at most the last interval's counts of the instance (never a claim:
-//! counts are statistics); [`write_counts`](RedisStore::write_counts) writes them at once,
-//! before shutting down say.
+//! written yet; another instance sees them once they are. A crash loses at most the last
+//! interval's counts of the instance (never a claim: counts are statistics);
+//! [`write_counts`](RedisStore::write_counts) writes them at once, before shutting down say.
 //!
 //! Settled keys (`done`, `released`) expire after the store's retention
 //! ([`DEFAULT_RETENTION`], 7 days, unless
