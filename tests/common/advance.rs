@@ -119,6 +119,7 @@ macro_rules! advance_suite {
             }
 
             async fn setup(store: &$store) {
+                let _turn = $crate::common::schema_turn().await;
                 sqlx::query(CREATE).execute(store.pool()).await.unwrap();
             }
 

@@ -387,3 +387,11 @@ where
 pub fn scoped_ns(ns: &str, path: &str) -> String {
     key_in(ns, "x").scoped(path).unwrap().namespace().to_owned()
 }
+
+/// Takes its turn among the tests of this process that create a table of their own
+/// (`CREATE TABLE IF NOT EXISTS`): two such statements racing on a new PostgreSQL table can
+/// fail one of them with a unique violation in the catalog.
+pub async fn schema_turn() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
+}

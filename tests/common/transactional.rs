@@ -117,7 +117,10 @@ macro_rules! transactional_suite {
 
             async fn setup(test: &str) -> Option<(App, mpsc::UnboundedReceiver<()>)> {
                 let store: $store = $make.await?;
-                sqlx::query(CREATE).execute(store.pool()).await.unwrap();
+                {
+                    let _turn = common::schema_turn().await;
+                    sqlx::query(CREATE).execute(store.pool()).await.unwrap();
+                }
                 let (tx, rx) = mpsc::unbounded_channel();
                 let app = App {
                     store,
