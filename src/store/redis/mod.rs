@@ -100,12 +100,13 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Value};
 
-use super::tally::{Chunk, Tally};
+use super::tally::Tally;
 use super::{ConfigError, DEFAULT_RETENTION, StoreError};
 use crate::key::IdempotencyKey;
-use scripts::{Scripted, TALLY};
+use scripts::Scripted;
 
 mod claims;
+mod counts;
 mod scan;
 mod scripts;
 mod versions;
@@ -141,11 +142,6 @@ const WAITING_CONNECTIONS: usize = 4;
 
 /// How often the counts of duplicates are written, unless the store says otherwise.
 const COUNT_INTERVAL: Duration = Duration::from_secs(1);
-
-/// How many keys' counts are written at once: one script a key, sent together on the
-/// multiplexed connection (or to each key's master), so a round of many keys is not one
-/// round trip per key one after another.
-const PARALLEL_COUNTS: usize = 32;
 
 /// The longest retention Redis takes (`PEXPIRE` in milliseconds), rounded down to a century.
 const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -213,7 +209,7 @@ impl RedisStore {
             retention: DEFAULT_RETENTION,
             replicas: None,
             waiting: None,
-            tally: Arc::new(Tally::every_in(COUNT_INTERVAL, 1, PARALLEL_COUNTS)),
+            tally: Arc::new(counts::tally(COUNT_INTERVAL)),
         }
     }
 
@@ -238,44 +234,6 @@ impl RedisStore {
         // Counts kept for the old prefix's keys are not this store's.
         self.tally = Arc::new(self.tally.like());
         Ok(self)
-    }
-
-    /// How often the deliveries answered without writing (duplicates, see the [module
-    /// docs](self#delivery-counts)) are added to their keys: every second unless set. Set it
-    /// before the store is used; clones made earlier keep the old interval.
-    pub fn with_count_interval(mut self, every: Duration) -> Self {
-        self.tally = Arc::new(Tally::every_in(every, 1, PARALLEL_COUNTS));
-        self
-    }
-
-    /// Adds the deliveries counted since the last write to their keys now, rather than within
-    /// the [count interval](Self::with_count_interval): before the process exits, say, or
-    /// before reading the keys by hand. [`describe`](super::Store::describe) and
-    /// [`stuck_claims`](super::Store::stuck_claims) include them either way.
-    pub async fn write_counts(&self) -> Result<(), StoreError> {
-        let counts = self.counts();
-        self.tally.write_round(|chunk| counts.write(chunk)).await
-    }
-
-    /// Counts a delivery answered without writing; answers how many of the key's deliveries
-    /// are unwritten now, this one included.
-    fn count(&self, key: &IdempotencyKey) -> u64 {
-        let unwritten = self.tally.add(key);
-        if !self.tally.is_flushing() {
-            let counts = self.counts();
-            self.tally
-                .keep_flushed(move |chunk| counts.clone().write_owned(chunk));
-        }
-        unwritten
-    }
-
-    /// What writes the tally's counts: the connection and the prefix, not the store, so that
-    /// the task writing them ends once every store is gone.
-    fn counts(&self) -> Counts {
-        Counts {
-            conn: self.conn.clone(),
-            prefix: self.prefix.clone(),
-        }
     }
 
     /// How long settled keys (`done`, `released`) live before Redis deletes them. Default:
@@ -435,34 +393,6 @@ impl RedisStore {
 fn claim_key(prefix: &str, key: &IdempotencyKey) -> String {
     let ns = key.namespace();
     format!("{prefix}:k:{}:{ns}:{}", ns.len(), key.value())
-}
-
-/// Writes counted deliveries to their keys (see [`Tally`]).
-#[derive(Clone)]
-struct Counts {
-    conn: Conn,
-    prefix: Arc<str>,
-}
-
-impl Counts {
-    /// Adds each key's counted deliveries to its hash, one script a key: the tally gives one
-    /// key a write (many of them at once), so a failure never leaves a chunk half written.
-    async fn write(&self, chunk: Chunk) -> Result<(), StoreError> {
-        for (key, seen) in chunk {
-            let ago = i64::try_from(seen.last.elapsed().as_micros()).unwrap_or(i64::MAX);
-            let mut call = TALLY.script().key(claim_key(&self.prefix, &key));
-            call.arg(seen.count).arg(ago);
-            let _found: i64 = call
-                .invoke_async(&mut self.conn.clone())
-                .await
-                .map_err(StoreError::backend)?;
-        }
-        Ok(())
-    }
-
-    async fn write_owned(self, chunk: Chunk) -> Result<(), StoreError> {
-        self.write(chunk).await
-    }
 }
 
 /// A script argument, as the bytes Redis receives.
