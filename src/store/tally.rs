@@ -40,8 +40,6 @@ pub(crate) struct Tally {
     every: Duration,
     /// How many keys one write takes.
     chunk: usize,
-    /// How many writes a round runs at once.
-    parallel: usize,
     /// Held by whoever writes the counts (the task, or `write_counts`): two writers of the
     /// same snapshot would add its counts twice.
     writing: tokio::sync::Mutex<()>,
@@ -62,31 +60,28 @@ pub(crate) struct Seen {
 }
 
 impl Tally {
-    /// A tally whose counts are written every `every`, [`CHUNK`] keys a write, one write at
-    /// a time.
+    /// A tally whose counts are written every `every`, [`CHUNK`] keys a write.
     pub(crate) fn every(every: Duration) -> Self {
-        Self::every_in(every, CHUNK, 1)
+        Self::every_in(every, CHUNK)
     }
 
-    /// A tally whose counts are written every `every`, `chunk` keys a write, up to `parallel`
-    /// writes at once. A store whose write of several keys is not atomic writes one key at a
-    /// time (and so many at once), so that a failed write is never added again for the keys
-    /// it did write.
-    pub(crate) fn every_in(every: Duration, chunk: usize, parallel: usize) -> Self {
+    /// A tally whose counts are written every `every`, `chunk` keys a write: a store whose
+    /// write of several keys is not atomic writes one key at a time, so that a failed write
+    /// is never added again for the keys it did write.
+    pub(crate) fn every_in(every: Duration, chunk: usize) -> Self {
         Self {
             seen: Mutex::default(),
             flushing: AtomicBool::new(false),
             // A zero interval would spin.
             every: every.max(Duration::from_millis(10)),
             chunk: chunk.max(1),
-            parallel: parallel.max(1),
             writing: tokio::sync::Mutex::new(()),
         }
     }
 
     /// A tally like this one, empty: the same interval and writes.
     pub(crate) fn like(&self) -> Self {
-        Self::every_in(self.every, self.chunk, self.parallel)
+        Self::every_in(self.every, self.chunk)
     }
 
     fn seen(&self) -> MutexGuard<'_, HashMap<IdempotencyKey, Seen>> {
@@ -139,46 +134,20 @@ impl Tally {
         due
     }
 
-    /// Writes every count with `write`, a chunk at a time in key order (up to `parallel`
-    /// chunks at once), one round at a time (two writers of one snapshot would add its
-    /// counts twice). One write at a time, the first chunk that fails ends the round; many at
-    /// once, the others go on. What is left waits for the next round, and the first error is
-    /// the round's.
+    /// Writes every count with `write`, a chunk at a time in key order, one writer at a time
+    /// (two writers of one snapshot would add its counts twice). The first chunk that fails
+    /// ends the round: what is left waits for the next.
     pub(crate) async fn write_round<W, Fut, E>(&self, mut write: W) -> Result<(), E>
     where
         W: FnMut(Chunk) -> Fut,
         Fut: Future<Output = Result<(), E>>,
     {
-        use futures_util::StreamExt as _;
         let _writing = self.writing.lock().await;
-        let snapshot = self.snapshot();
-        if self.parallel == 1 {
-            for chunk in snapshot.chunks(self.chunk) {
-                write(chunk.to_vec()).await?;
-                self.all_written(chunk);
-            }
-            return Ok(());
+        for chunk in self.snapshot().chunks(self.chunk) {
+            write(chunk.to_vec()).await?;
+            self.all_written(chunk);
         }
-        let mut chunks = snapshot.chunks(self.chunk).map(<[_]>::to_vec);
-        let mut writes = futures_util::stream::FuturesUnordered::new();
-        let mut first_error = None;
-        loop {
-            while writes.len() < self.parallel {
-                let Some(chunk) = chunks.next() else { break };
-                let written = write(chunk.clone());
-                writes.push(async move { (written.await, chunk) });
-            }
-            let Some((result, chunk)) = writes.next().await else {
-                break;
-            };
-            match result {
-                Ok(()) => self.all_written(&chunk),
-                Err(error) => {
-                    first_error.get_or_insert(error);
-                }
-            }
-        }
-        first_error.map_or(Ok(()), Err)
+        Ok(())
     }
 
     fn all_written(&self, chunk: &[(IdempotencyKey, Seen)]) {
@@ -301,44 +270,6 @@ mod tests {
         assert_eq!(tally.add(&key("one too many")), 1);
         assert!(tally.pending(&key("one too many")).is_none());
         assert_eq!(tally.add(&key("0")), 2);
-    }
-
-    #[tokio::test]
-    async fn many_writes_at_once_keep_only_what_failed() {
-        let tally = Tally::every_in(Duration::from_secs(3600), 1, 3);
-        for value in ["a", "b", "c", "d", "e", "c"] {
-            tally.add(&key(value));
-        }
-        let in_flight = Arc::new(AtomicU64::new(0));
-        let most = Arc::new(AtomicU64::new(0));
-        let result = tally
-            .write_round(|chunk| {
-                let (in_flight, most) = (in_flight.clone(), most.clone());
-                async move {
-                    assert_eq!(chunk.len(), 1);
-                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-                    most.fetch_max(now, Ordering::SeqCst);
-                    tokio::task::yield_now().await;
-                    in_flight.fetch_sub(1, Ordering::SeqCst);
-                    if chunk[0].0.value() == "c" {
-                        Err("c could not be written")
-                    } else {
-                        Ok(())
-                    }
-                }
-            })
-            .await;
-        assert_eq!(result, Err("c could not be written"));
-        for written in ["a", "b", "d", "e"] {
-            assert!(tally.pending(&key(written)).is_none(), "{written}");
-        }
-        assert_eq!(
-            tally.pending(&key("c")).unwrap().count,
-            2,
-            "kept for the next round"
-        );
-        assert!(most.load(Ordering::SeqCst) > 1, "written one at a time");
-        assert!(most.load(Ordering::SeqCst) <= 3, "more at once than asked");
     }
 
     #[tokio::test]

@@ -11,15 +11,11 @@ use crate::key::IdempotencyKey;
 use crate::store::StoreError;
 use crate::store::tally::{Chunk, Tally};
 
-/// How many keys' counts are written at once: one script a key, sent together on the
-/// multiplexed connection (or to each key's master), so a round of many keys is not one
-/// round trip per key one after another.
-const PARALLEL_COUNTS: usize = 32;
-
 /// A tally of the store's kind, written every `every`: one key a write (a script per key is not
-/// atomic across keys), many at once.
+/// atomic across keys), one after another. Sent many at once, they left some keys' claims
+/// failing for a minute on a cluster client whose master had just died (`redis_failover`).
 pub(super) fn tally(every: Duration) -> Tally {
-    Tally::every_in(every, 1, PARALLEL_COUNTS)
+    Tally::every_in(every, 1)
 }
 
 impl RedisStore {
@@ -71,7 +67,7 @@ struct Counts {
 
 impl Counts {
     /// Adds each key's counted deliveries to its hash, one script a key: the tally gives one
-    /// key a write (many of them at once), so a failure never leaves a chunk half written.
+    /// key a write, so a failure never leaves a chunk half written.
     async fn write(&self, chunk: Chunk) -> Result<(), StoreError> {
         for (key, seen) in chunk {
             let ago = i64::try_from(seen.last.elapsed().as_micros()).unwrap_or(i64::MAX);

@@ -32,7 +32,7 @@
 //! as soon as the replicas have the earlier writes). Its delivery is counted in the process
 //! and added to the hash's `deliveries` and `last_seen` by a background task about once a
 //! second ([`with_count_interval`](RedisStore::with_count_interval)), one script per key
-//! that had duplicates meanwhile (32 at once), which leaves a key that expired meanwhile
+//! that had duplicates meanwhile, which leaves a key that expired meanwhile
 //! absent. A write whose answer is lost (a connection that drops just then) is tried again,
 //! and its counts may then be added twice. [`describe`](super::Store::describe) and
 //! [`stuck_claims`](super::Store::stuck_claims) on the same store include the counts not
