@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use crate::key::IdempotencyKey;
-use crate::store::StoreError;
+use crate::store::{KeyRecord, StoreError};
 
 /// How often the counts are written, unless the store says otherwise.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(1);
@@ -122,6 +122,38 @@ impl Tally {
     /// The unwritten deliveries of `key`.
     pub(crate) fn pending(&self, key: &IdempotencyKey) -> Option<Seen> {
         self.seen().get(key).copied()
+    }
+
+    /// How many of `key`'s deliveries are unwritten.
+    pub(crate) fn unwritten(&self, key: &IdempotencyKey) -> u64 {
+        self.pending(key).map_or(0, |seen| seen.count)
+    }
+
+    /// `record`, as the store has it, with `key`'s unwritten deliveries added.
+    pub(crate) fn include(&self, key: &IdempotencyKey, record: &mut KeyRecord) {
+        if let Some(unwritten) = self.pending(key) {
+            record.deliveries += unwritten.count;
+            record.last_seen_ago = record.last_seen_ago.min(unwritten.last.elapsed());
+        }
+    }
+
+    /// Counts a delivery of `key` answered without a write, and makes sure a task writes the
+    /// counts with what `writer` makes (asked only when none runs yet); answers how many of
+    /// the key's deliveries are unwritten now, this one included.
+    pub(crate) fn count<W, Fut>(
+        self: &Arc<Self>,
+        key: &IdempotencyKey,
+        writer: impl FnOnce() -> W,
+    ) -> u64
+    where
+        W: Fn(Chunk) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), StoreError>> + Send + 'static,
+    {
+        let unwritten = self.add(key);
+        if !self.is_flushing() {
+            self.keep_flushed(writer());
+        }
+        unwritten
     }
 
     /// What is to be written now, in key order: every writer locks the rows of a chunk in

@@ -162,10 +162,7 @@ impl Store for RedisStore {
         .with_seen(ago(5)?, ago(6)?)
         .with_times(ago(7)?, ago(8)?, ago(9)?)
         .with_receipt(receipt);
-        if let Some(unwritten) = self.tally.pending(key) {
-            record.deliveries += unwritten.count;
-            record.last_seen_ago = record.last_seen_ago.min(unwritten.last.elapsed());
-        }
+        self.tally.include(key, &mut record);
         Ok(Some(record))
     }
 

@@ -39,13 +39,13 @@ impl RedisStore {
     /// Counts a delivery answered without writing; answers how many of the key's deliveries
     /// are unwritten now, this one included.
     pub(super) fn count(&self, key: &IdempotencyKey) -> u64 {
-        let unwritten = self.tally.add(key);
-        if !self.tally.is_flushing() {
+        self.tally.count(key, || {
             let counts = self.counts();
-            self.tally
-                .keep_flushed(move |chunk| counts.clone().write_owned(chunk));
-        }
-        unwritten
+            move |chunk| {
+                let counts = counts.clone();
+                async move { counts.write(chunk).await }
+            }
+        })
     }
 
     /// What writes the tally's counts: the connection and the prefix, not the store, so that
@@ -79,9 +79,5 @@ impl Counts {
                 .map_err(StoreError::backend)?;
         }
         Ok(())
-    }
-
-    async fn write_owned(self, chunk: Chunk) -> Result<(), StoreError> {
-        self.write(chunk).await
     }
 }

@@ -146,8 +146,8 @@ impl RedisStore {
                 };
                 match IdempotencyKey::new(ns.clone(), value.clone()) {
                     Ok(key) => {
-                        let unwritten = self.tally.pending(&key).map_or(0, |seen| seen.count);
-                        let deliveries = u64::try_from(number(3)).unwrap_or(0) + unwritten;
+                        let deliveries =
+                            u64::try_from(number(3)).unwrap_or(0) + self.tally.unwritten(&key);
                         stuck.push(StuckClaim::new(
                             key,
                             micros(now - number(2)),

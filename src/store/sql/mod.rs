@@ -212,10 +212,7 @@ where
         let Some(mut record) = row.as_ref().map(key_record).transpose()? else {
             return Ok(None);
         };
-        if let Some(unwritten) = self.tally.pending(key) {
-            record.deliveries += unwritten.count;
-            record.last_seen_ago = record.last_seen_ago.min(unwritten.last.elapsed());
-        }
+        self.tally.include(key, &mut record);
         Ok(Some(record))
     }
 
@@ -273,15 +270,13 @@ where
     /// Counts a delivery answered without writing; answers how many of the key's deliveries
     /// are unwritten now, this one included.
     fn count(&self, key: &IdempotencyKey) -> u64 {
-        let unwritten = self.tally.add(key);
-        if !self.tally.is_flushing() {
+        self.tally.count(key, || {
             let (pool, sql, writer) = (self.pool.clone(), self.sql.clone(), self.writer.clone());
-            self.tally.keep_flushed(move |chunk| {
+            move |chunk| {
                 let (pool, sql, writer) = (pool.clone(), sql.clone(), writer.clone());
                 async move { tally::write(&pool, &sql, &writer, &chunk).await }
-            });
-        }
-        unwritten
+            }
+        })
     }
 
     /// Writes every count of the tally now.
@@ -316,9 +311,7 @@ where
             .iter()
             .filter_map(|row| match decode(row) {
                 Ok(mut claim) => {
-                    if let Some(unwritten) = self.tally.pending(&claim.key) {
-                        claim.deliveries += unwritten.count;
-                    }
+                    claim.deliveries += self.tally.unwritten(&claim.key);
                     Some(claim)
                 }
                 Err(error) => {
