@@ -28,7 +28,8 @@
 //! svc.clone().oneshot(event()).await.unwrap();
 //! svc.oneshot(event()).await.unwrap();
 //!
-//! let key = IdempotencyKey::new("slack", "Ev1").unwrap().scoped("/slack").unwrap();
+//! // No router reports a route here: the key is stored unscoped.
+//! let key = IdempotencyKey::new("slack", "Ev1").unwrap();
 //! let seen = journal.last(&key).expect("seen");
 //! assert_eq!(seen.outcome, Outcome::Duplicate);
 //! assert_eq!(seen.attempt, Some(2));

@@ -44,8 +44,8 @@ impl<St> IdempotencyLayer<St> {
     /// layer renews running claims every 7.5 seconds); bodies buffered (only for body keys) up
     /// to 1 MiB within 30 seconds; store calls bounded by 5 seconds; `Retry-After: 5` on the
     /// in-flight 409 and on 503; a request without a key rejected with 400; a duplicate in
-    /// flight answered at once; keys scoped by the request's path
-    /// ([`Scope::path`](crate::key::Scope::path)); no signature verification.
+    /// flight answered at once; keys scoped by the route the router
+    /// matched ([`Scope::route`](crate::key::Scope::route)); no signature verification.
     ///
     /// The layer uses tokio's timers and spawns tasks (for handlers whose delivery went away):
     /// run it on a tokio runtime with time enabled (the default of `#[tokio::main]`).

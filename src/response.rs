@@ -46,8 +46,7 @@ const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+
 #[non_exhaustive]
 pub enum Outcome {
     /// The handler ran and succeeded: the key is `done`, or its commit failed and is being
-    /// retried in the background (a warning says so), or another delivery had taken the claim
-    /// over (a warning says that too).
+    /// retried in the background (a warning says so).
     Processed,
     /// The handler ran and failed; the claim was released so a retry runs it again (or the
     /// release is being retried in the background).
@@ -79,6 +78,10 @@ pub enum Outcome {
     /// The key was used before for another request (its [fingerprint](crate::replay)
     /// differs): answered 422 without running the handler.
     KeyReused,
+    /// The handler ran, but by the time it settled another delivery had taken its claim over
+    /// (the claim went unrenewed for the stale limit, or a person resolved it): its commit or
+    /// release changed nothing, and the handler's own answer went out. A warning says so.
+    LeaseLost,
 }
 
 impl Outcome {
@@ -98,6 +101,7 @@ impl Outcome {
             Self::Unverified => "unverified",
             Self::Replayed => "replayed",
             Self::KeyReused => "key-reused",
+            Self::LeaseLost => "lease-lost",
         }
     }
 }

@@ -401,6 +401,7 @@ impl<St: Store, K: ExtractKey> Owner for Shared<St, K> {
             (Settle::Commit, Some(receipt)) => self.store.commit_with(lease, receipt).await,
             (Settle::Commit, None) => self.store.commit(lease).await,
             (Settle::Release, _) => self.store.release(lease).await,
+            (Settle::GiveBack, _) => self.store.give_back(lease).await,
         }
     }
 
@@ -409,7 +410,7 @@ impl<St: Store, K: ExtractKey> Owner for Shared<St, K> {
         tracing::debug!(
             namespace = key.namespace(),
             key = key.value(),
-            outcome = action.outcome().as_str(),
+            outcome = action.outcome_of(result).as_str(),
             lease = %lease.token(),
             settled = result.is_ok(),
             "delivery",
@@ -430,7 +431,7 @@ impl<St: Store, K: ExtractKey> Owner for Shared<St, K> {
                 error = error as &dyn std::error::Error,
                 "commit failed after the handler succeeded; it is retried in the background",
             ),
-            (Err(error), Settle::Release) => tracing::error!(
+            (Err(error), Settle::Release | Settle::GiveBack) => tracing::error!(
                 namespace = key.namespace(),
                 key = key.value(),
                 lease = %lease.token(),

@@ -738,6 +738,9 @@ impl Store for Down {
     async fn release(&self, _: &Lease) -> Result<(), StoreError> {
         Err(down())
     }
+    async fn give_back(&self, _: &Lease) -> Result<(), StoreError> {
+        Err(down())
+    }
     async fn describe(&self, _: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
         Err(down())
     }

@@ -302,10 +302,7 @@ async fn alive_child_keeps_its_claim<St: Store + Clone>(
         Outcome::InFlight,
         "renewed: neither reclaimed nor held"
     );
-    let key = IdempotencyKey::new(ns.to_owned(), "evt_1")
-        .unwrap()
-        .scoped("/hook")
-        .unwrap();
+    let key = IdempotencyKey::new(ns.to_owned(), "evt_1").unwrap();
     let record = store.describe(&key).await.unwrap().unwrap();
     assert!(record.claimed_ago >= 2 * LIMIT, "{record:?}");
     assert!(record.renewed_ago.unwrap() < LIMIT, "{record:?}");
@@ -396,19 +393,13 @@ async fn hold_after_kill<St: Store + Clone>(store: St, db: &str) {
     assert_eq!(stuck.len(), 1, "{stuck:?}");
     assert_eq!(
         stuck[0].0,
-        IdempotencyKey::new(ns.clone(), "evt_1")
-            .unwrap()
-            .scoped("/hook")
-            .unwrap()
+        IdempotencyKey::new(ns.clone(), "evt_1").unwrap()
     );
     assert!(stuck[0].1 >= 2 * LIMIT, "age {:?}", stuck[0].1);
     assert_eq!(stuck[0].2, 4, "the child's delivery and three retries");
 
     // A person finds the side effect did not happen and releases the claim.
-    let key = IdempotencyKey::new(ns.clone(), "evt_1")
-        .unwrap()
-        .scoped("/hook")
-        .unwrap();
+    let key = IdempotencyKey::new(ns.clone(), "evt_1").unwrap();
     assert!(store.resolve(&key, Resolution::Release).await.unwrap());
     let res = svc.clone().oneshot(delivery("evt_1")).await.unwrap();
     assert_eq!(outcome(&res), Outcome::Processed);
@@ -428,7 +419,7 @@ async fn stuck_in<St: Store>(
         .await
         .unwrap()
         .into_iter()
-        .filter(|s| s.key.namespace() == common::scoped_ns(ns, "/hook"))
+        .filter(|s| s.key.namespace() == ns)
         .map(|s| (s.key, s.age, s.deliveries))
         .collect()
 }
@@ -487,7 +478,7 @@ macro_rules! tx_after_kill {
             "the child's write rolled back; the retry's committed"
         );
         let markers: i64 = sqlx::query_scalar($markers)
-            .bind(common::scoped_ns(&ns, "/hook"))
+            .bind(&ns)
             .fetch_one(store.pool())
             .await
             .unwrap();

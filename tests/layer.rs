@@ -131,10 +131,7 @@ fn layer(store: MemoryStore) -> IdempotencyLayer<MemoryStore, key::Header> {
 
 /// The key the layer stores for a delivery of `id` to `/hook`: the route's path is its scope.
 fn test_key(id: &str) -> IdempotencyKey {
-    IdempotencyKey::new("test", id)
-        .unwrap()
-        .scoped("/hook")
-        .unwrap()
+    IdempotencyKey::new("test", id).unwrap()
 }
 
 async fn body_text(res: Res) -> String {
@@ -854,6 +851,9 @@ struct Faulty {
     fail_claim: Arc<AtomicBool>,
     fail_commit: Arc<AtomicBool>,
     fail_renew: Arc<AtomicBool>,
+    /// Releases and give-backs fail while set; each attempt is counted.
+    fail_release: Arc<AtomicBool>,
+    releases: Arc<AtomicUsize>,
     renewals: Arc<AtomicUsize>,
     /// How long each claim takes, like a database round trip.
     claim_delay: Duration,
@@ -900,8 +900,19 @@ impl Store for Faulty {
     ) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send {
         self.inner.describe(key)
     }
-    fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.release(lease)
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        if self.fail_release.load(Ordering::SeqCst) {
+            return Err(outage());
+        }
+        self.inner.release(lease).await
+    }
+    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        if self.fail_release.load(Ordering::SeqCst) {
+            return Err(outage());
+        }
+        self.inner.give_back(lease).await
     }
     fn stuck_claims(
         &self,
@@ -1034,6 +1045,8 @@ async fn delivery_dropped_during_its_claim_leaves_no_claim_behind() {
     tokio::time::sleep(Duration::from_millis(150)).await;
     given_back(&store, "e1").await;
     assert_eq!(h.runs(), 0);
+    let record = store.describe(&test_key("e1")).await.unwrap().unwrap();
+    assert_eq!(record.runs, 0, "no handler ran, so the store counts no run");
     let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
     assert_eq!(h.runs(), 1);
@@ -1058,6 +1071,54 @@ async fn store_that_does_not_answer_in_time_is_503() {
     // The late claim is given back, so the sender's retry is not stuck behind it.
     tokio::time::sleep(Duration::from_millis(250)).await;
     given_back(&store, "e1").await;
+}
+
+/// The store is slow and failing: the claim lands after the delivery stopped waiting, and the
+/// first attempts to give it back fail. It is tried again until it lands, and the store
+/// counts no run, so that nothing is left `processing` (and, under hold, held for a person)
+/// with a run no handler made.
+#[tokio::test]
+async fn a_give_back_that_fails_is_tried_again_until_it_lands() {
+    let h = Harness::new();
+    let store = Faulty {
+        claim_delay: Duration::from_millis(100),
+        ..Faulty::default()
+    };
+    store.fail_release.store(true, Ordering::SeqCst);
+    let svc = h.service(
+        IdempotencyLayer::new(store.clone())
+            .key(key::header("x-event-id").namespace("test"))
+            .stale(Stale::hold_after(Duration::from_secs(30)))
+            .store_timeout(Duration::from_millis(20)),
+    );
+    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // The claim lands at 100 ms and its give-back fails, once and again.
+    while store.releases.load(Ordering::SeqCst) < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let record = store.describe(&test_key("e1")).await.unwrap().unwrap();
+    assert_eq!(
+        record.state,
+        KeyState::Processing,
+        "nothing was given back yet"
+    );
+    store.fail_release.store(false, Ordering::SeqCst);
+    given_back(&store, "e1").await;
+    let record = store.describe(&test_key("e1")).await.unwrap().unwrap();
+    assert_eq!(record.runs, 0, "no handler ran");
+    assert_eq!(h.runs(), 0);
+    // The sender's retry, to a store that answers in time again, runs the handler.
+    let patient = h.service(
+        IdempotencyLayer::new(store.clone())
+            .key(key::header("x-event-id").namespace("test"))
+            .stale(Stale::hold_after(Duration::from_secs(30))),
+    );
+    let res = patient.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    assert_eq!(h.runs(), 1);
+    let record = store.describe(&test_key("e1")).await.unwrap().unwrap();
+    assert_eq!(record.runs, 1);
 }
 
 /// The delivery goes away while the store is granting its claim (the store's answer is on its

@@ -103,10 +103,7 @@ fn layer<St>(store: St, ns: &str) -> IdempotencyLayer<St, key::Header> {
 }
 
 async fn state<St: Store>(store: &St, ns: &str, id: &str) -> Option<KeyState> {
-    let key = IdempotencyKey::new(ns.to_owned(), id)
-        .unwrap()
-        .scoped("/hook")
-        .unwrap();
+    let key = IdempotencyKey::new(ns.to_owned(), id).unwrap();
     store.describe(&key).await.unwrap().map(|r| r.state)
 }
 

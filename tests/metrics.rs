@@ -104,6 +104,9 @@ impl Store for Down {
     async fn release(&self, _: &tower_idempotency::store::Lease) -> Result<(), StoreError> {
         Err(StoreError::backend("connection refused"))
     }
+    async fn give_back(&self, _: &tower_idempotency::store::Lease) -> Result<(), StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
     async fn describe(
         &self,
         _: &IdempotencyKey,
@@ -181,10 +184,7 @@ async fn deliveries_are_counted_by_outcome() {
     gate.notify_one();
     slow.await.unwrap().unwrap();
     // Held: a claim whose owner never renews it, under hold.
-    let scoped = IdempotencyKey::new("acme", "held")
-        .unwrap()
-        .scoped("/hook")
-        .unwrap();
+    let scoped = IdempotencyKey::new("acme", "held").unwrap();
     let Claim::Acquired(_abandoned) = store.claim(&scoped, Stale::default()).await.unwrap() else {
         panic!("a new key")
     };

@@ -357,12 +357,10 @@ fn parse_nodes(text: &str) -> Vec<NodeInfo> {
 // Deliveries
 
 /// The Redis key the store keeps event `id` under, as its docs lay it out:
-/// `<prefix>:k:<namespace length>:<namespace>:<key>`, the namespace being the layer's (scoped
-/// to the route).
+/// `<prefix>:k:<namespace length>:<namespace>:<key>`, the namespace being the layer's (no
+/// router reports a route here, so the namespace alone).
 fn redis_key(id: &str) -> String {
-    let key = IdempotencyKey::new(NAMESPACE, id)
-        .and_then(|k| k.scoped("/hook"))
-        .expect("a valid key");
+    let key = IdempotencyKey::new(NAMESPACE, id).expect("a valid key");
     let ns = key.namespace();
     format!(
         "{}:k:{}:{ns}:{}",

@@ -57,7 +57,7 @@ async fn stuck_in<St: Store>(store: &St, ns: &str, older_than: Duration) -> Vec<
         .await
         .unwrap()
         .into_iter()
-        .filter(|s| s.key.namespace() == common::scoped_ns(ns, "/hook"))
+        .filter(|s| s.key.namespace() == ns)
         .map(|s| s.key)
         .collect()
 }
@@ -328,10 +328,7 @@ mod outage {
         tokio::time::sleep(OUTAGE.saturating_sub(cut.elapsed())).await;
         proxy.restore();
         let plain = service(store.clone(), ns.clone(), stale, runs.clone(), None);
-        let key = IdempotencyKey::new(ns.clone(), "evt_1")
-            .unwrap()
-            .scoped("/hook")
-            .unwrap();
+        let key = IdempotencyKey::new(ns.clone(), "evt_1").unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let res = plain.clone().oneshot(delivery("evt_1")).await.unwrap();
@@ -527,10 +524,7 @@ mod disconnect {
         );
         assert_eq!(server.finished.load(Ordering::SeqCst), 1, "and finished");
 
-        let key = IdempotencyKey::new(ns.clone(), "evt_slow")
-            .unwrap()
-            .scoped("/hook")
-            .unwrap();
+        let key = IdempotencyKey::new(ns.clone(), "evt_slow").unwrap();
         let record = store.describe(&key).await.unwrap().unwrap();
         assert_eq!(record.state, tower_idempotency::store::KeyState::Done);
         assert_eq!(record.runs, 1);

@@ -641,6 +641,12 @@ impl Store for FirstCommitFails {
     ) -> Result<(), tower_idempotency::store::StoreError> {
         self.inner.release(lease).await
     }
+    async fn give_back(
+        &self,
+        lease: &tower_idempotency::store::Lease,
+    ) -> Result<(), tower_idempotency::store::StoreError> {
+        self.inner.give_back(lease).await
+    }
     async fn describe(
         &self,
         key: &IdempotencyKey,

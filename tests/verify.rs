@@ -647,10 +647,7 @@ async fn transactional_mode_verifies_before_it_begins() {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
-    let stored = key::IdempotencyKey::new("github", "d-1")
-        .unwrap()
-        .scoped("/hooks")
-        .unwrap();
+    let stored = key::IdempotencyKey::new("github", "d-1").unwrap();
     assert!(
         store.describe(&stored).await.unwrap().is_none(),
         "no marker"
@@ -819,23 +816,169 @@ async fn a_signature_without_its_id_does_not_borrow_another_key() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
-/// Equivalent spellings of one path are one scope: a replay to `/hooks/%67ithub` is a
-/// duplicate of the delivery to `/hooks/github`.
+/// Serves `app` on a loopback port for the rest of the test.
+async fn serve(app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// Serves a plain tower service through hyper, with no router, on a loopback port.
+async fn serve_plain<S>(svc: S) -> std::net::SocketAddr
+where
+    S: tower::Service<
+            Request<hyper::body::Incoming>,
+            Response = http::Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let svc = TowerToHyperService::new(svc.clone());
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Posts one captured Stripe delivery, byte for byte, to `path`: its outcome header, or the
+/// status when it has none.
+async fn replay_to(addr: std::net::SocketAddr, path: &str, signature: &str, body: &str) -> String {
+    use hyper_util::rt::TokioIo;
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut client, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::post(path)
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .header("stripe-signature", signature)
+        .body(Full::new(Bytes::copy_from_slice(body.as_bytes())))
+        .unwrap();
+    let res = client.send_request(req).await.unwrap();
+    match res.headers().get("idempotency-outcome") {
+        Some(outcome) => outcome.to_str().unwrap().to_owned(),
+        None => res.status().as_str().to_owned(),
+    }
+}
+
+/// A captured Stripe delivery, its body and `Stripe-Signature` untouched and within the
+/// tolerance, replayed to other paths that reach the same handler, over real sockets: a
+/// parameter and wildcard route, a router's fallback, and a plain hyper service with no
+/// router. The signature covers the body and the time, not the URL, so the scope must not come
+/// from the path: each replay is a duplicate and the handler runs once. Two routes that each
+/// receive the event still run it once each.
 #[tokio::test]
-async fn equivalent_paths_are_one_scope() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let layer = IdempotencyLayer::new(MemoryStore::new()).key(key::github());
-    let svc = counting_body_service(layer, runs.clone());
-    let to = |path: &str| {
-        Request::post(path)
-            .header("x-github-delivery", "d-1")
-            .body(Full::new(Bytes::new()))
-            .unwrap()
+async fn a_signed_replay_to_another_path_is_a_duplicate() {
+    use axum::routing::post;
+
+    const SECRET: &str = "whsec_replayed";
+    let body = r#"{"id":"evt_replayed","object":"event"}"#;
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let signature = format!("t={t},v1={}", common::stripe_v1(SECRET, t, body.as_bytes()));
+    let layer = || {
+        IdempotencyLayer::new(MemoryStore::new())
+            .key(key::stripe())
+            .verify(verify::stripe(SECRET))
     };
-    svc.clone().oneshot(to("/hooks/github")).await.unwrap();
-    let again = svc.oneshot(to("/hooks/%67ith%75b")).await.unwrap();
-    assert_eq!(again.headers()["idempotency-outcome"], "duplicate");
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let counted = |runs: &Arc<AtomicUsize>| {
+        let runs = runs.clone();
+        post(move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            "paid"
+        })
+    };
+
+    // A parameter route and a wildcard route: every path they match is one route.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = axum::Router::new()
+        .route("/webhooks/{provider}/{*rest}", counted(&runs))
+        .layer(layer());
+    let addr = serve(app).await;
+    let answers = [
+        replay_to(addr, "/webhooks/stripe/x", &signature, body).await,
+        replay_to(addr, "/webhooks/stripe/x", &signature, body).await,
+        replay_to(addr, "/webhooks/%73tripe/y", &signature, body).await,
+        replay_to(addr, "/webhooks/stripe/y?again=1", &signature, body).await,
+    ];
+    assert_eq!(answers, ["200", "duplicate", "duplicate", "duplicate"]);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "wildcard route");
+
+    // A router's fallback: no route matched, no scope taken from the path.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let fallback = runs.clone();
+    let app = axum::Router::new()
+        .fallback(post(move || async move {
+            fallback.fetch_add(1, Ordering::SeqCst);
+            "paid"
+        }))
+        .layer(layer());
+    let addr = serve(app).await;
+    let answers = [
+        replay_to(addr, "/webhooks/stripe", &signature, body).await,
+        replay_to(addr, "/anything/else", &signature, body).await,
+    ];
+    assert_eq!(answers, ["200", "duplicate"]);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "fallback");
+
+    // A plain hyper service answers every path.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let plain = runs.clone();
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer())
+        .service(tower::service_fn(
+            move |_req: Request<tower_idempotency::body::RequestBody<hyper::body::Incoming>>| {
+                let runs = plain.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
+                }
+            },
+        ));
+    let addr = serve_plain(svc).await;
+    let answers = [
+        replay_to(addr, "/webhooks/stripe", &signature, body).await,
+        replay_to(addr, "/webhooks/%73tripe/y", &signature, body).await,
+        replay_to(addr, "/x", &signature, body).await,
+    ];
+    assert_eq!(answers, ["200", "duplicate", "duplicate"]);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "plain hyper service");
+
+    // Two endpoints subscribed to the same event, in one store: each runs it once.
+    let (billing, analytics) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let app = axum::Router::new()
+        .route("/webhooks/billing", counted(&billing))
+        .route("/webhooks/analytics", counted(&analytics))
+        .layer(layer());
+    let addr = serve(app).await;
+    let answers = [
+        replay_to(addr, "/webhooks/billing", &signature, body).await,
+        replay_to(addr, "/webhooks/analytics", &signature, body).await,
+        replay_to(addr, "/webhooks/billing", &signature, body).await,
+        replay_to(addr, "/webhooks/analytics", &signature, body).await,
+    ];
+    assert_eq!(answers, ["200", "200", "duplicate", "duplicate"]);
+    assert_eq!(billing.load(Ordering::SeqCst), 1);
+    assert_eq!(analytics.load(Ordering::SeqCst), 1);
 }
 
 /// Through the layer, every refusal is a 401 problem+json that never reaches the store: a

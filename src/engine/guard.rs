@@ -63,6 +63,9 @@ pub(crate) trait Owner: Send + Sync + 'static {
 pub(crate) enum Settle {
     Commit,
     Release,
+    /// A release of a claim whose handler never started: the store takes back the run the
+    /// claim counted.
+    GiveBack,
 }
 
 impl Settle {
@@ -70,14 +73,23 @@ impl Settle {
     pub(crate) fn operation(self) -> &'static str {
         match self {
             Self::Commit => "commit",
-            Self::Release => "release",
+            Self::Release | Self::GiveBack => "release",
         }
     }
 
     pub(crate) fn outcome(self) -> Outcome {
         match self {
             Self::Commit => Outcome::Processed,
-            Self::Release => Outcome::Released,
+            Self::Release | Self::GiveBack => Outcome::Released,
+        }
+    }
+
+    /// The delivery's outcome once the store answered the settlement: fenced off, the
+    /// commit or release changed nothing, and the outcome says so.
+    pub(crate) fn outcome_of(self, result: &Result<(), StoreError>) -> Outcome {
+        match result {
+            Err(StoreError::LeaseLost) => Outcome::LeaseLost,
+            _ => self.outcome(),
         }
     }
 }
@@ -366,6 +378,7 @@ impl<O: Owner> LeaseGuard<O> {
                 crate::metrics::lease_lost(action.operation());
             }
             O::report(self.lease(), action, &result);
+            let outcome = action.outcome_of(&result);
             let runtime = tokio::runtime::Handle::try_current();
             match (result, runtime) {
                 (Err(StoreError::Backend(_)), Ok(runtime)) => {
@@ -375,7 +388,7 @@ impl<O: Owner> LeaseGuard<O> {
                 // Settled, fenced off, or (without a runtime) left for the stale path; logged.
                 _ => self.finish(),
             }
-            action.outcome()
+            outcome
         }
     }
 
@@ -403,42 +416,9 @@ impl<O: Owner> LeaseGuard<O> {
     /// Tries a failed commit or release again with backoff, the heartbeat going on. Both
     /// are fenced, so a late attempt cannot touch a claim someone else holds by now.
     async fn retry(mut self, action: Settle) {
-        let timeout = self.owner.settings().store_timeout;
-        let mut delay = FIRST_RETRY;
-        for attempt in 1..=RETRIES {
-            // The heartbeat goes on meanwhile: the claim stays ours while the store recovers.
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(MAX_RETRY_DELAY);
-            let receipt = self.receipt.as_deref();
-            crate::metrics::settle_retry(action.operation());
-            let result = bounded(self.owner.settle(self.lease(), action, receipt), timeout).await;
-            if !matches!(result, Err(StoreError::Backend(_))) {
-                let lease = self.lease();
-                tracing::info!(
-                    namespace = lease.key().namespace(),
-                    key = lease.key().value(),
-                    lease = %lease.token(),
-                    attempt,
-                    action = ?action,
-                    settled = result.is_ok(),
-                    "a {} that failed was tried again",
-                    O::WHAT,
-                );
-                O::report(lease, action, &result);
-                self.finish();
-                return;
-            }
-        }
-        let lease = self.lease();
-        tracing::error!(
-            namespace = lease.key().namespace(),
-            key = lease.key().value(),
-            lease = %lease.token(),
-            action = ?action,
-            "gave up settling the {} after {RETRIES} more attempts; it turns stale one stale \
-             limit from its last heartbeat, and the stale policy decides",
-            O::WHAT,
-        );
+        // The heartbeat goes on meanwhile: the claim stays ours while the store recovers.
+        let receipt = self.receipt.take();
+        retried(&*self.owner, self.lease(), action, receipt.as_deref()).await;
         self.finish();
     }
 
@@ -455,7 +435,7 @@ impl<O: Owner> Drop for LeaseGuard<O> {
             Phase::Settled => return,
             Phase::Settling(action) => action,
             // Nothing ran: give the claim back, whatever the policy.
-            Phase::Claimed => Settle::Release,
+            Phase::Claimed => Settle::GiveBack,
             Phase::Running => match self.owner.stale().policy() {
                 StalePolicy::Reclaim => Settle::Release,
                 StalePolicy::Hold => {
@@ -465,7 +445,6 @@ impl<O: Owner> Drop for LeaseGuard<O> {
                 }
             },
         };
-        let given_back = self.phase == Phase::Claimed;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             let lease = self.lease();
             tracing::warn!(
@@ -487,18 +466,23 @@ impl<O: Owner> Drop for LeaseGuard<O> {
             let timeout = owner.settings().store_timeout;
             let settling = owner.settle(state.lease(), action, receipt.as_deref());
             let result = bounded(settling, timeout).await;
-            if given_back {
+            if action == Settle::GiveBack && result.is_ok() {
                 let lease = state.lease();
                 tracing::debug!(
                     namespace = lease.key().namespace(),
                     key = lease.key().value(),
                     lease = %lease.token(),
-                    given_back = result.is_ok(),
                     "the delivery went away before its handler started; the {} was given back",
                     O::WHAT,
                 );
             } else {
                 O::report(state.lease(), action, &result);
+            }
+            // A claim nobody will run must not wait for the stale path: while the store
+            // fails, it is tried again as a settlement is. The drain still counts it.
+            if matches!(result, Err(StoreError::Backend(_))) {
+                state.set_stage(Stage::Retrying);
+                retried(&*owner, state.lease(), action, receipt.as_deref()).await;
             }
             state.finish();
             drop(entry);
@@ -587,6 +571,42 @@ pub(crate) async fn bounded(
         })
 }
 
+/// Tries a settlement that failed again, with backoff, up to [`RETRIES`] more times or until
+/// the store answers something other than a failure, and says how it went.
+async fn retried<O: Owner>(owner: &O, lease: &O::Lease, action: Settle, receipt: Option<&Receipt>) {
+    let timeout = owner.settings().store_timeout;
+    let mut delay = FIRST_RETRY;
+    for attempt in 1..=RETRIES {
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(MAX_RETRY_DELAY);
+        crate::metrics::settle_retry(action.operation());
+        let result = bounded(owner.settle(lease, action, receipt), timeout).await;
+        if !matches!(result, Err(StoreError::Backend(_))) {
+            tracing::info!(
+                namespace = lease.key().namespace(),
+                key = lease.key().value(),
+                lease = %lease.token(),
+                attempt,
+                action = ?action,
+                settled = result.is_ok(),
+                "a {} that failed was tried again",
+                O::WHAT,
+            );
+            O::report(lease, action, &result);
+            return;
+        }
+    }
+    tracing::error!(
+        namespace = lease.key().namespace(),
+        key = lease.key().value(),
+        lease = %lease.token(),
+        action = ?action,
+        "gave up settling the {} after {RETRIES} more attempts; it turns stale one stale \
+         limit from its last heartbeat, and the stale policy decides",
+        O::WHAT,
+    );
+}
+
 fn left_for_hold<L: Leased>(lease: &L, what: &str, why: &str) {
     tracing::warn!(
         namespace = lease.key().namespace(),
@@ -644,6 +664,7 @@ mod tests {
             match action {
                 Settle::Commit => self.store.commit(lease).await,
                 Settle::Release => self.store.release(lease).await,
+                Settle::GiveBack => self.store.give_back(lease).await,
             }
         }
 

@@ -167,9 +167,10 @@ macro_rules! shared_settings {
 
         /// Which deliveries may meet as duplicates: the scope joined to the namespace of every
         /// key (for the version guard: of every entity), as `namespace@scope`. Default:
-        /// [`Scope::path`](crate::key::Scope::path), the request's path, so that two routes
-        /// receiving the same event id never take each other's deliveries for duplicates.
-        /// See [`Scope`](crate::key::Scope).
+        /// [`Scope::route`](crate::key::Scope::route), the route the router matched, so that
+        /// two routes receiving the same event id never take each other's deliveries for
+        /// duplicates, while one route is one scope whatever path reached it. Without a router
+        /// that reports its route, name the scope. See [`Scope`](crate::key::Scope).
         pub fn scope(mut self, scope: $crate::key::Scope) -> Self {
             self.settings.scope = scope;
             self

@@ -17,23 +17,61 @@ use super::{IdempotencyKey, KeyError, MAX_NAMESPACE_LEN, Name, check_text};
 /// never run. So the layer joins a scope to the namespace of every key it finds, as
 /// `namespace@scope` (`stripe@/webhooks/billing`), and only keys of the same scope meet.
 ///
-/// - [`Scope::path`], the default: the request's path, without the query. That is the URL
-///   registered with the sender, so each endpoint is a scope of its own.
+/// **A scope is configuration, never bytes the sender chose.** A signature covers the body
+/// and a timestamp, not the URL: a captured delivery replayed, signature intact, to another
+/// path that reaches the same handler (a parameter or wildcard route, a fallback, a plain
+/// hyper service that answers every path) must meet the first delivery as a duplicate. So no
+/// scope is ever taken from the raw request path.
+///
+/// - [`Scope::route`], the default: the route the router matched, as it was written
+///   (`/webhooks/{provider}`, not `/webhooks/stripe`), read from axum's
+///   [`MatchedPath`](https://docs.rs/axum/0.8/axum/extract/struct.MatchedPath.html) (feature
+///   `axum`, on by default). Each route is a scope of its own, and every path one route
+///   matches is that one scope. Where no router says which route matched (a plain hyper or
+///   tower service, a router's fallback, the `axum` feature off), the key has no scope: the
+///   namespace alone.
 /// - [`Scope::named`]: a name chosen once, which survives moving the route to another path.
-///   Two routes given the same name share their keys on purpose.
+///   Two routes given the same name share their keys on purpose. Give each layer a name
+///   where no router reports a route and two services share a namespace and a store.
 /// - [`Scope::from_fn`]: computed from the request head, e.g. per tenant.
 /// - [`Scope::shared`]: no scope, the namespace alone: every route with the same namespace
-///   shares its keys (the behaviour, and the stored keys, of releases before the scope).
+///   shares its keys.
 ///
 /// A scoped namespace longer than [`MAX_NAMESPACE_LEN`] is cut and ends in `#` and 16 hex
-/// digits of its SHA-256, so that long paths still tell apart.
+/// digits of its SHA-256, so that long routes still tell apart.
 ///
-/// **The path is what this layer sees.** Equivalent spellings of one path are one scope
-/// (`/hooks/%67ithub` is `/hooks/github`). Under axum's `Router::nest`, a layer inside the
-/// nested router sees the path without the prefix, so two nested copies of one router
-/// (`/billing/hook` and `/analytics/hook`, both `/hook` inside) share a scope: layer the
-/// outer routes instead, or give each copy a [`Scope::named`]. A name is also what keeps
-/// stored keys when a route moves.
+/// ```
+/// use axum::{Router, body::Body, routing::post};
+/// use http::{Request, StatusCode};
+/// use tower::ServiceExt;
+/// use tower_idempotency::{IdempotencyLayer, key, store::MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = MemoryStore::new();
+/// let layer = IdempotencyLayer::new(store).key(key::github());
+/// let app = Router::new()
+///     .route("/hooks/ci", post(|| async { "built" }))
+///     .route("/hooks/deploy/{env}", post(|| async { "deployed" }))
+///     .layer(layer);
+/// let delivery = |path: &str| {
+///     Request::post(path).header("x-github-delivery", "d-1").body(Body::empty()).unwrap()
+/// };
+/// let outcome = |res: &http::Response<_>| res.headers().get("idempotency-outcome").cloned();
+///
+/// // The same delivery id on two routes: two endpoints, both run.
+/// let ci = app.clone().oneshot(delivery("/hooks/ci")).await.unwrap();
+/// let deploy = app.clone().oneshot(delivery("/hooks/deploy/prod")).await.unwrap();
+/// assert_eq!((ci.status(), outcome(&ci)), (StatusCode::OK, None));
+/// assert_eq!((deploy.status(), outcome(&deploy)), (StatusCode::OK, None));
+///
+/// // Replayed to another path of the same route: one route, one scope, a duplicate.
+/// let replay = app.oneshot(delivery("/hooks/deploy/staging")).await.unwrap();
+/// assert_eq!(replay.headers()["idempotency-outcome"], "duplicate");
+/// # }
+/// ```
+///
+/// Without a router, name the scope:
 ///
 /// ```
 /// use http::{Request, Response, StatusCode};
@@ -50,21 +88,17 @@ use super::{IdempotencyKey, KeyError, MAX_NAMESPACE_LEN, Name, check_text};
 /// };
 /// let delivery = |path: &str| Request::post(path).header("x-github-delivery", "d-1").body(String::new()).unwrap();
 ///
-/// // The same delivery id on two paths: two events for two endpoints, both run.
-/// let first = route(Scope::path()).oneshot(delivery("/hooks/ci")).await.unwrap();
-/// let other = route(Scope::path()).oneshot(delivery("/hooks/deploys")).await.unwrap();
-/// assert_eq!(first.headers().get("idempotency-outcome"), None);
-/// assert_eq!(other.headers().get("idempotency-outcome"), None);
-/// assert_eq!(
-///     first.extensions().get::<IdempotencyKey>().unwrap().namespace(),
-///     "github@/hooks/ci",
-/// );
+/// // Two services, two names: the same delivery id runs on each.
+/// let ci = route(Scope::named("ci")).oneshot(delivery("/hooks/ci")).await.unwrap();
+/// let deploys = route(Scope::named("deploys")).oneshot(delivery("/hooks/deploys")).await.unwrap();
+/// assert_eq!(ci.headers().get("idempotency-outcome"), None);
+/// assert_eq!(deploys.headers().get("idempotency-outcome"), None);
+/// assert_eq!(ci.extensions().get::<IdempotencyKey>().unwrap().namespace(), "github@ci");
 ///
-/// // A name shared on purpose: the second route sees the first one's key.
-/// let a = route(Scope::named("ci")).oneshot(delivery("/v1/hooks")).await.unwrap();
-/// let b = route(Scope::named("ci")).oneshot(delivery("/v2/hooks")).await.unwrap();
-/// assert_eq!(a.status(), StatusCode::OK);
-/// assert_eq!(b.headers()["idempotency-outcome"], "duplicate");
+/// // Whatever path the request names, the same service's name is the same scope.
+/// let replay = route(Scope::named("ci")).oneshot(delivery("/hooks/%63i/x")).await.unwrap();
+/// assert_eq!(replay.status(), StatusCode::OK);
+/// assert_eq!(replay.headers()["idempotency-outcome"], "duplicate");
 /// # }
 /// ```
 #[derive(Clone, Default)]
@@ -85,16 +119,18 @@ struct Joined {
 #[derive(Clone, Default)]
 enum Kind {
     #[default]
-    Path,
+    Route,
     Named(Cow<'static, str>),
     Shared,
     FromFn(Arc<dyn Fn(&Parts) -> String + Send + Sync>),
 }
 
 impl Scope {
-    /// The request's path, without the query: one scope per endpoint. The default.
-    pub fn path() -> Self {
-        Self::of(Kind::Path)
+    /// The route the router matched, as written in the router (axum's `MatchedPath`, feature
+    /// `axum`): one scope per route, whatever path reached it. No scope where no router says
+    /// which route matched. The default.
+    pub fn route() -> Self {
+        Self::of(Kind::Route)
     }
 
     /// A fixed name. Routes given the same name share their keys.
@@ -159,7 +195,10 @@ impl Scope {
     ) -> Result<IdempotencyKey, KeyError> {
         let scope: Cow<'_, str> = match &self.kind {
             Kind::Shared => return Ok(key),
-            Kind::Path => normalized(parts.uri.path()),
+            Kind::Route => match matched_route(parts) {
+                Some(route) => Cow::Borrowed(route),
+                None => return Ok(key),
+            },
             Kind::Named(name) => Cow::Borrowed(name),
             Kind::FromFn(f) => Cow::Owned(f(parts)),
         };
@@ -213,8 +252,8 @@ impl IdempotencyKey {
     /// This key as a layer with a scope of `scope` stores it: what to give
     /// [`Store::describe`](crate::store::Store::describe) or
     /// [`Store::resolve`](crate::store::Store::resolve) for a key a route claimed. Under the
-    /// default [`Scope::path`], `scope` is the route's path, written as the route is (the path
-    /// scope also decodes percent-escapes of unreserved characters; this does not).
+    /// default [`Scope::route`], `scope` is the route as written in the router
+    /// (`/webhooks/{provider}`); under [`Scope::named`], the name.
     ///
     /// ```
     /// use tower_idempotency::IdempotencyKey;
@@ -254,47 +293,24 @@ fn scoped(namespace: &str, scope: &str) -> String {
     full
 }
 
-/// A path as scope: `/` for none (a `CONNECT` request), and percent-encoded unreserved
-/// characters decoded (RFC 3986, section 6.2.2.2), so that `/hooks/%67ithub` and
-/// `/hooks/github` are one endpoint; other escapes keep their meaning, in upper case.
-fn normalized(path: &str) -> Cow<'_, str> {
-    if path.is_empty() {
-        return Cow::Borrowed("/");
-    }
-    if !path.contains('%') {
-        return Cow::Borrowed(path);
-    }
-    let hex = |b: u8| char::from(b).to_digit(16);
-    let bytes = path.as_bytes();
-    let mut out = Vec::with_capacity(path.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escape = match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&high), Some(&low)) => {
-                hex(high).zip(hex(low)).map(|(h, l)| (h * 16 + l) as u8)
-            }
-            _ => None,
-        };
-        match escape {
-            Some(byte) if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) => out.push(byte),
-            Some(byte) => out.extend_from_slice(format!("%{byte:02X}").as_bytes()),
-            // `%` without two hex digits, and every other byte, stay as they are.
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-                continue;
-            }
-        }
-        i += 3;
-    }
-    // Only ASCII escapes were replaced, by ASCII: still the UTF-8 the path was.
-    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+/// The route template the router matched, where a router says so.
+#[cfg(feature = "axum")]
+fn matched_route(parts: &Parts) -> Option<&str> {
+    parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map(axum::extract::MatchedPath::as_str)
+}
+
+#[cfg(not(feature = "axum"))]
+fn matched_route(_parts: &Parts) -> Option<&str> {
+    None
 }
 
 impl fmt::Debug for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Path => f.write_str("Scope::path()"),
+            Kind::Route => f.write_str("Scope::route()"),
             Kind::Named(name) => write!(f, "Scope::named({name:?})"),
             Kind::Shared => f.write_str("Scope::shared()"),
             Kind::FromFn(_) => f.write_str("Scope::from_fn(..)"),
@@ -310,33 +326,62 @@ mod tests {
         http::Request::post(uri).body(()).unwrap().into_parts().0
     }
 
+    /// A request head as axum's router hands it on after matching `route`.
+    #[cfg(feature = "axum")]
+    fn routed(uri: &str, route: &str) -> Parts {
+        use axum::{Router, extract::MatchedPath, routing::post};
+        use tower::ServiceExt;
+        let seen = Arc::new(Mutex::new(None));
+        let keep = seen.clone();
+        let app = Router::new().route(
+            route,
+            post(move |matched: MatchedPath| async move {
+                *keep.lock().unwrap() = Some(matched);
+            }),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let request = http::Request::post(uri)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = runtime.block_on(app.oneshot(request)).unwrap();
+        assert_eq!(
+            response.status(),
+            http::StatusCode::OK,
+            "{uri} matches {route}"
+        );
+        let mut parts = parts(uri);
+        parts
+            .extensions
+            .insert(seen.lock().unwrap().take().unwrap());
+        parts
+    }
+
     fn key() -> IdempotencyKey {
         IdempotencyKey::new("stripe", "evt_1").unwrap()
     }
 
     #[test]
-    fn path_scope_ignores_the_query() {
-        let scoped = Scope::path()
-            .apply(key(), &parts("/hooks/stripe?attempt=2"))
-            .unwrap();
-        assert_eq!(scoped.namespace(), "stripe@/hooks/stripe");
-        assert_eq!(scoped.value(), "evt_1");
+    fn without_a_matched_route_the_raw_path_is_never_a_scope() {
+        for uri in ["/webhooks/stripe", "/webhooks/%73tripe/y", "/x?a=1", "/"] {
+            let scoped = Scope::route().apply(key(), &parts(uri)).unwrap();
+            assert_eq!(scoped, key(), "{uri}: the namespace alone");
+        }
     }
 
+    #[cfg(feature = "axum")]
     #[test]
-    fn equivalent_paths_are_one_scope() {
-        let scope = |uri: &str| Scope::path().apply(key(), &parts(uri)).unwrap();
-        assert_eq!(scope("/hooks/%67ithub"), scope("/hooks/github"));
-        assert_eq!(scope("/a%2fb").namespace(), "stripe@/a%2Fb");
-        assert_eq!(scope("/a%2Fb"), scope("/a%2fb"));
-        assert_ne!(
-            scope("/a%2Fb"),
-            scope("/a/b"),
-            "an escaped slash is not a slash"
-        );
-        assert_eq!(scope("/100%").namespace(), "stripe@/100%");
-        assert_eq!(scope("/%4").namespace(), "stripe@/%4");
-        assert_eq!(normalized(""), "/");
+    fn the_matched_route_is_the_scope_whatever_path_reached_it() {
+        let scope =
+            |uri: &str, route: &str| Scope::route().apply(key(), &routed(uri, route)).unwrap();
+        let literal = scope("/webhooks/stripe?attempt=2", "/webhooks/stripe");
+        assert_eq!(literal.namespace(), "stripe@/webhooks/stripe");
+        let a = scope("/hooks/stripe/x", "/hooks/{provider}/{*rest}");
+        let b = scope("/hooks/%73tripe/y", "/hooks/{provider}/{*rest}");
+        assert_eq!(a, b);
+        assert_eq!(a.namespace(), "stripe@/hooks/{provider}/{*rest}");
+        assert_ne!(literal, a, "two routes, two scopes");
     }
 
     #[test]
@@ -348,11 +393,12 @@ mod tests {
     #[test]
     fn long_scopes_are_cut_with_a_hash_that_tells_them_apart() {
         let long = format!("/{}", "a".repeat(100));
-        let a = Scope::path()
-            .apply(key(), &parts(&format!("{long}/x")))
+        let named = |name: String| Scope::from_fn(move |_| name.clone());
+        let a = named(format!("{long}/x"))
+            .apply(key(), &parts("/"))
             .unwrap();
-        let b = Scope::path()
-            .apply(key(), &parts(&format!("{long}/y")))
+        let b = named(format!("{long}/y"))
+            .apply(key(), &parts("/"))
             .unwrap();
         assert_eq!(a.namespace().len(), MAX_NAMESPACE_LEN);
         assert_ne!(a.namespace(), b.namespace());
@@ -369,18 +415,18 @@ mod tests {
 
     #[test]
     fn the_last_joined_namespace_is_shared_only_with_its_own() {
-        let scope = Scope::path();
+        let scope = Scope::from_fn(|p| p.uri.path().trim_start_matches('/').to_owned());
         let first = scope.apply(key(), &parts("/a")).unwrap();
         let again = scope.apply(key(), &parts("/a")).unwrap();
         assert_eq!(first, again);
-        assert_eq!(again.namespace(), "stripe@/a");
-        // Another path, another namespace, then the first path again: each its own.
+        assert_eq!(again.namespace(), "stripe@a");
+        // Another scope, another namespace, then the first again: each its own.
         let other = scope.apply(key(), &parts("/b")).unwrap();
-        assert_eq!(other.namespace(), "stripe@/b");
+        assert_eq!(other.namespace(), "stripe@b");
         let github = IdempotencyKey::new("github", "evt_1").unwrap();
         assert_eq!(
             scope.apply(github, &parts("/b")).unwrap().namespace(),
-            "github@/b"
+            "github@b"
         );
         assert_eq!(scope.clone().apply(key(), &parts("/a")).unwrap(), first);
         // A namespace that cannot be scoped is refused every time, cached or not.
@@ -402,7 +448,7 @@ mod tests {
         assert!(empty.apply(key(), &parts("/")).is_err());
         let at = IdempotencyKey::new("a@b", "evt_1").unwrap();
         assert!(
-            Scope::path().apply(at, &parts("/x")).is_err(),
+            Scope::named("x").apply(at, &parts("/x")).is_err(),
             "`@` is the separator"
         );
         let control = Scope::from_fn(|_| "a\u{7}b".to_owned());

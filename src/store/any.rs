@@ -26,7 +26,7 @@
 //! let again = svc.oneshot(delivery()?).await?;
 //! assert_eq!(again.headers()["idempotency-outcome"], "duplicate");
 //!
-//! let stored = IdempotencyKey::new("github", "d-1")?.scoped("/hook")?;
+//! let stored = IdempotencyKey::new("github", "d-1")?; // no router, so no scope
 //! let record = store.describe(&stored).await?.expect("the key is known");
 //! assert_eq!((record.state, record.deliveries, record.runs), (KeyState::Done, 2, 1));
 //! # Ok(())
@@ -381,6 +381,10 @@ impl Store for AnyStore {
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         each!(self, s => s.release(lease).await)
+    }
+
+    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
+        each!(self, s => s.give_back(lease).await)
     }
 
     async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {

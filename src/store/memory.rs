@@ -222,6 +222,28 @@ impl MemoryStore {
             _ => Err(StoreError::LeaseLost),
         }
     }
+
+    /// Releases the leased row; `give_back` also takes back the run its claim counted, on the
+    /// way from `processing` only (so once).
+    fn settle_released(&self, lease: &Lease, give_back: bool) -> Result<(), StoreError> {
+        let (key, mut map) = self.inner.shard_of(lease.key());
+        match map.get_mut(&key) {
+            Some(row) if row.token == lease.token() => match row.state {
+                State::Processing { .. } => {
+                    row.state = State::Released {
+                        released_at: Instant::now(),
+                    };
+                    if give_back {
+                        row.runs = row.runs.saturating_sub(1);
+                    }
+                    Ok(())
+                }
+                State::Released { .. } => Ok(()),
+                State::Done { .. } => Err(StoreError::LeaseLost),
+            },
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
 }
 
 impl Shards {
@@ -317,20 +339,11 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        let (key, mut map) = self.inner.shard_of(lease.key());
-        match map.get_mut(&key) {
-            Some(row) if row.token == lease.token() => match row.state {
-                State::Processing { .. } => {
-                    row.state = State::Released {
-                        released_at: Instant::now(),
-                    };
-                    Ok(())
-                }
-                State::Released { .. } => Ok(()),
-                State::Done { .. } => Err(StoreError::LeaseLost),
-            },
-            _ => Err(StoreError::LeaseLost),
-        }
+        self.settle_released(lease, false)
+    }
+
+    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.settle_released(lease, true)
     }
 
     async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {

@@ -184,7 +184,7 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 /// documentation](self#the-contract-every-backend-keeps) states the contract; the conformance
 /// suite in the crate's `tests/` checks it for every backend.
 ///
-/// A store for a database this crate does not cover implements these eight methods. A small
+/// A store for a database this crate does not cover implements these nine methods. A small
 /// complete one, over a map in memory (each method is one atomic step under the lock, as each
 /// would be one conditional statement in a database):
 ///
@@ -258,6 +258,14 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 ///         self.leased(lease, |row| (row.state, row.settled) = (KeyState::Released, Instant::now()))
 ///     }
 ///
+///     async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
+///         // Only a `processing` row gets here (see `leased`): the run is taken back once.
+///         self.leased(lease, |row| {
+///             (row.state, row.settled) = (KeyState::Released, Instant::now());
+///             row.runs -= 1;
+///         })
+///     }
+///
 ///     async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
 ///         let now = Instant::now();
 ///         Ok(self.0.lock().unwrap().get(key).map(|row| {
@@ -318,7 +326,7 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 /// let again = svc.oneshot(delivery()).await.unwrap();
 /// assert_eq!(again.headers()["idempotency-outcome"], "duplicate");
 ///
-/// let stored = IdempotencyKey::new("github", "d-1").unwrap().scoped("/hook").unwrap();
+/// let stored = IdempotencyKey::new("github", "d-1").unwrap(); // no router, so no scope
 /// let record = store.describe(&stored).await.unwrap().unwrap();
 /// assert_eq!((record.state, record.deliveries, record.runs), (KeyState::Done, 2, 1));
 /// # }
@@ -361,6 +369,13 @@ pub trait Store: Send + Sync + 'static {
     /// Marks the leased `processing` row `released`, if the lease still holds, so the next
     /// delivery runs the handler again. Releasing a row this lease released already is `Ok`.
     fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Gives back a claim whose handler never started (its delivery went away while the claim
+    /// was on its way, or the claim's answer was lost): as [`release`](Self::release), and
+    /// the run the claim counted is taken back, so that [`KeyRecord::runs`] counts only the
+    /// runs a handler started. An operator reads that count to decide what a held claim
+    /// needs. Giving back twice with one lease is `Ok` and takes the run back once.
+    fn give_back(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// What the store knows of `key`: its state, how many deliveries arrived and how many runs
     /// started, and when. `None` for a key it has never seen (or purged). Writes nothing.

@@ -59,8 +59,8 @@ impl<St: TransactionalStore> TransactionalLayer<St> {
     /// Defaults: commit on 2xx; bodies read whole before the transaction begins, up to 1 MiB
     /// within 30 seconds, so that a slow upload never holds a pooled connection; a duplicate
     /// waits up to 5 seconds for the first delivery's transaction; store calls bounded by 5
-    /// seconds on top of that; `Retry-After: 5` on 409 and 503; keys scoped by the request's
-    /// path ([`Scope::path`](crate::key::Scope::path)); no signature verification.
+    /// seconds on top of that; `Retry-After: 5` on 409 and 503; keys scoped by the route the
+    /// router matched ([`Scope::route`](crate::key::Scope::route)); no signature verification.
     pub fn new(store: St) -> Self {
         Self {
             store,

@@ -68,7 +68,12 @@
 //! [`key::from_body_fn`](crate::key::from_body_fn)) — or put the
 //! [version guard](crate::version_guard) behind the layer, which answers an older copy `outdated`.
 //! Stripe, Standard Webhooks, Slack and Twitch sign their ids (or carry them in the signed
-//! body) and a timestamp, so a replay is a duplicate of the same key, or too old.
+//! body) and a timestamp, so a replay within the tolerance carries the same key, and an older
+//! one is refused. A signature does not cover the URL, though: a replay sent to another path
+//! that reaches the same handler is the same event only because the key's scope is
+//! configuration (the route the router matched, or a name), never the raw path; see
+//! [`Scope`](crate::key::Scope). A service that no router reports a route for, and that shares
+//! its namespace and store with another, needs [`Scope::named`](crate::key::Scope::named).
 //!
 //! **Timestamps and clocks.** A timestamp is taken from the signed content and compared with
 //! this machine's clock; it may be off by the tolerance in either direction, which absorbs the

@@ -290,7 +290,7 @@ impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Owner for OrderShared<S
     ) -> Result<(), StoreError> {
         match action {
             Settle::Commit => self.store.commit_version(lease).await,
-            Settle::Release => self.store.release_version(lease).await,
+            Settle::Release | Settle::GiveBack => self.store.release_version(lease).await,
         }
     }
 
@@ -300,7 +300,7 @@ impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Owner for OrderShared<S
             entity,
             lease.version(),
             Some(lease.token()),
-            action.outcome(),
+            action.outcome_of(result),
         );
         match (result, action) {
             (Ok(()), _) => {}
@@ -321,7 +321,7 @@ impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Owner for OrderShared<S
                 "recording the applied version failed after the handler succeeded; it is \
                  retried in the background",
             ),
-            (Err(error), Settle::Release) => tracing::error!(
+            (Err(error), Settle::Release | Settle::GiveBack) => tracing::error!(
                 namespace = entity.namespace(),
                 entity = entity.value(),
                 version = lease.version(),

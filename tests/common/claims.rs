@@ -69,6 +69,43 @@ pub async fn release_lets_the_retry_run<S: Store>(store: S) {
     ));
 }
 
+/// A claim whose handler never started is given back: released, and its run taken back, so
+/// that `runs` counts only runs a handler started. Twice with one lease is harmless.
+pub async fn give_back_takes_the_run_back<S: Store>(store: S) {
+    let key = key_in(&unique_namespace("giveback"), "evt_1");
+    let lease = acquire(&store, &key, LONG).await;
+    store.give_back(&lease).await.unwrap();
+    let record = store.describe(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, KeyState::Released);
+    assert_eq!((record.deliveries, record.runs), (1, 0));
+    // A give-back whose answer was lost is tried again: the run is taken back once.
+    store.give_back(&lease).await.unwrap();
+    assert_eq!(store.describe(&key).await.unwrap().unwrap().runs, 0);
+    // The next delivery runs the handler; it counts that run, and a released run stays counted.
+    let again = acquire(&store, &key, LONG).await;
+    store.release(&again).await.unwrap();
+    assert_eq!(store.describe(&key).await.unwrap().unwrap().runs, 1);
+    let third = acquire(&store, &key, LONG).await;
+    assert!(matches!(
+        store.give_back(&lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    store.give_back(&third).await.unwrap();
+    let record = store.describe(&key).await.unwrap().unwrap();
+    assert_eq!(
+        (record.state, record.deliveries, record.runs),
+        (KeyState::Released, 3, 1)
+    );
+    // A committed key cannot be given back.
+    let fourth = acquire(&store, &key, LONG).await;
+    store.commit(&fourth).await.unwrap();
+    assert!(matches!(
+        store.give_back(&fourth).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert_eq!(store.describe(&key).await.unwrap().unwrap().runs, 2);
+}
+
 pub async fn stale_reclaim_fences_the_old_owner<S: Store>(store: S) {
     let key = key_in(&unique_namespace("reclaim"), "evt_1");
     let old = acquire(&store, &key, LONG).await;
@@ -386,6 +423,12 @@ macro_rules! claims_suite {
                 let _shared = $crate::common::SHARED_TABLE.read().await;
                 let Some(store) = $make.await else { return };
                 $crate::common::claims::release_lets_the_retry_run(store).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn give_back_takes_the_run_back() {
+                let _shared = $crate::common::SHARED_TABLE.read().await;
+                let Some(store) = $make.await else { return };
+                $crate::common::claims::give_back_takes_the_run_back(store).await;
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn stale_reclaim_fences_the_old_owner() {

@@ -278,6 +278,10 @@ impl<S: Store> Store for Counting<S> {
         self.count();
         self.inner.release(lease).await
     }
+    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.count();
+        self.inner.give_back(lease).await
+    }
     async fn describe(
         &self,
         key: &IdempotencyKey,
@@ -381,11 +385,6 @@ where
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
         }
     }))
-}
-
-/// The namespace the layer stores for keys of `ns` delivered to `path` (the default scope).
-pub fn scoped_ns(ns: &str, path: &str) -> String {
-    key_in(ns, "x").scoped(path).unwrap().namespace().to_owned()
 }
 
 /// Takes its turn among the tests of this process that create a table of their own

@@ -142,7 +142,7 @@ macro_rules! transactional_suite {
 
             async fn markers(app: &App) -> i64 {
                 sqlx::query_scalar(<$store as SqlBackend>::COUNT_MARKERS)
-                    .bind(common::scoped_ns(&app.ns, "/hook"))
+                    .bind(&app.ns)
                     .fetch_one(app.store.pool())
                     .await
                     .unwrap()

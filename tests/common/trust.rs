@@ -64,30 +64,36 @@ pub async fn forged_first_then_genuine_runs<St: Store + Clone>(store: St) {
     );
 }
 
-/// One event delivered to two routes on one store, both keyed by `key::stripe()`: each route
-/// runs it once, and each route's redelivery is its own duplicate.
+/// One event delivered to two routes of one axum router, on one store, both keyed by
+/// `key::stripe()`: each route runs it once (the scope is the route the router matched), and
+/// each route's redelivery is its own duplicate.
 pub async fn two_routes_each_run_once<St: Store + Clone>(store: St) {
+    use axum::routing::post;
     let id = format!("evt_{}", unique_namespace("two-routes"));
     let delivery = |path: &str| {
         let body = format!(r#"{{"id":"{id}","object":"event"}}"#);
         Request::post(path)
             .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
+            .body(axum::body::Body::from(body))
             .unwrap()
     };
     let routes = ["/webhooks/billing", "/webhooks/analytics"];
     let runs = [Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0))];
-    let services: Vec<_> = runs
-        .iter()
-        .map(|runs| {
-            let layer = IdempotencyLayer::new(store.clone()).key(key::stripe());
-            counting_body_service(layer, runs.clone())
+    let counted = |runs: &Arc<AtomicUsize>| {
+        let runs = runs.clone();
+        post(move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            "ok"
         })
-        .collect();
+    };
+    let app = axum::Router::new()
+        .route(routes[0], counted(&runs[0]))
+        .route(routes[1], counted(&runs[1]))
+        .layer(IdempotencyLayer::new(store.clone()).key(key::stripe()));
     // Both endpoints at once, as the sender fans out.
     let (a, b) = tokio::join!(
-        services[0].clone().oneshot(delivery(routes[0])),
-        services[1].clone().oneshot(delivery(routes[1])),
+        app.clone().oneshot(delivery(routes[0])),
+        app.clone().oneshot(delivery(routes[1])),
     );
     for res in [a.unwrap(), b.unwrap()] {
         assert_eq!(res.status(), StatusCode::OK);
@@ -97,8 +103,8 @@ pub async fn two_routes_each_run_once<St: Store + Clone>(store: St) {
             "each route runs"
         );
     }
-    for (svc, route) in services.into_iter().zip(routes) {
-        let again = svc.oneshot(delivery(route)).await.unwrap();
+    for route in routes {
+        let again = app.clone().oneshot(delivery(route)).await.unwrap();
         assert_eq!(again.headers()["idempotency-outcome"], "duplicate");
     }
     assert_eq!(runs[0].load(Ordering::SeqCst), 1);

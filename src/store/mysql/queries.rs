@@ -114,6 +114,13 @@ WHERE {fenced} AND state <> 'released'"#
         "UPDATE {t} SET completed_at = IF(state = 'released', completed_at, {NOW}), \
          state = 'released' WHERE {fenced} AND state IN ('processing', 'released')"
     );
+    // MySQL assigns left to right: `runs` and `completed_at` read `state` before it changes.
+    // The run is taken back only on the way from `processing`, once.
+    let give_back = format!(
+        "UPDATE {t} SET runs = IF(state = 'processing' AND runs > 0, runs - 1, runs), \
+         completed_at = IF(state = 'released', completed_at, {NOW}), \
+         state = 'released' WHERE {fenced} AND state IN ('processing', 'released')"
+    );
     let age_of = |at: &str| format!("TIMESTAMPDIFF(MICROSECOND, {at}, {NOW})");
     let describe = format!(
         r#"SELECT state, deliveries, runs, reclaimed,
@@ -216,6 +223,7 @@ SET t.deliveries = t.deliveries + v.n,
         renew: renew.into(),
         commit: commit.into(),
         release: release.into(),
+        give_back: give_back.into(),
         describe: describe.into(),
         stuck: stuck.into(),
         resolve_done: resolve_done.into(),

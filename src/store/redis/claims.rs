@@ -124,6 +124,10 @@ impl Store for RedisStore {
             .await
     }
 
+    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.release(lease).await
+    }
+
     async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
         let reply: Vec<redis::Value> = self.call(&DESCRIBE, &self.key_of(key), &[]).await?;
         if reply.len() < 11 {

@@ -199,6 +199,11 @@ where
             .await
     }
 
+    pub(crate) async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.fenced(&self.sql.give_back, lease.key(), lease.token())
+            .await
+    }
+
     pub(crate) async fn describe(
         &self,
         key: &IdempotencyKey,

@@ -9,7 +9,7 @@ use super::table::TableName;
 ///
 /// Parameters, by position: `claim` as the backend documents; `read` (namespace, key);
 /// `tally` ([`TALLY_CHUNK`](super::TALLY_CHUNK) rows of namespace, key, count, microseconds
-/// since the last delivery); `renew` and `release` (namespace, key, token); `commit` (the
+/// since the last delivery); `renew`, `release` and `give_back` (namespace, key, token); `commit` (the
 /// encoded receipt or NULL, namespace, key, token); `describe` and `resolve_release`
 /// (namespace, key);
 /// `resolve_done` (new token, namespace, key); `stuck` (age in microseconds); `purge` as
@@ -32,6 +32,9 @@ pub(crate) struct Queries {
     /// repeated commit matches the row and keeps what the first one wrote.
     pub(crate) commit: Arc<str>,
     pub(crate) release: Arc<str>,
+    /// A release of a claim whose handler never started (namespace, key, token): as
+    /// `release`, and the run its claim counted is taken back, once.
+    pub(crate) give_back: Arc<str>,
     pub(crate) describe: Arc<str>,
     pub(crate) stuck: Arc<str>,
     pub(crate) resolve_done: Arc<str>,

@@ -333,6 +333,10 @@ impl Store for SqliteStore {
         self.table.release(lease).await
     }
 
+    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.give_back(lease).await
+    }
+
     async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
         self.table.describe(key).await
     }

@@ -114,6 +114,14 @@ WHERE namespace = ?2 AND "key" = ?3 AND token = ?4 AND state <> 'released'"#
          completed_at = CASE WHEN state = 'released' THEN completed_at ELSE {NOW_US} END \
          WHERE {fenced} AND state IN ('processing', 'released')"
     );
+    // The run is taken back only on the way from `processing`: a second give-back (its answer
+    // lost) finds `released` and leaves the count alone.
+    let give_back = format!(
+        "UPDATE {t} SET state = 'released', \
+         runs = CASE WHEN state = 'processing' AND runs > 0 THEN runs - 1 ELSE runs END, \
+         completed_at = CASE WHEN state = 'released' THEN completed_at ELSE {NOW_US} END \
+         WHERE {fenced} AND state IN ('processing', 'released')"
+    );
     let describe = format!(
         r#"SELECT state, deliveries, runs, reclaimed,
     {first}, {last}, {age}, {idle}, {settled}, receipt
@@ -202,6 +210,7 @@ FROM v WHERE t.namespace = v.namespace AND t."key" = v."key""#
         renew: renew.into(),
         commit: commit.into(),
         release: release.into(),
+        give_back: give_back.into(),
         describe: describe.into(),
         stuck: stuck.into(),
         resolve_done: resolve_done.into(),
