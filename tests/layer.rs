@@ -500,7 +500,8 @@ async fn reclaimed_owner_is_fenced_off() {
     let mut h = Harness::new();
     let store = Faulty::default();
     let stale = Stale::reclaim_after(Duration::from_secs(60));
-    let svc = h.service(unrenewed(&store, stale));
+    let journal = tower_idempotency::Journal::new(16);
+    let svc = h.service(unrenewed(&store, stale).journal(&journal));
 
     // The first owner blocks and cannot renew past the stale limit...
     let old = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
@@ -515,6 +516,14 @@ async fn reclaimed_owner_is_fenced_off() {
     h.gate.add_permits(1);
     let old_res = old.await.unwrap().unwrap();
     assert_eq!(old_res.status(), StatusCode::OK, "its response stands");
+    // Its outcome, and so the journal, the span and the metrics, says the lease was lost,
+    // not that the event was processed.
+    assert_eq!(
+        old_res.extensions().get::<Outcome>(),
+        Some(&Outcome::LeaseLost)
+    );
+    let seen = journal.last(&test_key("e1")).expect("journaled");
+    assert_eq!(seen.outcome, Outcome::LeaseLost);
     let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(
         res.headers()["idempotency-outcome"],
@@ -523,7 +532,16 @@ async fn reclaimed_owner_is_fenced_off() {
     );
 
     h.gate.add_permits(1);
-    assert_eq!(new.await.unwrap().unwrap().status(), StatusCode::OK);
+    let new_res = new.await.unwrap().unwrap();
+    assert_eq!(new_res.status(), StatusCode::OK);
+    assert_eq!(
+        new_res.extensions().get::<Outcome>(),
+        Some(&Outcome::Processed)
+    );
+    assert_eq!(
+        journal.last(&test_key("e1")).unwrap().outcome,
+        Outcome::Processed
+    );
     let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(res.headers()["idempotency-outcome"], "duplicate");
     assert_eq!(h.runs(), 2);
@@ -1186,6 +1204,7 @@ async fn reclaimed_owner_that_fails_leaves_the_new_claim_alone() {
     h.gate.add_permits(1);
     let old = old.await.unwrap().unwrap();
     assert_eq!(old.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(old.extensions().get::<Outcome>(), Some(&Outcome::LeaseLost));
     let res = svc.clone().oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(res.headers()["idempotency-outcome"], "in-flight");
     h.gate.add_permits(1);
