@@ -13,7 +13,7 @@ use crate::store::{
 
 /// A claim script's answer: kind, token, deliveries, age and idle time (µs), reclaimed,
 /// receipt.
-type ClaimReply = (String, String, u64, i64, i64, i64, Option<Vec<u8>>);
+pub(super) type ClaimReply = (String, String, u64, i64, i64, i64, Option<Vec<u8>>);
 
 /// Microseconds as a duration; a negative one (a clock stepped back) as zero.
 pub(super) fn micros(us: i64) -> Duration {
