@@ -13,7 +13,7 @@ use super::scripts::{CLAIM, RESOLVE, SETTLE_VERSION};
 use super::{RedisStore, arg};
 use crate::key::IdempotencyKey;
 use crate::store::{
-    Claim, LeaseToken, Stale, Store, StoreError, VersionClaim, VersionLease, VersionStore,
+    Claim, Lease, LeaseToken, Stale, Store, StoreError, VersionClaim, VersionLease, VersionStore,
 };
 
 /// The prefix the integration tests write under too.
@@ -274,6 +274,49 @@ async fn settle_version_sent_twice(store: RedisStore) {
     }
 }
 
+/// A claim given back is released with its run taken back, once; a second give-back is `Ok`
+/// and takes nothing more; another token's is `LeaseLost`.
+async fn give_back(store: RedisStore) {
+    let key = unique("give-back");
+    let at = store.key_of(&key);
+    let Claim::Acquired(lease) = store.claim(&key, LONG).await.unwrap() else {
+        panic!("a new key is acquired");
+    };
+    assert_eq!(hash(&store, &at).await["runs"], "1");
+    let stranger = Lease::new(key.clone(), LeaseToken::generate(), false);
+    assert!(matches!(
+        store.give_back_claim(&stranger).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert_eq!(hash(&store, &at).await["state"], "processing");
+    for run in ["first", "second"] {
+        store.give_back_claim(&lease).await.unwrap();
+        let row = hash(&store, &at).await;
+        assert_eq!(row["state"], "released", "{run} give-back");
+        assert_eq!(row["runs"], "0", "{run} give-back");
+        assert_eq!(row["deliveries"], "1", "{run} give-back");
+        assert!(ttl(&store, &at).await > 0, "released, it expires");
+    }
+    // The next delivery runs it: one run in all. The old lease no longer holds.
+    let Claim::Acquired(next) = store.claim(&key, LONG).await.unwrap() else {
+        panic!("a given-back key is acquired");
+    };
+    assert_eq!(hash(&store, &at).await["runs"], "1");
+    assert!(matches!(
+        store.give_back_claim(&lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert_eq!(hash(&store, &at).await["runs"], "1");
+    // A claim settled otherwise is not given back.
+    store.commit(&next).await.unwrap();
+    assert!(matches!(
+        store.give_back_claim(&next).await,
+        Err(StoreError::LeaseLost)
+    ));
+    let row = hash(&store, &at).await;
+    assert_eq!((&*row["state"], &*row["runs"]), ("done", "1"));
+}
+
 /// Each test once on one server and once on the cluster.
 macro_rules! on_both {
     ($($test:ident),* $(,)?) => {
@@ -304,4 +347,5 @@ on_both!(
     claim_sent_twice,
     resolve_sent_twice,
     settle_version_sent_twice,
+    give_back
 );

@@ -159,6 +159,25 @@ return 1
 "#
 ));
 
+/// Gives back a claim whose handler never started: a [`RELEASE`] that also takes back the run
+/// the claim counted. `ARGV`: token, retention in milliseconds. Answers 1 if the lease held
+/// (a second give-back with it included, which takes back nothing more), 0 otherwise. `runs`
+/// drops by one on the step from `processing` to `released` alone, and never below 0.
+pub(super) static GIVE_BACK: Scripted = Scripted::new(concat!(
+    now!(),
+    r#"
+local h = KEYS[1]
+local row = redis.call('HMGET', h, 'state', 'token', 'runs')
+if row[2] ~= ARGV[1] then return 0 end
+if row[1] == 'released' then return 1 end
+if row[1] ~= 'processing' then return 0 end
+redis.call('HSET', h, 'state', 'released', 'completed_at', now)
+if (tonumber(row[3]) or 0) > 0 then redis.call('HINCRBY', h, 'runs', -1) end
+redis.call('PEXPIRE', h, ARGV[2])
+return 1
+"#
+));
+
 /// A person settles a processing claim. `ARGV`: `done` or `release`, a fresh token,
 /// retention in milliseconds. Answers 1 if there was such a claim.
 ///
