@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::scripts::{CLAIM, COMMIT, DESCRIBE, RELEASE, RENEW, RESOLVE};
+use super::scripts::{CLAIM, COMMIT, DESCRIBE, GIVE_BACK, RELEASE, RENEW, RESOLVE};
 use super::{RedisStore, arg, unreplicated};
 use crate::key::IdempotencyKey;
 use crate::store::{
@@ -13,7 +13,7 @@ use crate::store::{
 
 /// A claim script's answer: kind, token, deliveries, age and idle time (µs), reclaimed,
 /// receipt.
-type ClaimReply = (String, String, u64, i64, i64, i64, Option<Vec<u8>>);
+pub(super) type ClaimReply = (String, String, u64, i64, i64, i64, Option<Vec<u8>>);
 
 /// Microseconds as a duration; a negative one (a clock stepped back) as zero.
 pub(super) fn micros(us: i64) -> Duration {
@@ -43,6 +43,19 @@ impl RedisStore {
             (1, false) => Err(unreplicated()),
             _ => Err(StoreError::LeaseLost),
         }
+    }
+
+    /// Gives back a claim whose handler never started: releases it, as
+    /// [`release`](Store::release) does, and takes back the run the claim counted, once (a
+    /// second give-back with the same lease answers `Ok` and takes back nothing more).
+    /// [`StoreError::LeaseLost`] if the lease no longer holds.
+    #[allow(
+        dead_code,
+        reason = "the Redis side of a give-back the store contract gains next"
+    )]
+    pub(crate) async fn give_back_claim(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.fenced(&GIVE_BACK, lease, &[arg(self.retention_ms())])
+            .await
     }
 }
 

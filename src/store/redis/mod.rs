@@ -24,6 +24,13 @@
 //! so app instances with skewed clocks agree on which claims are stale; leases are fenced by a
 //! token as in the SQL stores.
 //!
+//! The client sends a command again when the connection it went out on drops before the
+//! answer comes, and the first may have run. Each write knows its second run by the fresh
+//! token it was given and answers as the first did: a claim sent twice is acquired once, its
+//! delivery and run counted once; a resolve or a version's settlement sent twice answers that
+//! it settled. For that, an entity's versions discarded where none was ever applied leave a
+//! small hash behind, which expires after the retention.
+//!
 //! # Delivery counts
 //!
 //! A duplicate (of a done key, or of one in flight or held) is answered by a script that only
@@ -107,6 +114,8 @@ use scripts::Scripted;
 
 mod claims;
 mod counts;
+#[cfg(test)]
+mod resend_tests;
 mod scan;
 mod scripts;
 mod versions;

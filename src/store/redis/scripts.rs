@@ -5,7 +5,12 @@
 //! A claim's hash holds `state` (`processing`, `done`, `released`), `token`, `deliveries`,
 //! `runs`, `reclaimed` (0 or 1), the times `first_seen`, `last_seen`, `claimed_at`,
 //! `renewed_at` and `completed_at` (microseconds of the server's clock), `receipt` when one
-//! was kept, and `ns` and `key`, so that a scan can name the claim it finds.
+//! was kept, `resolved_by` once a person resolved it (see [`RESOLVE`]), and `ns` and `key`,
+//! so that a scan can name the claim it finds.
+//!
+//! A client may run a script twice: redis-rs sends a command again when the connection it
+//! went out on drops before the answer comes, and the first may have run. So every write
+//! recognises its own second run by the token it was given and answers as the first did.
 
 use std::sync::OnceLock;
 
@@ -38,19 +43,28 @@ macro_rules! now {
     };
 }
 
-/// A claim. `ARGV`: token, whether the policy reclaims (`1`), the stale limit in
-/// microseconds, namespace, key. Answers `{kind, token, deliveries, age, idle, reclaimed,
-/// receipt}`, `kind` one of `acquired`, `done`, `pending`. Only a claim that acquires writes:
-/// a duplicate (`done`, `pending`) reads the hash and leaves it as it was, its delivery
-/// counted by the store in the process (see [`TALLY`]).
+/// A claim. `ARGV`: token (fresh for each claim), whether the policy reclaims (`1`), the
+/// stale limit in microseconds, namespace, key. Answers `{kind, token, deliveries, age, idle,
+/// reclaimed, receipt}`, `kind` one of `acquired`, `done`, `pending`. Only a claim that
+/// acquires writes: a duplicate (`done`, `pending`) reads the hash and leaves it as it was,
+/// its delivery counted by the store in the process (see [`TALLY`]).
+///
+/// A claim in flight under the caller's own token is the same claim sent again (a client
+/// re-sends a script whose connection dropped before the answer came): it answers `acquired`
+/// again, with the hash's deliveries and reclaimed flag, and writes nothing, so the delivery
+/// and the run are counted once.
 pub(super) static CLAIM: Scripted = Scripted::new(concat!(
     // A duplicate of a done key is the common read: one look at the hash, no clock needed.
     r#"
 local h = KEYS[1]
-local row = redis.call('HMGET', h, 'state', 'deliveries', 'receipt', 'claimed_at', 'renewed_at')
+local row = redis.call('HMGET', h, 'state', 'deliveries', 'receipt', 'claimed_at', 'renewed_at',
+  'token', 'reclaimed')
 local state = row[1]
 if state == 'done' then
   return {'done', '', tonumber(row[2]), 0, 0, 0, row[3]}
+end
+if state == 'processing' and row[6] == ARGV[1] then
+  return {'acquired', ARGV[1], tonumber(row[2]), 0, 0, tonumber(row[7]) or 0, false}
 end
 "#,
     now!(),
@@ -145,18 +159,46 @@ return 1
 "#
 ));
 
+/// Gives back a claim whose handler never started: a [`RELEASE`] that also takes back the run
+/// the claim counted. `ARGV`: token, retention in milliseconds. Answers 1 if the lease held
+/// (a second give-back with it included, which takes back nothing more), 0 otherwise. `runs`
+/// drops by one on the step from `processing` to `released` alone, and never below 0.
+pub(super) static GIVE_BACK: Scripted = Scripted::new(concat!(
+    now!(),
+    r#"
+local h = KEYS[1]
+local row = redis.call('HMGET', h, 'state', 'token', 'runs')
+if row[2] ~= ARGV[1] then return 0 end
+if row[1] == 'released' then return 1 end
+if row[1] ~= 'processing' then return 0 end
+redis.call('HSET', h, 'state', 'released', 'completed_at', now)
+if (tonumber(row[3]) or 0) > 0 then redis.call('HINCRBY', h, 'runs', -1) end
+redis.call('PEXPIRE', h, ARGV[2])
+return 1
+"#
+));
+
 /// A person settles a processing claim. `ARGV`: `done` or `release`, a fresh token,
 /// retention in milliseconds. Answers 1 if there was such a claim.
+///
+/// The fresh token is kept as `resolved_by`: the same resolve sent again (a client re-sends a
+/// script whose connection dropped before the answer came) finds it and answers 1 again,
+/// changing nothing, even if a new claim took the key since. A done claim also takes the
+/// token as its own, which fences off the old owner's late commit; a released one keeps its
+/// owner's, whose release then still succeeds, as in the other stores.
 pub(super) static RESOLVE: Scripted = Scripted::new(concat!(
     now!(),
     r#"
 local h = KEYS[1]
-if redis.call('HGET', h, 'state') ~= 'processing' then return 0 end
+local row = redis.call('HMGET', h, 'state', 'resolved_by')
+if row[2] == ARGV[2] then return 1 end
+if row[1] ~= 'processing' then return 0 end
 if ARGV[1] == 'done' then
   redis.call('HSET', h, 'state', 'done', 'token', ARGV[2], 'completed_at', now)
 else
   redis.call('HSET', h, 'state', 'released', 'completed_at', now)
 end
+redis.call('HSET', h, 'resolved_by', ARGV[2])
 redis.call('PEXPIRE', h, ARGV[3])
 return 1
 "#
@@ -210,9 +252,11 @@ end
     };
 }
 
-/// An entity's version hash holds `applied` (the latest version applied), and while a version
+/// An entity's version hash holds `applied` (the latest version applied), while a version
 /// is being applied `p_version`, `p_token` and `p_since` (its last heartbeat, microseconds of
-/// the server's clock).
+/// the server's clock), and once one was settled `s_token`, the last settlement's own token
+/// (see [`SETTLE_VERSION`]). A hash with no version applied has a time to live
+/// (the store's retention) from a discard until the next version begins.
 ///
 /// Begins a version. `ARGV`: version, token, whether the policy reclaims (`1`), the stale
 /// limit in microseconds. Answers `{applied, pending version, pending token, idle}` after the
@@ -234,6 +278,7 @@ local free = (not row[2])
   or (ARGV[3] == '1' and idle >= tonumber(ARGV[4]) and compare(row[2], version) <= 0)
 if not_older and free then
   redis.call('HSET', h, 'p_version', version, 'p_token', ARGV[2], 'p_since', now)
+  redis.call('PERSIST', h)
   return {applied, version, ARGV[2], 0}
 end
 return {applied, row[2], row[3], idle}
@@ -251,19 +296,30 @@ return 1
 ));
 
 /// Settles a pending version. `ARGV`: token (or `""` for whoever holds it, a person
-/// resolving), `apply` or `discard`. Answers 1 if there was such a pending version.
+/// resolving), `apply` or `discard`, a fresh token for this settlement, retention in
+/// milliseconds. Answers 1 if there was such a pending version.
+///
+/// A settlement keeps its fresh token as `s_token`. The same settlement sent again (a client
+/// re-sends a script whose connection dropped before the answer came) finds it and answers 1
+/// again, changing nothing, even if another version began since; a second settlement by the
+/// same lease, with a fresh token of its own, finds no pending version and answers 0. A
+/// discard where no version was ever applied keeps the hash with only `s_token` (deleted, it
+/// would leave nothing to recognise), to expire after the retention unless a version begins
+/// first.
 pub(super) static SETTLE_VERSION: Scripted = Scripted::new(concat!(
     compare!(),
     r#"
 local h = KEYS[1]
-local row = redis.call('HMGET', h, 'applied', 'p_version', 'p_token')
+local row = redis.call('HMGET', h, 'applied', 'p_version', 'p_token', 's_token')
+if row[4] == ARGV[3] then return 1 end
 if not row[2] then return 0 end
 if ARGV[1] ~= '' and row[3] ~= ARGV[1] then return 0 end
 redis.call('HDEL', h, 'p_version', 'p_token', 'p_since')
+redis.call('HSET', h, 's_token', ARGV[3])
 if ARGV[2] == 'apply' then
   redis.call('HSET', h, 'applied', greater(row[1], row[2]))
 elseif not row[1] then
-  redis.call('DEL', h)
+  redis.call('PEXPIRE', h, ARGV[4])
 end
 return 1
 "#

@@ -19,25 +19,37 @@ fn version(text: &str) -> Result<i64, StoreError> {
 }
 
 impl RedisStore {
-    /// Applies (`apply`) or discards the pending version: the lease's (`token`), or whoever's.
+    /// Applies (`apply`) or discards the pending version: the lease's (`token`), or whoever's
+    /// (a person resolving).
     async fn settle_version(
         &self,
         entity: &IdempotencyKey,
         token: Option<LeaseToken>,
         how: &str,
     ) -> Result<bool, StoreError> {
-        let token = token.map_or_else(String::new, |t| t.to_i64().to_string());
         let (settled, replicated): (i64, bool) = self
             .write(
                 &SETTLE_VERSION,
                 &self.entity_of(entity),
-                &[arg(token), arg(how)],
+                &self.settle_args(token, how),
             )
             .await?;
         if settled == 1 && !replicated {
             return Err(unreplicated());
         }
         Ok(settled == 1)
+    }
+
+    /// The arguments of `SETTLE_VERSION` for the lease's `token`, or for a person: with a
+    /// fresh token of this settlement's own, by which the script knows it if it is sent again.
+    pub(super) fn settle_args(&self, token: Option<LeaseToken>, how: &str) -> [Vec<u8>; 4] {
+        let token = token.map_or_else(String::new, |t| t.to_i64().to_string());
+        [
+            arg(token),
+            arg(how),
+            arg(LeaseToken::generate().to_i64()),
+            arg(self.retention_ms()),
+        ]
     }
 }
 
@@ -80,7 +92,7 @@ impl VersionStore for RedisStore {
         if matches!(claim, VersionClaim::Acquired(_)) && !replicated {
             // Granted on the master alone: given back, so that the entity is not blocked by
             // a version nobody applies.
-            let discard = [arg(ours.to_i64()), arg("discard")];
+            let discard = self.settle_args(Some(ours), "discard");
             let _: Result<i64, _> = self.call(&SETTLE_VERSION, &key, &discard).await;
             return Err(unreplicated());
         }
