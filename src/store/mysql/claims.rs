@@ -52,14 +52,16 @@ impl MySqlStore {
             let row = insert(&self.claims.insert_or_read)
                 .fetch_one(&self.table.pool)
                 .await
-                .store()?;
-            let row = ClaimRow::read(&row)?;
+                .store()
+                .and_then(|row| ClaimRow::read(&row))
+                .inspect_err(|_| self.table.unanswered(key, token))?;
             return self.table.after_read(key, Some(row), Some(token), stale);
         }
         let inserted = insert(&self.claims.insert_new)
             .execute(&self.table.pool)
             .await
-            .store()?;
+            .store()
+            .inspect_err(|_| self.table.unanswered(key, token))?;
         if inserted.rows_affected() == 1 {
             let lease = Lease::new(key.clone(), token, false);
             return Ok(AfterRead::Answer(Claim::Acquired(lease)));
@@ -75,12 +77,12 @@ impl MySqlStore {
         stale: Stale,
     ) -> Result<Claim, StoreError> {
         let token = LeaseToken::generate();
-        let row = self
-            .upsert(&self.claims.returning, key, token, stale)
+        self.upsert(&self.claims.returning, key, token, stale)
             .fetch_one(&self.table.pool)
             .await
-            .store()?;
-        ClaimRow::read(&row)?.into_claim(key, token, stale)
+            .store()
+            .and_then(|row| ClaimRow::read(&row)?.into_claim(key, token, stale))
+            .inspect_err(|_| self.table.unanswered(key, token))
     }
 
     /// MySQL and older MariaDB: the upsert, and a read of the row unless it inserted.
@@ -97,7 +99,8 @@ impl MySqlStore {
                 .upsert(&self.table.sql.claim, key, token, stale)
                 .execute(&self.table.pool)
                 .await
-                .store()?;
+                .store()
+                .inspect_err(|_| self.table.unanswered(key, token))?;
             if upserted.rows_affected() == 1 {
                 // Inserted: a new key.
                 return Ok(Claim::Acquired(Lease::new(key.clone(), token, false)));
@@ -109,7 +112,8 @@ impl MySqlStore {
                 .bind(key.value())
                 .fetch_optional(&self.table.pool)
                 .await
-                .store()?;
+                .store()
+                .inspect_err(|_| self.table.unanswered(key, token))?;
             if let Some(row) = row {
                 let row = ClaimRow::read(&row)?;
                 let ours = LeaseToken::from_i64(row.token) == token;

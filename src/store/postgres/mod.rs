@@ -336,17 +336,22 @@ impl Store for PostgresStore {
                     .bind(token.to_i64())
                     .fetch_optional(&table.pool)
             };
-            let row = retry_serialization_failure("claim", is_serialization_failure, first).await?;
-            let row = match row.as_ref().map(ClaimRow::read).transpose()? {
+            let row = retry_serialization_failure("claim", is_serialization_failure, first)
+                .await
+                .and_then(|row| row.as_ref().map(ClaimRow::read).transpose())
+                .inspect_err(|_| table.unanswered(key, token))?;
+            let row = match row {
                 Some(row) => Some(row),
                 None => table.read_claim(key).await?,
             };
             match table.after_read(key, row, Some(token), stale)? {
                 AfterRead::Answer(claim) => return Ok(claim),
                 AfterRead::TakeOver => {
+                    let token = LeaseToken::generate();
                     return table
-                        .claim_upsert(key, stale, is_serialization_failure)
-                        .await;
+                        .claim_upsert(key, token, stale, is_serialization_failure)
+                        .await
+                        .inspect_err(|_| table.unanswered(key, token));
                 }
                 AfterRead::Absent => {}
             }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::scripts::{CLAIM, COMMIT, DESCRIBE, GIVE_BACK, RELEASE, RENEW, RESOLVE};
 use super::{RedisStore, arg, unreplicated};
 use crate::key::IdempotencyKey;
+use crate::store::give_back_unanswered;
 use crate::store::{
     Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale,
     StalePolicy, Store, StoreError, StuckClaim,
@@ -44,19 +45,6 @@ impl RedisStore {
             _ => Err(StoreError::LeaseLost),
         }
     }
-
-    /// Gives back a claim whose handler never started: releases it, as
-    /// [`release`](Store::release) does, and takes back the run the claim counted, once (a
-    /// second give-back with the same lease answers `Ok` and takes back nothing more).
-    /// [`StoreError::LeaseLost`] if the lease no longer holds.
-    #[allow(
-        dead_code,
-        reason = "the Redis side of a give-back the store contract gains next"
-    )]
-    pub(crate) async fn give_back_claim(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.fenced(&GIVE_BACK, lease, &[arg(self.retention_ms())])
-            .await
-    }
 }
 
 impl Store for RedisStore {
@@ -71,7 +59,20 @@ impl Store for RedisStore {
             arg(key.namespace()),
             arg(key.value()),
         ];
-        let (reply, replicated): (ClaimReply, bool) = self.write(&CLAIM, &redis_key, &args).await?;
+        let written = self.write(&CLAIM, &redis_key, &args).await;
+        let (reply, replicated): (ClaimReply, bool) = match written {
+            Ok(reply) => reply,
+            Err(error) => {
+                // The script may have run, its answer lost (the response timeout, a dropped
+                // connection): whatever it granted to `token` is given back.
+                let store = self.clone();
+                give_back_unanswered(key, token, move |lease| {
+                    let store = store.clone();
+                    async move { store.give_back(&lease).await }
+                });
+                return Err(error);
+            }
+        };
         let (kind, _token, deliveries, age, idle, reclaimed, receipt) = reply;
         match kind.as_str() {
             "acquired" if replicated => Ok(Claim::Acquired(Lease::new(
@@ -84,7 +85,7 @@ impl Store for RedisStore {
                 // by a claim nobody holds.
                 let retention = arg(self.retention_ms());
                 let _: Result<i64, _> = self
-                    .call(&RELEASE, &redis_key, &[arg(token.to_i64()), retention])
+                    .call(&GIVE_BACK, &redis_key, &[arg(token.to_i64()), retention])
                     .await;
                 Err(unreplicated())
             }
@@ -137,8 +138,12 @@ impl Store for RedisStore {
             .await
     }
 
+    /// Releases the claim, as [`release`](Store::release) does, and takes back the run it
+    /// counted, once (a second give-back with the same lease answers `Ok` and takes back
+    /// nothing more).
     async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.release(lease).await
+        self.fenced(&GIVE_BACK, lease, &[arg(self.retention_ms())])
+            .await
     }
 
     async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {

@@ -285,12 +285,12 @@ async fn give_back(store: RedisStore) {
     assert_eq!(hash(&store, &at).await["runs"], "1");
     let stranger = Lease::new(key.clone(), LeaseToken::generate(), false);
     assert!(matches!(
-        store.give_back_claim(&stranger).await,
+        store.give_back(&stranger).await,
         Err(StoreError::LeaseLost)
     ));
     assert_eq!(hash(&store, &at).await["state"], "processing");
     for run in ["first", "second"] {
-        store.give_back_claim(&lease).await.unwrap();
+        store.give_back(&lease).await.unwrap();
         let row = hash(&store, &at).await;
         assert_eq!(row["state"], "released", "{run} give-back");
         assert_eq!(row["runs"], "0", "{run} give-back");
@@ -303,14 +303,14 @@ async fn give_back(store: RedisStore) {
     };
     assert_eq!(hash(&store, &at).await["runs"], "1");
     assert!(matches!(
-        store.give_back_claim(&lease).await,
+        store.give_back(&lease).await,
         Err(StoreError::LeaseLost)
     ));
     assert_eq!(hash(&store, &at).await["runs"], "1");
     // A claim settled otherwise is not given back.
     store.commit(&next).await.unwrap();
     assert!(matches!(
-        store.give_back_claim(&next).await,
+        store.give_back(&next).await,
         Err(StoreError::LeaseLost)
     ));
     let row = hash(&store, &at).await;

@@ -204,6 +204,17 @@ where
             .await
     }
 
+    /// The claim statement that wrote `token` failed, perhaps after the database ran it:
+    /// whatever it granted is given back in the background
+    /// ([`give_back_unanswered`](crate::store::give_back_unanswered)).
+    pub(crate) fn unanswered(&self, key: &IdempotencyKey, token: LeaseToken) {
+        let table = self.clone();
+        crate::store::give_back_unanswered(key, token, move |lease| {
+            let table = table.clone();
+            async move { table.give_back(&lease).await }
+        });
+    }
+
     pub(crate) async fn describe(
         &self,
         key: &IdempotencyKey,

@@ -26,16 +26,17 @@ where
     for<'r> &'r [u8]: Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
 {
-    /// The claim: the upsert writes a new token if and only if it inserts the row or takes
-    /// it over, and returns the row either way. Parameters: namespace, key, token, whether
-    /// the policy reclaims, the stale limit in microseconds.
+    /// The claim: the upsert writes `token` if and only if it inserts the row or takes it
+    /// over, and returns the row either way. Parameters: namespace, key, token, whether the
+    /// policy reclaims, the stale limit in microseconds. On an error the caller gives back
+    /// whatever the statement may have granted to `token`.
     pub(crate) async fn claim_upsert(
         &self,
         key: &IdempotencyKey,
+        token: LeaseToken,
         stale: Stale,
         is_serialization_failure: Is,
     ) -> Result<Claim, StoreError> {
-        let token = LeaseToken::generate();
         let upsert = || {
             sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
                 .bind(key.namespace())
@@ -46,9 +47,9 @@ where
                 .fetch_one(&self.pool)
         };
         let turn = self.writer.turn().await;
-        let row = retry_serialization_failure("claim", is_serialization_failure, upsert).await?;
+        let row = retry_serialization_failure("claim", is_serialization_failure, upsert).await;
         drop(turn);
-        ClaimRow::read(&row)?.into_claim(key, token, stale)
+        row.and_then(|row| ClaimRow::read(&row)?.into_claim(key, token, stale))
     }
 
     /// The version claim, the same way. Parameters: namespace, entity, version, token,

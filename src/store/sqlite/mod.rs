@@ -310,9 +310,11 @@ impl Store for SqliteStore {
         match table.after_read(key, row, None, stale)? {
             AfterRead::Answer(claim) => Ok(claim),
             AfterRead::TakeOver | AfterRead::Absent => {
+                let token = crate::store::LeaseToken::generate();
                 table
-                    .claim_upsert(key, stale, is_serialization_failure)
+                    .claim_upsert(key, token, stale, is_serialization_failure)
                     .await
+                    .inspect_err(|_| table.unanswered(key, token))
             }
         }
     }
