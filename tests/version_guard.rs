@@ -443,3 +443,48 @@ async fn an_entity_is_ordered_across_routes() {
     let late = route().oneshot(send("/hooks/deleted", "1")).await.unwrap();
     assert_eq!(outcome_header(&late), Some("outdated"));
 }
+
+/// What the docs promise of the guard against a replayed unsigned delivery id (GitHub,
+/// Shopify, Twilio): a copy of an older delivery, with a fresh id, is outdated and runs
+/// nothing; a copy of the newest delivery carries the applied version and runs again.
+#[tokio::test]
+async fn a_replay_of_an_older_delivery_is_outdated_but_of_the_newest_runs_again() {
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let svc = tower::ServiceBuilder::new()
+        .layer(tower_idempotency::IdempotencyLayer::new(store.clone()).key(key::shopify()))
+        .layer(
+            VersionGuardLayer::new(store)
+                .entity(key::header("x-entity").namespace("order"))
+                .version(version_guard::version::header("x-version")),
+        )
+        .service(service_fn(
+            move |_req: Request<RequestBody<RequestBody<Full<Bytes>>>>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::new()))) }
+            },
+        ));
+    let send = |id: &str, version: &str| {
+        Request::post("/webhooks/shopify")
+            .header("x-shopify-webhook-id", id)
+            .header("x-entity", "order_1")
+            .header("x-version", version)
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    for (id, version) in [("d-1", "1"), ("d-2", "2")] {
+        let res = svc.clone().oneshot(send(id, version)).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // The older delivery replayed with a fresh id: outdated.
+    let older = svc.clone().oneshot(send("forged-1", "1")).await.unwrap();
+    assert_eq!(outcome_header(&older), Some("outdated"));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // The newest delivery replayed with a fresh id: the same version, so it runs again.
+    let newest = svc.oneshot(send("forged-2", "2")).await.unwrap();
+    assert_eq!(newest.status(), StatusCode::OK);
+    assert_eq!(outcome_header(&newest), None);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}

@@ -62,11 +62,16 @@
 //! and sign no timestamp. Whoever captured one genuine delivery can send it again, at any
 //! time, with a fresh id: both checks pass and the handler runs again. Verification still
 //! stops forged content and stolen ids; against replays, key on something the signature
-//! covers — a synthetic key from body fields
+//! covers: a synthetic key from body fields
 //! ([`key::json_fields`](crate::key::json_fields), e.g. Shopify's `/id` with
 //! `/updated_at`, or a form field such as Twilio's `MessageSid` with
-//! [`key::from_body_fn`](crate::key::from_body_fn)) — or put the
-//! [version guard](crate::version_guard) behind the layer, which answers an older copy `outdated`.
+//! [`key::from_body_fn`](crate::key::from_body_fn)). The
+//! [version guard](crate::version_guard) is no defence against such a replay: it answers a
+//! copy older than the entity's applied version `outdated`, but a copy of the **newest**
+//! delivery carries the applied version, and [equal versions
+//! run](crate::version_guard#equal-versions). It keeps a replay from setting an entity back to
+//! an older state, nothing more: a handler whose work is a side effect (an e-mail, a charge)
+//! runs again.
 //! Stripe, Standard Webhooks, Slack and Twitch sign their ids (or carry them in the signed
 //! body) and a timestamp, so a replay within the tolerance carries the same key, and an older
 //! one is refused. A signature does not cover the URL, though: a replay sent to another path
