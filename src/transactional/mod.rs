@@ -61,8 +61,11 @@
 //!
 //! A handler must not swallow its database errors: a failed statement aborts the transaction
 //! on PostgreSQL (the layer notices before `COMMIT` and answers 503, so the retry runs), and a
-//! MySQL deadlock rolls it back, marker included, so statements run after it would no longer
-//! be part of the delivery's transaction.
+//! MySQL deadlock rolls it back, marker included. The connection is then back in autocommit:
+//! each statement a handler runs after ignoring the deadlock commits on its own, outside the
+//! delivery. The layer still finds the marker gone and answers 503, but those writes stay and
+//! the sender's retry makes them again. Return the error instead (a 5xx, so the sender
+//! retries).
 //!
 //! To keep entities in order in this mode, move the version inside the transaction with
 //! [`version_guard::advance`](crate::version_guard::advance), not with a `VersionGuardLayer` around the route: that
