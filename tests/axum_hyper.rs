@@ -193,8 +193,17 @@ async fn plain_hyper_server_with_a_body_key() {
                 let runs = r.clone();
                 async move {
                     runs.fetch_add(1, Ordering::SeqCst);
-                    let body = req.into_body().collect().await?.to_bytes();
-                    Ok::<_, hyper::Error>(http::Response::new(Full::new(body)))
+                    // A body that cannot be read is answered 400, as an axum extractor does.
+                    let res = match req.into_body().collect().await {
+                        Ok(body) => http::Response::new(Full::new(body.to_bytes())),
+                        Err(error) => {
+                            let mut res =
+                                http::Response::new(Full::new(Bytes::from(error.to_string())));
+                            *res.status_mut() = StatusCode::BAD_REQUEST;
+                            res
+                        }
+                    };
+                    Ok::<_, std::convert::Infallible>(res)
                 }
             },
         ));

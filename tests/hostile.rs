@@ -58,11 +58,16 @@ async fn start() -> Server {
         let runs = r.clone();
         async move {
             runs.fetch_add(1, Ordering::SeqCst);
-            let body = req.into_body().collect().await?.to_bytes();
-            Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(format!(
-                "handled {} bytes",
-                body.len()
-            )))))
+            // A body it cannot read is answered 400, as an axum extractor answers it.
+            let answer = match req.into_body().collect().await {
+                Ok(body) => format!("handled {} bytes", body.to_bytes().len()),
+                Err(error) => {
+                    let mut res = Response::new(Full::new(Bytes::from(error.to_string())));
+                    *res.status_mut() = http::StatusCode::BAD_REQUEST;
+                    return Ok(res);
+                }
+            };
+            Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(answer))))
         }
     });
     let body = IdempotencyLayer::new(store.clone())
