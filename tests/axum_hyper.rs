@@ -193,8 +193,17 @@ async fn plain_hyper_server_with_a_body_key() {
                 let runs = r.clone();
                 async move {
                     runs.fetch_add(1, Ordering::SeqCst);
-                    let body = req.into_body().collect().await?.to_bytes();
-                    Ok::<_, hyper::Error>(http::Response::new(Full::new(body)))
+                    // A body that cannot be read is answered 400, as an axum extractor does.
+                    let res = match req.into_body().collect().await {
+                        Ok(body) => http::Response::new(Full::new(body.to_bytes())),
+                        Err(error) => {
+                            let mut res =
+                                http::Response::new(Full::new(Bytes::from(error.to_string())));
+                            *res.status_mut() = StatusCode::BAD_REQUEST;
+                            res
+                        }
+                    };
+                    Ok::<_, std::convert::Infallible>(res)
                 }
             },
         ));
@@ -240,4 +249,54 @@ async fn plain_hyper_server_with_a_body_key() {
     assert_eq!(answers[1].1.as_ref().unwrap(), "duplicate");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     server.abort();
+}
+
+/// An axum handler's body extractor fails once a header-keyed delivery's body has kept it
+/// waiting for the body timeout: axum answers 400, the claim is released, and the genuine
+/// delivery of the same event runs instead of meeting a 409.
+#[tokio::test(start_paused = true)]
+async fn axum_extractor_of_a_stalled_body_fails_and_the_claim_is_released() {
+    let (runs, r) = counter();
+    let app = Router::new().route(
+        "/github",
+        post(move |body: Bytes| {
+            let runs = r.clone();
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                body
+            }
+        })
+        .layer(
+            IdempotencyLayer::new(MemoryStore::new())
+                .key(key::github())
+                .body_timeout(std::time::Duration::from_millis(200)),
+        ),
+    );
+    let stalled = futures_util::stream::pending::<Result<Bytes, std::convert::Infallible>>();
+    let req = Request::post("/github")
+        .header("x-github-delivery", "d-1")
+        .body(Body::from_stream(stalled))
+        .unwrap();
+    let sent = tokio::time::timeout(std::time::Duration::from_secs(60), send(&app, req));
+    let (status, _, body) = sent.await.expect("the delivery ends");
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body:?}");
+    assert!(
+        String::from_utf8_lossy(&body).contains("did not arrive within 200ms"),
+        "{body:?}"
+    );
+
+    let req = Request::post("/github")
+        .header("x-github-delivery", "d-1")
+        .body(Body::from("payload"))
+        .unwrap();
+    let (status, outcome, body) = send(&app, req).await;
+    assert_eq!(
+        (status, outcome, &body[..]),
+        (StatusCode::OK, None, &b"payload"[..])
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the extractor refused the stalled delivery before the handler's code"
+    );
 }

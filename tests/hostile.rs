@@ -2,13 +2,15 @@
 //! server socket, never a panic, a 5xx or unbounded memory (README, "What every delivery gets":
 //! the "no key", "key empty, longer than 255 bytes, or not visible text", "body over the
 //! limit", "body not JSON, field absent, field not a string or integer" and "body that does not
-//! arrive" rows). The handler never runs for any of them.
+//! arrive" rows). The handler never runs for any of them, but for a body that never ends under
+//! a header key: that one reaches the handler, whose read fails once the body timeout passes,
+//! and its claim is released.
 //!
 //! A hyper 1 server serves three routes, each behind the layer over a `MemoryStore`: `/body`
-//! (key `json("/id")`, 1 MiB limit, 500 ms body timeout), `/header` (key `header("x-event-id")`)
-//! and `/fields` (`json_fields(["/customer", "/order"])`). The client is a raw TCP socket, so it
-//! can send what no well-behaved HTTP client would: a 64 MiB body, a chunked body that never
-//! ends, a header that is not UTF-8.
+//! (key `json("/id")`, 1 MiB limit, 500 ms body timeout), `/header` (key `header("x-event-id")`,
+//! 500 ms body timeout) and `/fields` (`json_fields(["/customer", "/order"])`). The client is a
+//! raw TCP socket, so it can send what no well-behaved HTTP client would: a 64 MiB body, a
+//! chunked body that never ends, a header that is not UTF-8.
 
 #![cfg(feature = "memory")]
 
@@ -29,7 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::body::RequestBody;
-use tower_idempotency::store::{Claim, MemoryStore, Store};
+use tower_idempotency::store::{Claim, KeyState, MemoryStore, Store};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Stale, key};
 
 const BODY_TIMEOUT: Duration = Duration::from_millis(500);
@@ -58,11 +60,16 @@ async fn start() -> Server {
         let runs = r.clone();
         async move {
             runs.fetch_add(1, Ordering::SeqCst);
-            let body = req.into_body().collect().await?.to_bytes();
-            Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(format!(
-                "handled {} bytes",
-                body.len()
-            )))))
+            // A body it cannot read is answered 400, as an axum extractor answers it.
+            let answer = match req.into_body().collect().await {
+                Ok(body) => format!("handled {} bytes", body.to_bytes().len()),
+                Err(error) => {
+                    let mut res = Response::new(Full::new(Bytes::from(error.to_string())));
+                    *res.status_mut() = http::StatusCode::BAD_REQUEST;
+                    return Ok(res);
+                }
+            };
+            Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(answer))))
         }
     });
     let body = IdempotencyLayer::new(store.clone())
@@ -71,6 +78,7 @@ async fn start() -> Server {
         .layer(handler.clone());
     let header = IdempotencyLayer::new(store.clone())
         .key(key::header("x-event-id").namespace(ns.clone()))
+        .body_timeout(BODY_TIMEOUT)
         .layer(handler.clone());
     let fields = IdempotencyLayer::new(store.clone())
         .key(key::json_fields(["/customer", "/order"]).namespace(ns.clone()))
@@ -413,6 +421,44 @@ async fn endless_chunked_body_times_out_with_408() {
         ));
     }
     assert_eq!(server.runs.load(Ordering::SeqCst), 0);
+}
+
+/// Promise: with a header key, a chunked body that never ends (a byte every 50 ms, or silence
+/// after the first chunk) holds the event's claim no longer than the body timeout: the
+/// handler's read fails, its 400 releases the claim, and the genuine delivery of the same
+/// event then runs instead of meeting a 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_keyed_endless_body_releases_its_claim() {
+    let server = start().await;
+    for (what, payload) in [("trickle", Payload::Trickle), ("stall", Payload::Stall)] {
+        let id = format!("evt-{what}");
+        let mut head = post("/header", "transfer-encoding: chunked\r\n");
+        head.extend_from_slice(format!("x-event-id: {id}\r\n").as_bytes());
+        let answer = exchange(server.addr, &head, payload).await;
+        assert_eq!(answer.status, 400, "{what}: {answer:?}");
+        let said = String::from_utf8_lossy(&answer.body);
+        assert!(said.contains("did not arrive within"), "{what}: {said}");
+        assert!(
+            answer.took >= BODY_TIMEOUT,
+            "{what}: after {:?}",
+            answer.took
+        );
+        let key = IdempotencyKey::new(server.ns.clone(), id.as_str())
+            .unwrap()
+            .scoped("/header")
+            .unwrap();
+        let record = server.store.describe(&key).await.unwrap().unwrap();
+        assert_eq!(record.state, KeyState::Released, "{what}: {record:?}");
+
+        let genuine = header_key(&server, id.as_bytes()).await;
+        assert_eq!(genuine.status, 200, "{what}: {genuine:?}");
+        report(format!(
+            "endless chunked body on a header key ({what}): the handler's read failed after \
+             {:?} (body_timeout {BODY_TIMEOUT:?}); the claim was released",
+            answer.took
+        ));
+    }
+    assert_eq!(server.runs.load(Ordering::SeqCst), 4);
 }
 
 /// Promise: bodies that are not JSON, or not the JSON expected, are 400 problem+json.

@@ -1262,3 +1262,179 @@ async fn commit_when_takes_a_capturing_closure() {
     let again = svc.oneshot(delivery("e1", "ok")).await.unwrap();
     assert_eq!(again.headers()["idempotency-outcome"], "duplicate");
 }
+
+// ---- A streamed body that does not arrive (header keys) ----
+
+type Streamed = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// One byte every 50 ms: `left` of them, or forever.
+struct Trickle {
+    next: Pin<Box<tokio::time::Sleep>>,
+    left: Option<usize>,
+}
+
+fn trickle(left: Option<usize>) -> Streamed {
+    let next = Box::pin(tokio::time::sleep(Duration::from_millis(50)));
+    Trickle { next, left }.boxed()
+}
+
+impl Body for Trickle {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == Some(0) {
+            return Poll::Ready(None);
+        }
+        std::task::ready!(self.next.as_mut().poll(cx));
+        let at = tokio::time::Instant::now() + Duration::from_millis(50);
+        self.next.as_mut().reset(at);
+        self.left = self.left.map(|n| n - 1);
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b" ")))))
+    }
+}
+
+fn streamed(id: &str, body: Streamed) -> Request<Streamed> {
+    Request::post("/hook")
+        .header("x-event-id", id)
+        .body(body)
+        .unwrap()
+}
+
+/// A handler that reads its whole body and echoes it; a body it cannot read is answered 400
+/// naming the error (as an axum extractor would), or, when it `ignores` the error, 200.
+fn reader(
+    runs: Arc<AtomicUsize>,
+    ignores: bool,
+) -> impl Service<
+    Request<RequestBody<Streamed>>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    service_fn(move |req: Request<RequestBody<Streamed>>| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let answer = match req.into_body().collect().await {
+                Ok(body) => Response::new(Full::new(body.to_bytes())),
+                Err(_) if ignores => Response::new(Full::new(Bytes::new())),
+                Err(error) => {
+                    assert!(
+                        error.is::<tower_idempotency::body::BodyTimeoutError>(),
+                        "{error}"
+                    );
+                    let mut res = Response::new(Full::new(Bytes::from(error.to_string())));
+                    *res.status_mut() = StatusCode::BAD_REQUEST;
+                    res
+                }
+            };
+            Ok::<_, Infallible>(answer)
+        }
+    })
+}
+
+/// Sends `req`, failing (not hanging) if the delivery does not end.
+async fn ended<S>(svc: S, req: Request<Streamed>) -> Res
+where
+    S: Service<Request<Streamed>, Response = Res, Error = Infallible>,
+{
+    tokio::time::timeout(Duration::from_secs(60), svc.oneshot(req))
+        .await
+        .expect("the delivery ends")
+        .unwrap()
+}
+
+/// Promise: a header-keyed delivery whose body stalls or trickles holds its claim for no
+/// longer than the body timeout: reading the body fails, the handler's error answer releases
+/// the claim, and the genuine delivery of the same event then runs.
+#[tokio::test(start_paused = true)]
+async fn header_keyed_body_that_stalls_fails_its_read_and_releases_the_claim() {
+    for (id, body) in [("stall", Endless.boxed()), ("trickle", trickle(None))] {
+        let store = MemoryStore::new();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let svc = layer(store.clone())
+            .body_timeout(Duration::from_millis(200))
+            .layer(reader(runs.clone(), false));
+        let res = ended(svc.clone(), streamed(id, body)).await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{id}");
+        assert_eq!(
+            body_text(res).await,
+            "the request body did not arrive within 200ms"
+        );
+        assert_eq!(record(&store, id).await.state, KeyState::Released, "{id}");
+
+        let genuine = Full::new(Bytes::from_static(b"payload")).boxed();
+        let res = ended(svc, streamed(id, genuine)).await;
+        assert_eq!(res.status(), StatusCode::OK, "{id}: not 409");
+        assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+        assert_eq!(body_text(res).await, "payload");
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+    }
+}
+
+/// Promise: the claim of a delivery whose body did not arrive is released whatever the
+/// handler answers: one that ignores the error and answers 200 (or a 4xx that `commit_when`
+/// commits) is answered 408 problem+json instead, and nothing is committed.
+#[tokio::test(start_paused = true)]
+async fn stalled_body_is_released_whatever_the_handler_answers() {
+    for (ignores, commits_all) in [(true, false), (false, true)] {
+        let store = MemoryStore::new();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let mut configured = layer(store.clone()).body_timeout(Duration::from_millis(200));
+        if commits_all {
+            configured = configured.commit_when(|_| true);
+        }
+        let svc = configured.layer(reader(runs.clone(), ignores));
+        let res = ended(svc.clone(), streamed("e1", Endless.boxed())).await;
+        assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(res.headers()["idempotency-outcome"], "released");
+        assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Released));
+        assert_eq!(res.headers()["connection"], "close");
+        let problem = problem(res).await;
+        assert_eq!(problem["status"], 408, "{problem}");
+        assert_eq!(record(&store, "e1").await.state, KeyState::Released);
+
+        let genuine = Full::new(Bytes::from_static(b"payload")).boxed();
+        let res = ended(svc, streamed("e1", genuine)).await;
+        assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+        assert_eq!(record(&store, "e1").await.state, KeyState::Done);
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+    }
+}
+
+/// Promise: a streamed body that arrives within the body timeout is untouched, however long
+/// the handler works between two reads: only the time it waits for the body counts.
+#[tokio::test(start_paused = true)]
+async fn body_arriving_in_time_is_unaffected() {
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    // Five bytes 50 ms apart: 250 ms in all, within the 1 s timeout.
+    let svc = layer(store.clone())
+        .body_timeout(Duration::from_secs(1))
+        .layer(reader(runs.clone(), false));
+    let res = ended(svc, streamed("slow", trickle(Some(5)))).await;
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    assert_eq!(body_text(res).await, "     ");
+    assert_eq!(record(&store, "slow").await.state, KeyState::Done);
+
+    // A handler that works 3 s after the first byte, then reads the rest.
+    let svc = layer(store.clone())
+        .body_timeout(Duration::from_secs(1))
+        .layer(service_fn(
+            |req: Request<RequestBody<Streamed>>| async move {
+                let mut body = req.into_body();
+                let mut read = body.frame().await.unwrap().unwrap().into_data().unwrap();
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                let rest = body.collect().await.unwrap().to_bytes();
+                read = [read, rest].concat().into();
+                Ok::<_, Infallible>(Response::new(Full::new(read)))
+            },
+        ));
+    let res = ended(svc, streamed("working", trickle(Some(3)))).await;
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
+    assert_eq!(body_text(res).await, "   ");
+}

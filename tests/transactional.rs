@@ -235,7 +235,7 @@ async fn slow_upload_holds_no_connection() {
         .layer(service_fn(
             |req: Request<RequestBody<BoxBody<Bytes, Infallible>>>| async move {
                 // A handler reads its body; here it is already whole.
-                let body = req.into_body().collect().await?.to_bytes();
+                let body = req.into_body().collect().await.unwrap().to_bytes();
                 Ok::<_, Infallible>(Response::new(Full::new(body)))
             },
         ));
@@ -263,4 +263,42 @@ async fn slow_upload_holds_no_connection() {
     assert!(started.elapsed() < Duration::from_secs(1));
     let res = stalled.await.unwrap().unwrap();
     assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
+}
+
+/// Transactional mode reads the whole body before it begins, within the body timeout, so a
+/// header-keyed delivery whose body stalls never opens a transaction or holds its key: it is
+/// answered 408, and the genuine delivery of the same event then runs.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_body_holds_no_key() {
+    use http_body_util::BodyExt;
+    use http_body_util::combinators::BoxBody;
+
+    let store = common::db::sqlite_file_store("transactional")
+        .await
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let svc = TransactionalLayer::new(store)
+        .key(key::header("x-event-id").namespace(common::unique_namespace("tx-stall")))
+        .body_timeout(Duration::from_millis(200))
+        .layer(service_fn(
+            move |_req: Request<RequestBody<BoxBody<Bytes, Infallible>>>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::new()))) }
+            },
+        ));
+    let request = |body: BoxBody<Bytes, Infallible>| {
+        Request::post("/hook")
+            .header("x-event-id", "evt_1")
+            .body(body)
+            .unwrap()
+    };
+    let res = svc.clone().oneshot(request(Stalled.boxed())).await.unwrap();
+    assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let genuine = Full::new(Bytes::from_static(b"{}")).boxed();
+    let res = svc.oneshot(request(genuine)).await.unwrap();
+    assert_eq!(outcome(&res), Outcome::Processed);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

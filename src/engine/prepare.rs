@@ -13,7 +13,7 @@ use crate::body::{RequestBody, ResponseBody};
 use crate::key::{ExtractKey, IdempotencyKey, KeyError};
 use crate::response::{self, Outcome};
 
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) use crate::body::BoxError;
 
 /// What the key of a delivery decided, with what to pass on: the request ([`keyed`]), or its
 /// body ([`key_of`]).

@@ -9,13 +9,16 @@ use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
 use http::{Request, Response};
+use http_body::Body;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::guard::{LeaseGuard, Owner, Settle};
+use super::guard::{LeaseGuard, Leased, Owner, Settle};
 use super::prepare::tagged;
-use crate::body::ResponseBody;
+use crate::body::{BodyWatch, RequestBody, ResponseBody};
+use crate::key::KeyError;
 use crate::replay::Keep;
+use crate::response::{self, Outcome};
 
 /// A panic caught in the inner service.
 pub(crate) type Panic = Box<dyn Any + Send>;
@@ -133,6 +136,9 @@ impl<T: Send + 'static, E: Send + 'static> Drop for Detach<T, E> {
 
 /// Runs the inner service under the guard's claim: starts the heartbeat once the handler has
 /// to wait, then commits or releases as its answer says.
+///
+/// A streamed body is held to the body timeout (see [`RequestBody`]): once it passed, the
+/// claim is released whatever the handler answered, and a success is answered 408 instead.
 // Not an `async fn`, which would hold the request twice (see `service::deliver`).
 #[allow(
     clippy::manual_async_fn,
@@ -141,20 +147,27 @@ impl<T: Send + 'static, E: Send + 'static> Drop for Detach<T, E> {
 pub(crate) fn run<O, S, B, ResB, Kp>(
     mut guard: LeaseGuard<O>,
     inner: S,
-    mut req: Request<B>,
+    mut req: Request<RequestBody<B>>,
     keep: Kp,
 ) -> impl Future<Output = Ran<Response<ResponseBody<ResB>>, S::Error>>
 where
     O: Owner,
-    S: Service<Request<B>, Response = Response<ResB>>,
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
+    B: Body,
     Kp: Keep<ResB>,
 {
     async move {
         guard.start();
         req.extensions_mut().insert(guard.handle());
+        let body = req.body_mut().bound(guard.owner().settings().body_timeout);
         let result = heartbeat(&mut guard, pin!(call(inner, req))).await;
         guard.handler_answered();
         match result {
+            Ok(Ok(res)) if body.as_deref().is_some_and(BodyWatch::timed_out) => {
+                let res = timed_out(&guard, res);
+                let outcome = Box::pin(guard.settle(Settle::Release)).await;
+                Ok(Ok(tagged(res, outcome)))
+            }
             Ok(Ok(res)) => {
                 let commits = guard.owner().settings().commit_when.commits(res.status());
                 let (res, action) = if commits && !keep.stores() {
@@ -184,6 +197,37 @@ where
             }
         }
     }
+}
+
+/// The answer to a delivery whose body did not arrive within the body timeout, which is
+/// released whatever its handler answered: the handler's own answer if it would release anyway
+/// (its extractor's 400, say), else 408, since the handler cannot have had the whole event.
+fn timed_out<O: Owner, ResB>(
+    guard: &LeaseGuard<O>,
+    res: Response<ResB>,
+) -> Response<ResponseBody<ResB>> {
+    let settings = guard.owner().settings();
+    let key = guard.lease().key();
+    let answered = res.status();
+    tracing::warn!(
+        namespace = key.namespace(),
+        key = key.value(),
+        timeout = ?settings.body_timeout,
+        status = answered.as_u16(),
+        "the request body did not arrive within the body timeout; the {} is released \
+         whatever the handler answered",
+        O::WHAT,
+    );
+    if !settings.commit_when.commits(answered) {
+        return res.map(ResponseBody::new);
+    }
+    let mut res = response::rejected(&KeyError::BodyTimeout);
+    res.headers_mut().insert(
+        response::OUTCOME_HEADER,
+        http::HeaderValue::from_static(Outcome::Released.as_str()),
+    );
+    res.extensions_mut().insert(Outcome::Released);
+    res
 }
 
 /// Drives `call` to its end, with the claim's heartbeat going once the handler has to wait.

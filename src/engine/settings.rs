@@ -102,8 +102,16 @@ macro_rules! shared_settings {
             self
         }
 
-        /// How long a buffered body may take to arrive; slower ones get 408. Default: 30
-        /// seconds.
+        /// How long a body may take to arrive. Default: 30 seconds; `Duration::MAX` for no
+        /// limit.
+        ///
+        /// A body the layer buffers (body keys, `verify`, transactional mode) must arrive whole
+        /// within it, or the delivery gets 408 and nothing is claimed. A body passed on to the
+        /// handler of a claimed delivery (header keys) may keep the handler waiting that long
+        /// in all; past it, reading the body fails with
+        /// [`BodyTimeoutError`](crate::body::BodyTimeoutError) and the claim is released
+        /// whatever the handler answers (a success becomes 408), so a body that trickles or
+        /// never comes cannot hold a key.
         pub fn body_timeout(mut self, timeout: ::std::time::Duration) -> Self {
             self.settings.body_timeout = timeout;
             self

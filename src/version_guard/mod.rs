@@ -37,7 +37,7 @@
 //!             let object = &event["data"]["object"];
 //!             let (id, status) = (object["id"].as_str().unwrap(), object["status"].as_str().unwrap());
 //!             db.lock().unwrap().insert(id.to_owned(), status.to_owned());
-//!             Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+//!             Ok::<_, tower_idempotency::body::BoxError>(Response::new(Full::new(Bytes::new())))
 //!         }
 //!     }));
 //!
@@ -87,6 +87,7 @@
 //! | no entity id or no version | **400** problem+json naming what was expected (or run unordered: [`VersionGuardLayer::missing_key`]) | no | unchanged |
 //! | invalid entity id or version, body not JSON | **400** | no | unchanged |
 //! | body over the limit / too slow (body extractors only) | **413** / **408** | no | unchanged |
+//! | header extractors, and the body does not arrive within `body_timeout` | reading it fails: the handler's own answer (an axum extractor's 400), or **408** where the handler answered success | yes | unchanged, pending slot released |
 //! | store failing, or the layer draining | **503** with `Retry-After` | no | unchanged |
 //!
 //! Why 409 for a busy entity: two versions of one entity running at once could let the older
