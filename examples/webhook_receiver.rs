@@ -29,6 +29,12 @@
 //! signature before it claims the key: a forgery gets 401 and claims nothing. Without them
 //! the routes take unsigned deliveries, which the curl demo below sends; a real receiver sets
 //! every secret.
+//!
+//! The operators' routes, `/admin/` (which settles claims), `GET /stuck` (keys in flight) and
+//! `GET /metrics`, ask for HTTP Basic credentials: any user name, the admin token as the
+//! password (`ADMIN_TOKEN`, or the one printed at start). Give Prometheus the same in its
+//! scrape config (`basic_auth`). `GET /side-effects` stays open: it is the demo sender's check
+//! (see `replay_storm`), listing event ids and counts, not something a real receiver serves.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -190,10 +196,20 @@ where
             ops.admin_token.clone(),
             require_admin_token,
         ));
+    // What else only operators see: the keys in flight, and the metrics. Behind the same
+    // check.
     let prometheus = ops.prometheus.clone();
-    let stuck = Router::new()
+    let operators = Router::new()
         .route("/stuck", get(stuck))
-        .with_state(store.clone());
+        .with_state(store.clone())
+        .route(
+            "/metrics",
+            get(move || std::future::ready(prometheus.render())),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            ops.admin_token.clone(),
+            require_admin_token,
+        ));
     Ok(Router::new()
         .route(
             "/webhooks/stripe",
@@ -219,12 +235,8 @@ where
         .route_layer(middleware::from_fn(log_delivery))
         .route("/side-effects", get(side_effects::<S::Database>))
         .with_state(pool.clone())
-        .route(
-            "/metrics",
-            get(move || std::future::ready(prometheus.render())),
-        )
         .nest_service("/admin", admin)
-        .merge(stuck))
+        .merge(operators))
 }
 
 /// What the operators get: the journal the layers write and the page reads, the metrics
@@ -244,8 +256,9 @@ fn admin_token() -> String {
         .unwrap_or_else(|| format!("{:016x}", RandomState::new().hash_one(std::process::id())))
 }
 
-/// The admin page asks for HTTP Basic credentials: any user name, the token as password. A
-/// real service puts its own authentication here.
+/// The operators' routes (the admin page, `/stuck`, `/metrics`) ask for HTTP Basic
+/// credentials: any user name, the token as password. A real service puts its own
+/// authentication here.
 async fn require_admin_token(State(token): State<String>, req: Request, next: Next) -> Response {
     use base64::Engine as _;
     let given = req
@@ -259,15 +272,32 @@ async fn require_admin_token(State(token): State<String>, req: Request, next: Ne
         .as_deref()
         .and_then(|pair| pair.split_once(':'))
         .map(|(_, p)| p);
-    if password == Some(token.as_str()) {
+    if password.is_some_and(|password| same_secret(password, &token)) {
         return next.run(req).await;
     }
     (
         StatusCode::UNAUTHORIZED,
         [(http::header::WWW_AUTHENTICATE, "Basic realm=\"admin\"")],
-        "the admin page needs the token (ADMIN_TOKEN) as the password\n",
+        "the operators' routes need the admin token (ADMIN_TOKEN) as the password\n",
     )
         .into_response()
+}
+
+/// Whether `given` is `secret`, in a time that tells nothing about either: both are hashed
+/// (SHA-256) first, so the comparison always runs over 32 bytes whatever their lengths, and
+/// every byte is compared, with no early exit at the first difference (which `==` has, and
+/// which would let a client find the token byte by byte from the answer times).
+fn same_secret(given: &str, secret: &str) -> bool {
+    use sha2::{Digest, Sha256};
+    let (given, secret) = (Sha256::digest(given), Sha256::digest(secret));
+    // Each step kept opaque, so that the compiler cannot stop at the first difference.
+    let difference = given
+        .iter()
+        .zip(secret.iter())
+        .fold(0u8, |difference, (a, b)| {
+            std::hint::black_box(difference | (a ^ b))
+        });
+    difference == 0
 }
 
 async fn serve(
@@ -284,8 +314,9 @@ async fn serve(
     println!("  POST /webhooks/shopify   key: X-Shopify-Webhook-Id    hold after 30 s silent");
     println!("  POST /webhooks/standard  key: webhook-id / svix-id    reclaim after 10 s silent");
     println!("  POST /api/payments       key: Idempotency-Key         answers replayed");
-    println!("  GET  /side-effects, GET /stuck, GET /metrics");
+    println!("  GET  /side-effects       every side effect recorded (the demo sender's check)");
     println!("  GET  /admin/             the operators' page: user admin, password {admin_token}");
+    println!("  GET  /stuck, /metrics    with the same password");
     let signed: Vec<_> = [
         ("stripe", "STRIPE_WEBHOOK_SECRET"),
         ("github", "GITHUB_WEBHOOK_SECRET"),

@@ -602,6 +602,45 @@ async fn bad_keys_are_400() {
     assert_eq!(server.runs.load(Ordering::SeqCst), 1);
 }
 
+/// Promise: a key holding an invisible format character (a bidirectional override, a
+/// zero-width space, a byte order mark), which could pass for another key on the admin page
+/// and in logs, is 400 problem+json naming the character, in a header or in the body; the
+/// handler never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invisible_and_bidi_keys_are_400() {
+    let server = start().await;
+    for (what, value) in [
+        ("U+202E in a header", "evt_\u{202E}1fed"),
+        ("U+200B in a header", "evt\u{200B}1"),
+    ] {
+        let answer = header_key(&server, value.as_bytes()).await;
+        let problem = answer.assert_problem(400);
+        report(format!("{what}: 400 {}", problem["detail"]));
+    }
+    let body_cases = [
+        ("escaped U+202E", r#""evt_\u202e1""#, "U+202E"),
+        ("escaped U+200B", r#""evt\u200b1""#, "U+200B"),
+        ("raw U+202E", "\"evt_\u{202E}1\"", "U+202E"),
+        ("raw U+FEFF", "\"\u{FEFF}evt_1\"", "U+FEFF"),
+        ("escaped U+2066", r#""evt\u20661\u2069""#, "U+2066"),
+    ];
+    for (what, id, code) in body_cases {
+        for (path, body) in [
+            ("/body", format!(r#"{{"id": {id}}}"#)),
+            ("/fields", format!(r#"{{"customer": "c", "order": {id}}}"#)),
+        ] {
+            let answer = json_to(&server, path, body.as_bytes()).await;
+            let problem = answer.assert_problem(400);
+            let detail = problem["detail"].as_str().unwrap();
+            assert!(detail.contains(code), "{path} {what}: {detail}");
+            report(format!("{path} {what}: 400 {detail}"));
+        }
+    }
+    assert_eq!(server.runs.load(Ordering::SeqCst), 0);
+    let answer = json_to(&server, "/body", br#"{"id": "evt_\u00e91"}"#).await;
+    assert_eq!(answer.status, 200, "visible text is a key: {answer:?}");
+}
+
 /// Promise: a request the server cannot even parse (a raw control character in a header) is
 /// refused by hyper before the layer sees it; the server stays up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -119,6 +119,82 @@ async fn a_closed_pool_is_a_503_with_the_sqlx_error_as_source() {
     assert!(matches!(err, StoreError::Backend(_)));
 }
 
+/// A pool opened with sqlx's default options leaves a new file in a rollback journal, where
+/// claims under a burst wait past the busy timeout: `migrate()` refuses it, naming the mode
+/// and the fix, and creates nothing. Once the file is in WAL, it migrates. An in-memory
+/// database (journal mode `memory`) is accepted: the memory suite above migrates one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_refuses_a_rollback_journal_and_names_the_fix() {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
+    use tower_idempotency::store::ConfigError;
+
+    let path = std::env::temp_dir().join(format!(
+        "tower-idempotency-{}.sqlite3",
+        common::unique_namespace("journal")
+    ));
+    let plain = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect_with(plain.clone())
+        .await
+        .unwrap();
+    let err = SqliteStore::new(pool.clone()).migrate().await.unwrap_err();
+    assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
+    let source = std::error::Error::source(&err).unwrap();
+    assert_eq!(
+        source.downcast_ref::<ConfigError>(),
+        Some(&ConfigError::SqliteJournalMode {
+            mode: "delete".into()
+        }),
+        "{source:?}"
+    );
+    let why = source.to_string();
+    for part in [
+        "journal mode is `delete`",
+        "SqliteConnectOptions::journal_mode(SqliteJournalMode::Wal)",
+        "SqliteStore::open",
+    ] {
+        assert!(why.contains(part), "{why}");
+    }
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_master")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(tables, 0, "nothing was created");
+    pool.close().await;
+
+    // `memory` on a file keeps the rollback journal's locking: refused as well.
+    let memory_journal = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(plain.clone().journal_mode(SqliteJournalMode::Memory))
+        .await
+        .unwrap();
+    let err = SqliteStore::new(memory_journal.clone())
+        .migrate()
+        .await
+        .unwrap_err();
+    let source = std::error::Error::source(&err).unwrap();
+    assert!(source.to_string().contains("`memory`"), "{source}");
+    memory_journal.close().await;
+
+    // The fix the message names.
+    let wal = SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect_with(plain.journal_mode(SqliteJournalMode::Wal))
+        .await
+        .unwrap();
+    let store = SqliteStore::new(wal.clone());
+    store.migrate().await.unwrap();
+    let key = common::key_in(&common::unique_namespace("journal"), "evt_1");
+    common::acquire(&store, &key, common::LONG).await;
+    wal.close().await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
 /// A table made by the first release (no runs, no heartbeat, no `released` state) with rows in
 /// it is rebuilt by `migrate()`, rows kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -192,6 +192,86 @@ fn standard_webhooks_rotation_tolerance_and_versions() {
     );
 }
 
+/// Standard Webhooks: "any matching `v1` passes", whatever else the header lists. An entry
+/// that is not `v1,<base64>` is skipped, before or after the valid one, as Stripe's parser
+/// skips bad `v1=` values; only a header with no usable entry at all is malformed (401
+/// through the layer).
+#[tokio::test]
+async fn standard_webhooks_skips_entries_it_cannot_read() {
+    let headers = |signature: &str| {
+        parts(
+            "/",
+            &[
+                ("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek"),
+                ("webhook-timestamp", "1614265330"),
+                ("webhook-signature", signature),
+            ],
+        )
+    };
+    let now = at(1_614_265_330);
+    let v = verify::standard_webhooks(SVIX_SECRET);
+    for listed in [
+        format!("v1,not*base64! {SVIX_SIGNATURE}"),
+        format!("{SVIX_SIGNATURE} v1,not*base64!"),
+        format!("v1,%%% garbage v1, {SVIX_SIGNATURE} v2,abc v1,===="),
+        format!("  {SVIX_SIGNATURE}  v1a,ZmFrZQ=="),
+    ] {
+        assert_eq!(
+            v.verify_at(&headers(&listed), SVIX_BODY, now),
+            Ok(()),
+            "{listed}"
+        );
+    }
+    for garbage in [
+        "v1,not*base64!",
+        "v1,not*base64! v1,%%%",
+        "garbage",
+        "v1, v1",
+    ] {
+        let refused = v.verify_at(&headers(garbage), SVIX_BODY, now);
+        assert!(
+            matches!(refused, Err(VerifyError::Malformed { .. })),
+            "{garbage}: {refused:?}"
+        );
+    }
+    // A readable signature that does not match is still a mismatch, not skipped into a pass.
+    assert_eq!(
+        v.verify_at(&headers("v1,not*base64! v1,ZmFrZQ=="), SVIX_BODY, now),
+        Err(VerifyError::Mismatch)
+    );
+
+    // Through the layer: the garbage-only header is 401 problem+json and claims nothing; the
+    // valid one listed after garbage is a delivery (signed in 2021: checked with a wide
+    // tolerance).
+    let store = Counting::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(store.clone()).verify(
+        verify::standard_webhooks(SVIX_SECRET).tolerance(Duration::from_secs(100 * 365 * 86_400)),
+    );
+    let svc = counting_body_service(layer, runs.clone());
+    let send = |signature: String| {
+        let req = Request::post("/std")
+            .header("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek")
+            .header("webhook-timestamp", "1614265330")
+            .header("webhook-signature", signature)
+            .body(Full::new(Bytes::from_static(SVIX_BODY)))
+            .unwrap();
+        svc.clone().oneshot(req)
+    };
+    let refused = send("v1,not*base64! v1,%%%".to_owned()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert_eq!(store.calls(), 0);
+    let passed = send(format!("v1,not*base64! {SVIX_SIGNATURE}"))
+        .await
+        .unwrap();
+    assert_eq!(passed.status(), StatusCode::OK);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 // api.slack.com/authentication/verifying-requests-from-slack, the worked example (also in
 // python-slack-sdk's signature verifier test).
 #[test]

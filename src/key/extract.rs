@@ -31,9 +31,9 @@ pub trait ExtractKey: Send + Sync + 'static {
     /// # Panics
     ///
     /// If `namespace` is not a valid namespace (empty, longer than
-    /// [`MAX_NAMESPACE_LEN`](super::MAX_NAMESPACE_LEN), holding control characters or `@`,
-    /// which separates it from its [`Scope`](super::Scope)): a configuration mistake, caught
-    /// when the layer is built.
+    /// [`MAX_NAMESPACE_LEN`](super::MAX_NAMESPACE_LEN), holding control characters,
+    /// invisible format characters (see [`IdempotencyKey`]) or `@`, which separates it from
+    /// its [`Scope`](super::Scope)): a configuration mistake, caught when the layer is built.
     fn namespace(self, namespace: impl Into<Cow<'static, str>>) -> Namespaced<Self>
     where
         Self: Sized,

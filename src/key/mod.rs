@@ -70,7 +70,10 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 
 /// Who sent an event, and the id the sender gave it.
 ///
-/// Both parts are non-empty visible text (no control characters); the value is at most
+/// Both parts are non-empty visible text: no control characters, and no invisible format
+/// characters (zero-width spaces and joiners, bidirectional marks and overrides, the byte
+/// order mark, soft hyphens: Unicode's category `Cf`), which could make one key look like
+/// another on the admin page and in logs. The value is at most
 /// [`MAX_KEY_LEN`] bytes, the namespace at most [`MAX_NAMESPACE_LEN`].
 ///
 /// Cloning is cheap: both parts are shared, not copied.
@@ -230,7 +233,83 @@ fn check_text(what: &'static str, text: &str, max: usize) -> Result<(), KeyError
             "the {what} contains control characters"
         )));
     }
+    if let Some((at, c, kind)) = text
+        .chars()
+        .enumerate()
+        .find_map(|(at, c)| format_character(c).map(|kind| (at, c, kind)))
+    {
+        // The character itself is not repeated: the message is shown where it would hide.
+        return Err(KeyError::invalid(format!(
+            "the {what} contains U+{:04X} ({kind}) at character {}: an invisible format \
+             character, which could make it look like another {what}",
+            u32::from(c),
+            at + 1
+        )));
+    }
     Ok(())
+}
+
+/// Unicode's format characters (general category `Cf`, as of Unicode 15.1), in order: each
+/// range with what it is. They are invisible, or change how the text around them is shown
+/// (`evt_\u{202E}1fed` reads `evt_def1`), so a key holding one could pass for another on the
+/// admin page and in logs. Keys, namespaces and scopes refuse them.
+const FORMAT_CHARACTERS: &[(char, char, &str)] = &[
+    ('\u{00AD}', '\u{00AD}', "soft hyphen"),
+    ('\u{0600}', '\u{0605}', "Arabic number sign"),
+    ('\u{061C}', '\u{061C}', "Arabic letter mark, bidirectional"),
+    ('\u{06DD}', '\u{06DD}', "Arabic end of ayah"),
+    ('\u{070F}', '\u{070F}', "Syriac abbreviation mark"),
+    ('\u{0890}', '\u{0891}', "Arabic currency mark above"),
+    ('\u{08E2}', '\u{08E2}', "Arabic disputed end of ayah"),
+    ('\u{180E}', '\u{180E}', "Mongolian vowel separator"),
+    (
+        '\u{200B}',
+        '\u{200D}',
+        "zero-width space, non-joiner or joiner",
+    ),
+    (
+        '\u{200E}',
+        '\u{200F}',
+        "left-to-right or right-to-left mark",
+    ),
+    (
+        '\u{202A}',
+        '\u{202E}',
+        "bidirectional embedding or override",
+    ),
+    ('\u{2060}', '\u{2064}', "word joiner or invisible operator"),
+    ('\u{2066}', '\u{2069}', "bidirectional isolate"),
+    ('\u{206A}', '\u{206F}', "deprecated shaping control"),
+    (
+        '\u{FEFF}',
+        '\u{FEFF}',
+        "zero-width no-break space, or byte order mark",
+    ),
+    ('\u{FFF9}', '\u{FFFB}', "interlinear annotation control"),
+    ('\u{110BD}', '\u{110BD}', "Kaithi number sign"),
+    ('\u{110CD}', '\u{110CD}', "Kaithi number sign above"),
+    (
+        '\u{13430}',
+        '\u{1343F}',
+        "Egyptian hieroglyph format control",
+    ),
+    ('\u{1BCA0}', '\u{1BCA3}', "shorthand format control"),
+    ('\u{1D173}', '\u{1D17A}', "musical symbol format control"),
+    ('\u{E0001}', '\u{E0001}', "language tag"),
+    ('\u{E0020}', '\u{E007F}', "tag character"),
+];
+
+/// What `c` is, if it is one of the [`FORMAT_CHARACTERS`].
+fn format_character(c: char) -> Option<&'static str> {
+    for &(first, last, kind) in FORMAT_CHARACTERS {
+        if c < first {
+            return None;
+        }
+        if c <= last {
+            return Some(kind);
+        }
+    }
+    None
 }
 
 fn valid_namespace(namespace: Cow<'static, str>) -> Name {
@@ -350,6 +429,73 @@ mod tests {
         );
     }
 
+    #[test]
+    fn invisible_format_characters_are_refused_by_name_and_place() {
+        let err = IdempotencyKey::new("ns", "evt_\u{202E}1fed").unwrap_err();
+        let KeyError::Invalid { reason } = &err else {
+            panic!("{err:?}")
+        };
+        assert!(reason.contains("the key contains U+202E"), "{reason}");
+        assert!(reason.contains("override"), "{reason}");
+        assert!(reason.contains("at character 5"), "{reason}");
+        assert!(
+            !reason.contains('\u{202E}'),
+            "the message does not repeat it: {reason}"
+        );
+        for (value, code) in [
+            ("evt\u{200B}1", "U+200B"),
+            ("\u{FEFF}evt_1", "U+FEFF"),
+            ("evt_1\u{200D}", "U+200D"),
+            ("evt\u{00AD}1", "U+00AD"),
+            ("evt\u{061C}1", "U+061C"),
+            ("evt\u{180E}1", "U+180E"),
+            ("evt\u{2066}1\u{2069}", "U+2066"),
+            ("evt\u{2060}1", "U+2060"),
+            ("evt\u{2064}1", "U+2064"),
+            ("evt\u{FFFA}1", "U+FFFA"),
+            ("evt\u{E0001}1", "U+E0001"),
+            ("evt\u{E0041}1", "U+E0041"),
+        ] {
+            let err = IdempotencyKey::new("ns", value).unwrap_err();
+            assert!(err.to_string().contains(code), "{value:?}: {err}");
+        }
+        let err = IdempotencyKey::new("str\u{200B}ipe".to_owned(), "evt_1").unwrap_err();
+        assert!(
+            err.to_string().contains("the namespace contains U+200B"),
+            "{err}"
+        );
+        // Visible text next to them is text.
+        for visible in ["evt\u{2010}1", "évènement", "ключ", "evt\u{2070}", "日本"] {
+            assert!(IdempotencyKey::new("ns", visible).is_ok(), "{visible:?}");
+        }
+    }
+
+    #[test]
+    fn the_format_table_is_ordered_and_covers_its_ranges() {
+        for pair in FORMAT_CHARACTERS.windows(2) {
+            assert!(pair[0].1 < pair[1].0, "{:?} before {:?}", pair[0], pair[1]);
+        }
+        for &(first, last, kind) in FORMAT_CHARACTERS {
+            assert!(first <= last);
+            assert_eq!(format_character(first), Some(kind));
+            assert_eq!(format_character(last), Some(kind));
+        }
+        assert_eq!(format_character('\u{AC}'), None);
+        assert_eq!(
+            format_character('\u{2065}'),
+            None,
+            "unassigned, not a format character"
+        );
+        assert_eq!(format_character('\u{E0080}'), None);
+        assert_eq!(format_character(char::MAX), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "U+202E")]
+    fn a_namespace_with_a_bidi_override_is_a_configuration_error() {
+        let _ = header("x").namespace("acme\u{202E}");
+    }
+
     /// The checks as they read before the single-pass fast path: `check_text` must agree.
     fn check_text_plainly(text: &str, max: usize) -> Result<(), String> {
         if text.trim().is_empty() {
@@ -364,6 +510,9 @@ mod tests {
         if text.chars().any(char::is_control) {
             return Err("control".into());
         }
+        if text.chars().any(|c| format_character(c).is_some()) {
+            return Err("format".into());
+        }
         Ok(())
     }
 
@@ -374,6 +523,7 @@ mod tests {
                 "[ -~]{0,12}",
                 "[\\x00-\\x20\\x7e-\\u{a0}a\\u{2028}\\u{3000}é]{0,6}",
                 "\\PC{0,8}",
+                "[a\\u{ad}\\u{200b}-\\u{2010}\\u{202e}\\u{2065}\\u{feff}\\u{e0041}]{0,6}",
                 "[a-z]{250,260}",
             ]
         ) {
@@ -385,6 +535,7 @@ mod tests {
                     "empty" => "is empty",
                     "long" => "bytes long",
                     "whitespace" => "whitespace",
+                    "format" => "invisible format character",
                     _ => "control",
                 };
                 proptest::prop_assert!(reason.contains(word), "{:?}: {}", text, reason);

@@ -137,9 +137,9 @@ impl Scope {
     ///
     /// # Panics
     ///
-    /// If `name` is empty, has leading or trailing whitespace or control characters, or is
-    /// longer than [`MAX_NAMESPACE_LEN`]: a configuration mistake, caught when the layer is
-    /// built.
+    /// If `name` is empty, has leading or trailing whitespace, control characters or
+    /// invisible format characters (see [`IdempotencyKey`]), or is longer than
+    /// [`MAX_NAMESPACE_LEN`]: a configuration mistake, caught when the layer is built.
     pub fn named(name: impl Into<Cow<'static, str>>) -> Self {
         let name = name.into();
         if let Err(err) = check_text("scope", &name, MAX_NAMESPACE_LEN) {

@@ -882,6 +882,22 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// The SQLite database is not in WAL mode (nor an in-memory database), which the
+    /// [SQLite store](crate::store::SqliteStore::migrate) refuses: in a rollback journal the
+    /// writer and the readers lock each other out, and under a burst claims wait past the busy
+    /// timeout and are answered 503. Returned by `migrate()` as the source of a
+    /// [`StoreError::Backend`].
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    #[error(
+        "the SQLite database's journal mode is `{mode}`; the store needs WAL (in a rollback \
+         journal, claims under a burst wait past the busy timeout): open the pool with \
+         `SqliteConnectOptions::journal_mode(SqliteJournalMode::Wal)`, or use `SqliteStore::open`"
+    )]
+    SqliteJournalMode {
+        /// The journal mode found, as `PRAGMA journal_mode` answers it (`delete`, say).
+        mode: String,
+    },
 }
 
 #[cfg(all(

@@ -496,7 +496,9 @@ pub fn shopify(secrets: impl Into<Secrets>) -> Verifier {
 /// Standard Webhooks and Svix: `webhook-id`, `webhook-timestamp` and `webhook-signature:
 /// v1,<base64> [v1,<base64>…]` (or the same headers with `svix-`), HMAC-SHA256 of
 /// `<id>.<timestamp>.<body>` keyed with the secret's bytes: the base64 after `whsec_`. Any
-/// `v1` matching any secret passes. Tolerance: 5 minutes, as the specification. Pair it with
+/// `v1` matching any secret passes; entries that are not `v1,<base64>` (another version such
+/// as `v1a`, or text that does not decode) are skipped, and the header is malformed only when
+/// no entry is usable. Tolerance: 5 minutes, as the specification. Pair it with
 /// [`key::standard_webhooks`](crate::key::standard_webhooks).
 ///
 /// Source: the Standard Webhooks specification (github.com/standard-webhooks,

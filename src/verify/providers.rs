@@ -97,15 +97,22 @@ fn standard_webhooks(
     let id = header(parts, &named("id"))?;
     let timestamp = header(parts, &named("timestamp"))?;
     let listed = header(parts, &named("signature"))?;
-    let signatures = listed
+    // As Stripe's: entries of other versions (`v1a`) and `v1` entries that are not base64 (or
+    // empty) are skipped, so that any `v1` that matches passes whatever else is listed.
+    let mut listed_v1 = false;
+    let signatures: Vec<Vec<u8>> = listed
         .split(' ')
         .filter_map(|entry| entry.strip_prefix("v1,"))
-        .map(from_base64)
-        .collect::<Result<Vec<_>, _>>()?;
+        .inspect(|_| listed_v1 = true)
+        .filter_map(|signature| from_base64(signature).ok())
+        .filter(|signature| !signature.is_empty())
+        .collect();
     if signatures.is_empty() {
-        return Err(VerifyError::malformed(
-            "no `v1,` signature (asymmetric `v1a` signatures are not supported)",
-        ));
+        return Err(VerifyError::malformed(if listed_v1 {
+            "no `v1,` signature is base64"
+        } else {
+            "no `v1,` signature (asymmetric `v1a` signatures are not supported)"
+        }));
     }
     fresh(seconds(timestamp)?, now, check.tolerance)?;
     let content = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body];

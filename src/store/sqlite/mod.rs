@@ -20,7 +20,8 @@
 //! # Connecting
 //!
 //! - **A file**: [`SqliteStore::open`] sets what the store needs. With a pool of your own
-//!   ([`SqliteStore::new`]), use WAL (`journal_mode(SqliteJournalMode::Wal)`) so readers do
+//!   ([`SqliteStore::new`]), use WAL (`journal_mode(SqliteJournalMode::Wal)`, not sqlx's
+//!   default; [`migrate`](SqliteStore::migrate) refuses a rollback journal) so readers do
 //!   not block the writer, a busy timeout (`busy_timeout`, 5 s by default in sqlx) so a write
 //!   waits for another process's write lock instead of failing, and `synchronous(Full)` for
 //!   commits that survive a power cut (sqlx's default in WAL mode). Several pools, and several
@@ -205,6 +206,46 @@ impl SqliteStore {
     ///
     /// The store's writes take turns in a queue of its own (see [writers](self#writers));
     /// [`open`](Self::open) shares one queue among the stores of a process on one file.
+    ///
+    /// **The pool must be in WAL mode** (or on an in-memory database), which sqlx does not set
+    /// by default: [`migrate`](Self::migrate) refuses a rollback journal
+    /// ([`ConfigError::SqliteJournalMode`]). There, the writer and the readers lock each other
+    /// out, and under a burst (several stores on one file, hundreds of deliveries) a claim
+    /// waits past the busy timeout and is answered 503. Set it in the connection options:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    /// use tower_idempotency::store::SqliteStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = std::env::temp_dir().join(format!("new-doc-{}", std::process::id()));
+    /// std::fs::create_dir_all(&dir)?;
+    /// let options = SqliteConnectOptions::new()
+    ///     .filename(dir.join("webhooks.db"))
+    ///     .create_if_missing(true)
+    ///     .journal_mode(SqliteJournalMode::Wal) // not sqlx's default
+    ///     .busy_timeout(Duration::from_secs(30));
+    /// let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+    /// let store = SqliteStore::new(pool);
+    /// store.migrate().await?;
+    ///
+    /// // sqlx's default options leave a new file in a rollback journal: refused.
+    /// let plain = SqliteConnectOptions::new()
+    ///     .filename(dir.join("plain.db"))
+    ///     .create_if_missing(true);
+    /// let pool = SqlitePoolOptions::new().connect_with(plain).await?;
+    /// let refused = SqliteStore::new(pool).migrate().await.unwrap_err();
+    /// let why = std::error::Error::source(&refused).unwrap().to_string();
+    /// assert!(why.contains("journal mode is `delete`"), "{why}");
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// [`SqliteStore::open`] sets this and the rest for you.
     pub fn new(pool: SqlitePool) -> Self {
         Self::queued(pool, Writer::queue())
     }
@@ -252,6 +293,10 @@ impl SqliteStore {
     /// Creates the table and its indexes if they do not exist, in one transaction, and
     /// upgrades a table made by an earlier release (rebuilt with the new columns, its rows
     /// kept). Safe to call at every start-up, from several pools at once.
+    ///
+    /// First checks the pool's journal mode: a database that is neither in WAL mode nor in
+    /// memory is refused with [`ConfigError::SqliteJournalMode`] as the error's source, and
+    /// nothing is created (see [`new`](Self::new) for why, and the fix).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         // IMMEDIATE takes the write lock up front, waiting for it under the busy timeout; a
         // deferred transaction could fail to upgrade its read lock instead.
@@ -261,6 +306,7 @@ impl SqliteStore {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .store()?;
+        check_journal_mode(&mut tx).await?;
         let table = &self.table.sql.table;
         let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info(?1)")
             .bind(table.bare())
@@ -391,6 +437,31 @@ impl VersionStore for SqliteStore {
     ) -> Result<bool, StoreError> {
         self.table.resolve_version(entity, how).await
     }
+}
+
+/// Refuses a database that is neither in WAL mode nor in memory (whose journal mode is
+/// `memory`, and cannot be WAL). WAL is a setting of the file, so one connection answers for
+/// the pool; `memory` on a file is refused too, as it keeps the rollback journal's locking.
+async fn check_journal_mode(conn: &mut sqlx::SqliteConnection) -> Result<(), StoreError> {
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut *conn)
+        .await
+        .store()?;
+    let mode = mode.to_ascii_lowercase();
+    if mode == "wal" {
+        return Ok(());
+    }
+    // The main database's file: empty for an in-memory (or a private temporary) database.
+    let file: String = sqlx::query_scalar(
+        "SELECT coalesce(file, '') FROM pragma_database_list WHERE name = 'main'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .store()?;
+    if mode == "memory" && file.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::backend(ConfigError::SqliteJournalMode { mode }))
 }
 
 /// SQLite has one writer at a time: a claim never meets a concurrent write to serialize with.
