@@ -159,13 +159,27 @@ fn assert_problem(answer: &Answer, status: StatusCode) {
 /// The layer's stale policy in these tests: hold a claim not renewed for `SHORT`.
 const HOLD: Stale = Stale::hold_after(SHORT);
 
+/// A stale policy under which a claim taken during a test stays running (not stale) for the
+/// rest of it.
+const LIVE: Stale = Stale::hold_after(Duration::from_secs(600));
+
 /// A delivery of event `id` in namespace `ns` to `/hook` through the layer (holding stale
 /// claims); answers the response's outcome header and whether the handler ran.
 async fn deliver<St: Store + Clone>(store: &St, ns: &str, id: &str) -> (StatusCode, String, bool) {
+    deliver_under(store, ns, id, HOLD).await
+}
+
+/// [`deliver`] through a layer with the stale policy `stale`.
+async fn deliver_under<St: Store + Clone>(
+    store: &St,
+    ns: &str,
+    id: &str,
+    stale: Stale,
+) -> (StatusCode, String, bool) {
     let runs = Arc::new(AtomicUsize::new(0));
     let layer = IdempotencyLayer::new(store.clone())
         .key(key::header("x-event-id").namespace(ns.to_owned()))
-        .stale(HOLD);
+        .stale(stale);
     let res = counting_layer_service(layer, runs.clone())
         .oneshot(delivery(id))
         .await
@@ -300,7 +314,7 @@ async fn resolve_done_makes_the_next_delivery_a_duplicate<St: Store + Clone>(sto
     let _shared = common::SHARED_TABLE.read().await;
     let ns = unique_namespace("admin-done");
     let key = held_claim(&store, &ns, "evt_1").await;
-    let app = mounted(Admin::new(store.clone()));
+    let app = mounted(Admin::new(store.clone()).stale(HOLD));
 
     let resolved = send(
         &app,
@@ -339,7 +353,7 @@ async fn resolve_release_lets_the_next_delivery_run<St: Store + Clone>(store: St
     let _shared = common::SHARED_TABLE.read().await;
     let ns = unique_namespace("admin-release");
     let key = held_claim(&store, &ns, "evt_1").await;
-    let app = mounted(Admin::new(store.clone()));
+    let app = mounted(Admin::new(store.clone()).stale(HOLD));
 
     let resolved = send(
         &app,
@@ -422,7 +436,11 @@ async fn bad_input_is_a_problem<St: Store + Clone>(store: St) {
         json!({ "namespace": key.namespace(), "resolution": "done" }).to_string(),
         json!({ "namespace": key.namespace(), "key": 1, "resolution": "done" }).to_string(),
         json!({ "namespace": key.namespace(), "key": "evt_1", "resolution": "maybe" }).to_string(),
-        json!({ "namespace": key.namespace(), "key": "evt_1", "resolution": "done", "force": true })
+        json!({ "namespace": key.namespace(), "key": "evt_1", "resolution": "done", "forced": true })
+            .to_string(),
+        json!({ "namespace": key.namespace(), "key": "evt_1", "resolution": "done", "force": "yes" })
+            .to_string(),
+        json!({ "namespace": key.namespace(), "key": "evt_1", "resolution": "done", "force": 1 })
             .to_string(),
         json!({ "namespace": key.namespace(), "key": "evt\n1", "resolution": "done" }).to_string(),
         json!({ "namespace": "", "key": "evt_1", "resolution": "done" }).to_string(),
@@ -475,7 +493,7 @@ async fn cross_site_posts_are_refused<St: Store + Clone>(store: St) {
     let _shared = common::SHARED_TABLE.read().await;
     let ns = unique_namespace("admin-csrf");
     let key = held_claim(&store, &ns, "evt_1").await;
-    let app = mounted(Admin::new(store.clone()));
+    let app = mounted(Admin::new(store.clone()).stale(HOLD));
     let form = format!(
         "namespace={}&key=evt_1&resolution=done",
         encode(key.namespace())
@@ -575,12 +593,13 @@ async fn every_route_is_behind_the_auth_layer<St: Store + Clone>(store: St) {
 
     // `.layer` on the application's router: every path under it, unknown ones too.
     let layered = Router::new()
-        .nest("/admin", Admin::new(store.clone()).router())
+        .nest("/admin", Admin::new(store.clone()).stale(HOLD).router())
         .layer(middleware::from_fn(require_token));
     // `.route_layer` on the admin router: every route it has.
     let route_layered = Router::new().nest(
         "/admin",
         Admin::new(store.clone())
+            .stale(HOLD)
             .router()
             .route_layer(middleware::from_fn(require_token)),
     );
@@ -612,6 +631,8 @@ async fn every_route_is_behind_the_auth_layer<St: Store + Clone>(store: St) {
         let (Claim::Acquired(_) | Claim::Held(_)) = store.claim(&key, HOLD).await.unwrap() else {
             panic!("the key is free or held")
         };
+        // Not renewed past the stale limit: held, so resolving needs no force.
+        tokio::time::sleep(PAST_SHORT).await;
         for (method, uri, body) in routes() {
             let answer = send(app, request(&method, &uri, &body, Some("Bearer let-me-in"))).await;
             assert_eq!(
@@ -622,6 +643,128 @@ async fn every_route_is_behind_the_auth_layer<St: Store + Clone>(store: St) {
             );
         }
     }
+}
+
+/// The entry of `key` in `GET /claims?older_than_s=0` of `app`.
+async fn listed_entry(app: &Router, key: &IdempotencyKey) -> Value {
+    let listed = send(app, get("/admin/claims?older_than_s=0")).await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.text);
+    let entry = listed
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|claim| claim["namespace"] == key.namespace() && claim["key"] == key.value())
+        .cloned();
+    entry.unwrap_or_else(|| panic!("{key} not listed: {}", listed.text))
+}
+
+async fn a_running_claim_is_resolved_only_when_forced<St: Store + Clone>(store: St) {
+    let _shared = common::SHARED_TABLE.read().await;
+    let ns = unique_namespace("admin-running");
+    let key = key_in(&ns, "evt_1").scoped("/hook").unwrap();
+    // A live owner: claimed just now under a limit the test never reaches.
+    let Claim::Acquired(lease) = store.claim(&key, LIVE).await.unwrap() else {
+        panic!("claim {key}")
+    };
+    let app = mounted(Admin::new(store.clone()).stale(LIVE));
+
+    let entry = listed_entry(&app, &key).await;
+    assert_eq!(entry["state"], "running", "{entry}");
+    assert!(
+        entry["why"].as_str().unwrap().contains("renewed it within"),
+        "{entry}"
+    );
+    let left = entry["stale_in_s"].as_f64().unwrap();
+    assert!(left > 500.0 && left <= 600.0, "{entry}");
+
+    // Refused, without `force` or with it false; the claim is untouched.
+    for resolution in ["release", "done"] {
+        for body in [
+            resolve_body(&key, resolution),
+            json!({
+                "namespace": key.namespace(), "key": key.value(),
+                "resolution": resolution, "force": false,
+            })
+            .to_string(),
+        ] {
+            let refused = send(&app, post_json("/admin/keys/resolve", body)).await;
+            assert_problem(&refused, StatusCode::CONFLICT);
+            let detail = refused.body["detail"].as_str().unwrap();
+            assert!(detail.contains("running"), "{detail}");
+            assert!(detail.contains("renewed it"), "{detail}");
+            assert!(detail.contains("force"), "{detail}");
+        }
+    }
+    let described = send(&app, get(&describe_uri(&key))).await;
+    assert_eq!(described.body["state"], "processing", "{}", described.text);
+    let (status, outcome, ran) = deliver_under(&store, &ns, "evt_1", LIVE).await;
+    assert_eq!(
+        (status, outcome.as_str(), ran),
+        (StatusCode::CONFLICT, "in-flight", false),
+        "the next delivery still sees it in flight"
+    );
+    store
+        .renew(&lease)
+        .await
+        .expect("the owner still holds its lease");
+
+    // Forced: released, the owner's lease is fenced off, the next delivery runs.
+    let forced = json!({
+        "namespace": key.namespace(), "key": key.value(),
+        "resolution": "release", "force": true,
+    });
+    let resolved = send(&app, post_json("/admin/keys/resolve", forced.to_string())).await;
+    assert_eq!(resolved.status, StatusCode::OK, "{}", resolved.text);
+    assert_eq!(resolved.body, json!({ "resolved": true }));
+    let described = send(&app, get(&describe_uri(&key))).await;
+    assert_eq!(described.body["state"], "released", "{}", described.text);
+    assert!(
+        matches!(store.commit(&lease).await, Err(StoreError::LeaseLost)),
+        "the owner's later commit fails"
+    );
+    let (status, outcome, ran) = deliver_under(&store, &ns, "evt_1", LIVE).await;
+    assert_eq!((status, outcome.as_str(), ran), (StatusCode::OK, "", true));
+}
+
+async fn a_stale_claim_is_listed_as_such_and_resolved<St: Store + Clone>(store: St) {
+    let _shared = common::SHARED_TABLE.read().await;
+    let ns = unique_namespace("admin-stale");
+    let key = held_claim(&store, &ns, "evt_1").await;
+
+    // Under the hold policy it is held; under reclaim, stale (the next delivery takes it).
+    let held = listed_entry(&mounted(Admin::new(store.clone()).stale(HOLD)), &key).await;
+    assert_eq!(held["state"], "held", "{held}");
+    assert!(
+        held["why"].as_str().unwrap().contains("hold policy"),
+        "{held}"
+    );
+    assert_eq!(held["stale_in_s"], Value::Null, "{held}");
+    let reclaim = Stale::reclaim_after(SHORT);
+    let stale = listed_entry(&mounted(Admin::new(store.clone()).stale(reclaim)), &key).await;
+    assert_eq!(stale["state"], "stale", "{stale}");
+    assert!(
+        stale["why"].as_str().unwrap().contains("reclaims"),
+        "{stale}"
+    );
+    // Under the default limit of 30 s, the same claim is still running.
+    let default = listed_entry(&mounted(Admin::new(store.clone())), &key).await;
+    assert_eq!(default["state"], "running", "{default}");
+
+    // Past the limit: resolved without `force`.
+    let app = mounted(Admin::new(store.clone()).stale(HOLD));
+    let resolved = send(
+        &app,
+        post_json("/admin/keys/resolve", resolve_body(&key, "done")),
+    )
+    .await;
+    assert_eq!(resolved.status, StatusCode::OK, "{}", resolved.text);
+    assert_eq!(resolved.body, json!({ "resolved": true }));
+    let (status, outcome, ran) = deliver(&store, &ns, "evt_1").await;
+    assert_eq!(
+        (status, outcome.as_str(), ran),
+        (StatusCode::OK, "duplicate", false)
+    );
 }
 
 macro_rules! admin_suite {
@@ -649,6 +792,18 @@ macro_rules! admin_suite {
             async fn resolve_release_lets_the_next_delivery_run() {
                 let Some(store) = $store else { return };
                 super::resolve_release_lets_the_next_delivery_run(store).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_running_claim_is_resolved_only_when_forced() {
+                let Some(store) = $store else { return };
+                super::a_running_claim_is_resolved_only_when_forced(store).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_stale_claim_is_listed_as_such_and_resolved() {
+                let Some(store) = $store else { return };
+                super::a_stale_claim_is_listed_as_such_and_resolved(store).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

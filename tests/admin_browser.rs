@@ -1,7 +1,10 @@
 //! The admin page in a real browser: headless Chromium driven by chromedriver through the W3C
-//! WebDriver protocol (plain HTTP and JSON, no client library). The page lists a held claim,
-//! an operator clicks "Mark done" or "Release" and accepts the confirmation, and the next
-//! delivery through the layer is a duplicate, or runs.
+//! WebDriver protocol (plain HTTP and JSON, no client library). The page is opened behind HTTP
+//! Basic authentication with the credentials in its address (`http://user:pass@host/admin/`),
+//! as an operator may; it lists a held claim, an operator clicks "Mark done" or "Release" and
+//! accepts the confirmation, and the next delivery through the layer is a duplicate, or runs.
+//! A claim whose owner still renews it is shown as running, its buttons disabled; the ages
+//! on the page tick; a line counts the claims.
 //!
 //! Needs `chromium` and `chromedriver` (Debian: `apt-get install chromium chromium-driver`).
 //! Without them the tests are skipped, loudly, or fail when `CI` is set.
@@ -16,6 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::extract::Request as AxumRequest;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response as AxumResponse};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -205,6 +211,20 @@ impl Driver {
         found.as_array().map_or(0, Vec::len)
     }
 
+    /// The text of `element` now.
+    async fn text(&self, element: &str) -> String {
+        let path = format!("/element/{element}/text");
+        let text = self.command(Method::GET, &path, None).await;
+        text.as_str().unwrap_or_default().to_owned()
+    }
+
+    /// The computed value of the CSS `property` of `element`.
+    async fn css(&self, element: &str, property: &str) -> String {
+        let path = format!("/element/{element}/css/{property}");
+        let value = self.command(Method::GET, &path, None).await;
+        value.as_str().unwrap_or_default().to_owned()
+    }
+
     async fn click(&self, element: &str) {
         let path = format!("/element/{element}/click");
         self.command(Method::POST, &path, Some(json!({}))).await;
@@ -287,13 +307,50 @@ const HOSTILE: &str = "<img src=x onerror=alert(1)>";
 /// The layer's stale policy: hold claims not renewed for `SHORT`.
 const HOLD: Stale = Stale::hold_after(SHORT);
 
-/// Serves the admin router at `/admin` on a loopback port; answers the port.
-async fn serve_admin(store: MemoryStore) -> u16 {
-    let app = Router::new().nest_service("/admin", Admin::new(store).stuck_after(SHORT).router());
+/// The operator's credentials, as the page's address carries them (`user:pass@`).
+const CREDENTIALS: &str = "user:pass";
+
+/// `Basic` and the base64 of [`CREDENTIALS`].
+const BASIC: &str = "Basic dXNlcjpwYXNz";
+
+/// The application's HTTP Basic authentication: 401 with a challenge (the browser then sends
+/// the credentials of the address) unless the request carries them. Counts the requests for
+/// the list of claims that it lets through.
+async fn basic_auth(listed: Arc<AtomicUsize>, req: AxumRequest, next: Next) -> AxumResponse {
+    match req.headers().get(http::header::AUTHORIZATION) {
+        Some(value) if value == BASIC => {
+            if req.uri().path().ends_with("/claims") {
+                listed.fetch_add(1, Ordering::SeqCst);
+            }
+            next.run(req).await
+        }
+        _ => (
+            StatusCode::UNAUTHORIZED,
+            [(http::header::WWW_AUTHENTICATE, "Basic realm=\"admin\"")],
+        )
+            .into_response(),
+    }
+}
+
+/// Serves `admin` at `/admin` on a loopback port, behind HTTP Basic authentication; answers
+/// the port and the count of list requests.
+async fn serve_admin(admin: Admin<MemoryStore>) -> (u16, Arc<AtomicUsize>) {
+    let listed = Arc::new(AtomicUsize::new(0));
+    let counter = listed.clone();
+    let app = Router::new()
+        .nest_service("/admin", admin.router())
+        .layer(middleware::from_fn(move |req, next| {
+            basic_auth(counter.clone(), req, next)
+        }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move { axum::serve(listener, app).await });
-    port
+    (port, listed)
+}
+
+/// The page's address with the credentials in it.
+fn address(port: u16, path: &str) -> String {
+    format!("http://{CREDENTIALS}@127.0.0.1:{port}{path}")
 }
 
 /// A claim on `id` in `ns`, as the layer stores it for `/hook`, whose owner died at once.
@@ -341,12 +398,11 @@ async fn resolve_in_the_browser(
     let (outcome, ran) = deliver(&store, &ns, id).await;
     assert_eq!((outcome.as_str(), ran), ("held", false), "held before");
 
-    let port = serve_admin(store.clone()).await;
+    let admin = Admin::new(store.clone()).stuck_after(SHORT).stale(HOLD);
+    let (port, _) = serve_admin(admin).await;
     let mut driver = Driver::start(&driver_path).await;
     driver.open(&browser).await;
-    driver
-        .navigate(&format!("http://127.0.0.1:{port}{path}"))
-        .await;
+    driver.navigate(&address(port, path)).await;
 
     let row = format!("//tr[td[normalize-space()='{id}']]");
     driver
@@ -356,10 +412,15 @@ async fn resolve_in_the_browser(
         ))
         .await;
     let runs = driver.wait_for(&format!("{row}/td[6]")).await;
-    let text = driver
-        .command(Method::GET, &format!("/element/{runs}/text"), None)
+    assert_eq!(driver.text(&runs).await, "1", "the runs column");
+    driver
+        .wait_for(&format!(
+            "{row}/td[7][starts-with(normalize-space(), 'Held')]"
+        ))
         .await;
-    assert_eq!(text, "1", "the runs column");
+    driver
+        .wait_for("//p[@id='claims-count'][contains(., '2 of 2 claims listed: 2 held.')]")
+        .await;
     // Shown as text: no element was made of it, no script ran.
     driver
         .wait_for(&format!("//td[normalize-space()='{HOSTILE}']"))
@@ -406,4 +467,104 @@ async fn release_in_the_browser_lets_the_next_delivery_run() {
     };
     let (outcome, ran) = deliver(&store, &ns, "evt_browser").await;
     assert_eq!((outcome.as_str(), ran), ("", true));
+}
+
+/// A claim whose owner renews it (every 50 ms, under a stale limit of `SHORT`) and one held,
+/// on a page opened with credentials in its address: both listed, the running one as running
+/// with its buttons disabled until the force box is ticked; the ages tick; a line counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_tells_running_from_held_and_its_ages_tick() {
+    let Some((driver_path, browser)) = browser_tools() else {
+        return;
+    };
+    let store = MemoryStore::new();
+    let ns = unique_namespace("browser-running");
+    let held = held_claim(&store, &ns, "evt_held").await;
+    let running = key_in(&ns, "evt_running").scoped("/hook").unwrap();
+    let Claim::Acquired(lease) = store.claim(&running, HOLD).await.unwrap() else {
+        panic!("claim {running}")
+    };
+    let owner = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            loop {
+                store.renew(&lease).await.expect("renew");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+
+    // Every claim is listed at once, running or not.
+    let admin = Admin::new(store.clone())
+        .stuck_after(Duration::ZERO)
+        .stale(HOLD);
+    let (port, listed) = serve_admin(admin).await;
+    let mut driver = Driver::start(&driver_path).await;
+    driver.open(&browser).await;
+    driver.navigate(&address(port, "/admin/")).await;
+
+    let held_row = "//tr[td[normalize-space()='evt_held']]";
+    let running_row = "//tr[td[normalize-space()='evt_running']]";
+    let namespace = driver
+        .wait_for(&format!(
+            "{held_row}/td[normalize-space()='{}']",
+            held.namespace()
+        ))
+        .await;
+    assert_eq!(driver.css(&namespace, "white-space").await, "nowrap");
+    driver
+        .wait_for(&format!(
+            "{held_row}/td[7][starts-with(normalize-space(), 'Held')]"
+        ))
+        .await;
+    driver
+        .wait_for(&format!(
+            "{running_row}/td[7][starts-with(normalize-space(), 'Running')]"
+        ))
+        .await;
+    driver
+        .wait_for(
+            "//p[@id='claims-count'][contains(., '2 of 2 claims listed: 1 held, 1 running.')]",
+        )
+        .await;
+    // Held: its buttons work. Running: disabled, until the force box is ticked.
+    driver
+        .wait_for(&format!(
+            "{held_row}//button[normalize-space()='Mark done'][not(@disabled)]"
+        ))
+        .await;
+    for button in ["Mark done", "Release"] {
+        driver
+            .wait_for(&format!(
+                "{running_row}//button[normalize-space()='{button}'][@disabled]"
+            ))
+            .await;
+    }
+    let force = driver.wait_for("//input[@id='force']").await;
+    driver.click(&force).await;
+    driver
+        .wait_for(&format!(
+            "{running_row}//button[normalize-space()='Release'][not(@disabled)]"
+        ))
+        .await;
+
+    // The age of the held claim moves on while the page keeps the list it has: it ticks.
+    let claimed = format!("{held_row}/td[3]");
+    let mut ticked = false;
+    for _ in 0..5 {
+        let before_list = listed.load(Ordering::SeqCst);
+        let before = driver.text(&driver.wait_for(&claimed).await).await;
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let after = driver.text(&driver.wait_for(&claimed).await).await;
+        if listed.load(Ordering::SeqCst) != before_list {
+            continue; // the page read the list again meanwhile: try once more
+        }
+        assert!(before.ends_with(" s ago"), "{before:?}");
+        assert_ne!(before, after, "the age froze");
+        ticked = true;
+        break;
+    }
+    assert!(ticked, "the page never kept its list for 2.5 s");
+    drop(driver);
+    owner.abort();
 }

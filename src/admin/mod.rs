@@ -24,14 +24,15 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let store = MemoryStore::new();
+//! // The layer's stale policy; the router is told the same.
+//! let stale = Stale::hold_after(Duration::ZERO);
 //! let app = Router::new()
-//!     .nest("/admin", Admin::new(store.clone()).router())
+//!     .nest("/admin", Admin::new(store.clone()).stale(stale).router())
 //!     .layer(middleware::from_fn(require_token));
 //!
 //! // A claim whose owner died: nobody renews it.
 //! let key = IdempotencyKey::new("github@/webhooks/github", "d-1").unwrap();
-//! let Ok(Claim::Acquired(_lease)) = store.claim(&key, Stale::hold_after(Duration::ZERO)).await
-//! else { panic!("claimed") };
+//! let Ok(Claim::Acquired(_lease)) = store.claim(&key, stale).await else { panic!("claimed") };
 //!
 //! let get = |uri: &str, token: Option<&str>| {
 //!     let mut req = http::Request::get(uri);
@@ -49,6 +50,7 @@
 //! let claims: serde_json::Value = serde_json::from_slice(&body).unwrap();
 //! assert_eq!(claims[0]["namespace"], "github@/webhooks/github");
 //! assert_eq!(claims[0]["key"], "d-1");
+//! assert_eq!(claims[0]["state"], "held");
 //!
 //! // Mark it done by hand: the sender's next retry is answered as a duplicate.
 //! let resolve = http::Request::post("/admin/keys/resolve")
@@ -62,10 +64,17 @@
 //! # }
 //! ```
 //!
-//! The page calls the routes by relative URLs, so it works under any prefix, served at
-//! `/admin` as at `/admin/`. Which of the two answers is the application's router's choice:
-//! axum 0.8's [`Router::nest`] answers `/admin` only; [`Router::nest_service`] hands both to
-//! this router.
+//! Tell the router the layer's stale limit and policy with [`Admin::stale`] (the same
+//! [`Stale`] as the layer's): it then tells a claim whose owner still renews it
+//! (*running*) from one whose owner stopped (*stale*, or *held* under the hold policy), and
+//! refuses to resolve a running claim unless asked to force it.
+//!
+//! The page calls the routes by URLs made from its own path and `location.origin`, so it works
+//! under any prefix, served at `/admin` as at `/admin/`, and opened as
+//! `https://user:pass@host/admin/` too (a browser refuses `fetch` of a URL with credentials in
+//! it, which a relative URL under such a page is). Which of `/admin` and `/admin/` answers is
+//! the application's router's choice: axum 0.8's [`Router::nest`] answers `/admin` only;
+//! [`Router::nest_service`] hands both to this router.
 //!
 //! # Never without authentication
 //!
@@ -84,10 +93,10 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /` | the page: held and stuck claims with buttons to resolve them, a form to look up one key |
-//! | `GET /claims?older_than_s=N&limit=L` | `processing` claims not renewed for `N` seconds (default [`stuck_after`](Admin::stuck_after)), longest silent first, the first `L` of them (100 unless said, 1 to 1000): `[{namespace, key, age_s, since_renewal_s, deliveries, runs, renewed_ago_s}]`; the `x-total-count` header counts them all |
+//! | `GET /` | the page: held, stale and (with a short time) running claims, how many, why each is listed, ages that keep moving, buttons to resolve them (for running claims only with the force box ticked), a form to look up one key |
+//! | `GET /claims?older_than_s=N&limit=L` | `processing` claims not renewed for `N` seconds (default [`stuck_after`](Admin::stuck_after)), longest silent first, the first `L` of them (100 unless said, 1 to 1000): `[{namespace, key, age_s, since_renewal_s, deliveries, runs, renewed_ago_s, state, why, stale_in_s}]`; the `x-total-count` header counts them all |
 //! | `GET /keys?namespace=NS&key=K` | one key's record: `{namespace, key, state, deliveries, runs, reclaimed, first_seen_ago_s, last_seen_ago_s, claimed_ago_s, renewed_ago_s, settled_ago_s, receipt}`, 404 if the store does not know it |
-//! | `POST /keys/resolve` `{namespace, key, resolution: "done" \| "release"}` | `{resolved}`: whether there was a `processing` claim to settle |
+//! | `POST /keys/resolve` `{namespace, key, resolution: "done" \| "release", force?}` | `{resolved}`: whether there was a `processing` claim to settle; 409 for a running claim unless `force` is `true` |
 //! | `POST /purge` `{older_than_s?}` | `{purged}`: `done` and `released` keys settled that long ago (default [`retention`](Admin::retention)) deleted |
 //!
 //! `namespace` is the namespace as stored, with the [scope](crate::Scope) joined to it
@@ -97,15 +106,34 @@
 //! [receipt](crate::store::Receipt): the fingerprint in hex and the stored response's status,
 //! each `null` when not kept.
 //!
+//! `state` in the list says why a claim is listed, judged by the [stale limit](Admin::stale)
+//! against its latest heartbeat (`renewed_ago_s`, or `since_renewal_s` when that is `null`):
+//! `running` when its owner renewed it within the limit (its handler runs: listed only because
+//! `older_than_s` is below the limit), `stale` when the owner stopped renewing it and the
+//! reclaim policy takes it over at the next delivery, `held` when the owner stopped and the
+//! hold policy leaves it for a person. `why` says the same in a sentence; `stale_in_s` is how
+//! long a running claim has left before it turns stale unless renewed again (`null` for the
+//! others).
+//!
 //! Errors are `application/problem+json` (RFC 9457: `title`, `status`, `detail`): 400 for a
 //! body that is no JSON or a query that does not parse, 422 for JSON of the wrong shape, 404
-//! for an unknown key or route, 405 for a wrong method, 413 for a body over 64 KiB, 415 and
-//! 403 as below, and 503 when the store fails (the error is logged at `ERROR`).
+//! for an unknown key or route, 405 for a wrong method, 409 for resolving a running claim
+//! without `force`, 413 for a body over 64 KiB, 415 and 403 as below, and 503 when the store
+//! fails (the error is logged at `ERROR`).
 //!
 //! Resolving by hand is a decision about work nobody can see any more: `done` when the side
 //! effect happened (further deliveries are duplicates), `release` when it did not (the next
 //! delivery runs the handler). A purge with a short `older_than_s` forgets keys the senders may
 //! still retry: their retries then run again.
+//!
+//! A *running* claim is different: its handler is still at work. Releasing it lets the next
+//! delivery run beside it; marking it done answers duplicates for work that may yet fail. So
+//! `POST /keys/resolve` reads the claim first and answers 409 (saying how long ago it was
+//! renewed) when its owner renewed it within the stale limit, unless the body says
+//! `"force": true`. The read and the resolve are two steps: an owner that renews in between
+//! (one paused past the limit, then back) is resolved all the same. Its lease is fenced, so
+//! its later renewal or commit then fails as a lost lease and changes nothing; that is also
+//! what `force` accepts for a claim known to be running.
 //!
 //! # Cross-site requests are refused
 //!
@@ -141,7 +169,7 @@ use axum::Router;
 use axum::routing::{get, post};
 
 use crate::journal::Journal;
-use crate::store::{DEFAULT_RETENTION, Store};
+use crate::store::{DEFAULT_RETENTION, Stale, Store};
 
 /// The default of [`Admin::stuck_after`]: a claim not renewed for a minute is listed.
 pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(60);
@@ -152,19 +180,35 @@ pub struct Admin<St> {
     store: St,
     retention: Duration,
     stuck_after: Duration,
+    stale: Stale,
     journal: Option<Journal>,
 }
 
 impl<St: Store + Clone> Admin<St> {
     /// The router's settings for `store`: the retention of [`DEFAULT_RETENTION`] for
-    /// `POST /purge`, claims not renewed for [`DEFAULT_STUCK_AFTER`] listed as stuck.
+    /// `POST /purge`, claims not renewed for [`DEFAULT_STUCK_AFTER`] listed as stuck, the
+    /// default [`Stale`] (reclaim after 30 seconds) to tell running claims from stale ones.
     pub fn new(store: St) -> Self {
         Self {
             store,
             retention: DEFAULT_RETENTION,
             stuck_after: DEFAULT_STUCK_AFTER,
+            stale: Stale::default(),
             journal: None,
         }
+    }
+
+    /// The stale limit and policy of the layer in front of the store: use the same [`Stale`]
+    /// as the layer ([`IdempotencyLayer::stale`](crate::IdempotencyLayer::stale)).
+    ///
+    /// A claim renewed within its limit is *running*: `GET /claims` says so, and
+    /// `POST /keys/resolve` refuses it with 409 unless the body says `"force": true`. Past the
+    /// limit it is *held* under [`Stale::hold_after`] and *stale* (reclaimed by the next
+    /// delivery) under [`Stale::reclaim_after`]. When layers with different limits share the
+    /// store, give the longest: a shorter one would call their running claims stale.
+    pub fn stale(mut self, stale: Stale) -> Self {
+        self.stale = stale;
+        self
     }
 
     /// Reads the layer's [`Journal`] too: `GET /keys` then also answers the key's latest
@@ -198,6 +242,7 @@ impl<St: Store + Clone> Admin<St> {
             store: self.store.clone(),
             retention: self.retention,
             stuck_after: self.stuck_after,
+            stale: self.stale,
             journal: self.journal.clone(),
         });
         Router::new()
@@ -218,6 +263,7 @@ impl<St> fmt::Debug for Admin<St> {
         f.debug_struct("Admin")
             .field("retention", &self.retention)
             .field("stuck_after", &self.stuck_after)
+            .field("stale", &self.stale)
             .finish_non_exhaustive()
     }
 }

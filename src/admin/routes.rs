@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 use super::Admin;
 use super::problem::{Problem, json};
 use crate::key::IdempotencyKey;
-use crate::store::{KeyRecord, Resolution, Store};
+use crate::store::{KeyRecord, KeyState, Resolution, Stale, StalePolicy, Store};
 
 /// The largest body a route reads: its JSON is a few short fields.
 const BODY_LIMIT: usize = 64 * 1024;
@@ -60,9 +60,12 @@ pub(super) async fn claims<St: Store + Clone>(
     let stuck = admin.store.stuck_claims(older_than).await?;
     let total = stuck.len();
     let store = &admin.store;
+    let stale = admin.stale;
     let listed: Vec<Value> = stream::iter(stuck.into_iter().take(limit))
         .map(|claim| async move {
             let record = store.describe(&claim.key).await?;
+            let renewed_ago = record.as_ref().and_then(|record| record.renewed_ago);
+            let standing = Standing::of(stale, renewed_ago.unwrap_or(claim.since_renewal));
             Ok::<_, Problem>(json!({
                 "namespace": claim.key.namespace(),
                 "key": claim.key.value(),
@@ -70,7 +73,10 @@ pub(super) async fn claims<St: Store + Clone>(
                 "since_renewal_s": seconds(claim.since_renewal),
                 "deliveries": claim.deliveries,
                 "runs": record.as_ref().map(|record| record.runs),
-                "renewed_ago_s": record.and_then(|record| record.renewed_ago).map(seconds),
+                "renewed_ago_s": renewed_ago.map(seconds),
+                "state": standing.as_str(),
+                "why": standing.why(stale),
+                "stale_in_s": standing.stale_in().map(seconds),
             }))
         })
         .buffered(DESCRIBE_AT_ONCE)
@@ -120,7 +126,8 @@ pub(super) async fn describe<St: Store + Clone>(
     }
 }
 
-/// `POST /keys/resolve` `{namespace, key, resolution}`
+/// `POST /keys/resolve` `{namespace, key, resolution, force?}`: 409 for a running claim
+/// unless `force` is `true`.
 pub(super) async fn resolve<St: Store + Clone>(
     State(admin): Shared<St>,
     body: Body,
@@ -137,11 +144,37 @@ pub(super) async fn resolve<St: Store + Clone>(
             )));
         }
     };
+    let force = fields.flag("force")?;
     fields.no_others()?;
     let key = IdempotencyKey::new(namespace, value)
         .map_err(|err| Problem::unprocessable(format!("not a key: {err}")))?;
+    // Read right before resolving: an owner that renews between the two steps is resolved
+    // all the same, and its fenced lease fails its next renewal or commit (see the module
+    // documentation).
+    let renewed_ago = match admin.store.describe(&key).await? {
+        Some(record) if record.state == KeyState::Processing => record.renewed_ago,
+        _ => None,
+    };
+    let running = renewed_ago.filter(|ago| !admin.stale.is_stale(*ago));
+    if let (Some(ago), false) = (running, force) {
+        return Err(Problem::new(
+            http::StatusCode::CONFLICT,
+            format!(
+                "the claim on {key} is running: its owner renewed it {} s ago, within the \
+                 stale limit of {} s. Resolving it now would let the next delivery run beside \
+                 its handler (release), or answer duplicates for work that may still fail \
+                 (done); wait until it is stale, or send \"force\": true",
+                seconds(ago),
+                seconds(admin.stale.after()),
+            ),
+        ));
+    }
     let resolved = admin.store.resolve(&key, resolution).await?;
-    tracing::info!(%key, ?resolution, resolved, "admin: a claim resolved by hand");
+    if running.is_some() {
+        tracing::warn!(%key, ?resolution, resolved, "admin: a running claim resolved by hand, forced");
+    } else {
+        tracing::info!(%key, ?resolution, resolved, force, "admin: a claim resolved by hand");
+    }
     Ok(json(json!({ "resolved": resolved })))
 }
 
@@ -160,6 +193,64 @@ pub(super) async fn purge<St: Store + Clone>(
     let purged = admin.store.purge_completed(older_than).await?;
     tracing::info!(purged, older_than = ?older_than, "admin: settled keys purged by hand");
     Ok(json(json!({ "purged": purged })))
+}
+
+/// Why `GET /claims` lists a claim, judged by the layer's stale limit and policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    /// Renewed within the limit: its owner is alive and its handler runs. Holds how long it
+    /// has left before it turns stale unless renewed again.
+    Running(Duration),
+    /// Past the limit under the reclaim policy: the next delivery takes it over.
+    Stale,
+    /// Past the limit under the hold policy: left for a person.
+    Held,
+}
+
+impl Standing {
+    fn of(stale: Stale, since_renewal: Duration) -> Self {
+        if !stale.is_stale(since_renewal) {
+            return Self::Running(stale.after().saturating_sub(since_renewal));
+        }
+        match stale.policy() {
+            StalePolicy::Reclaim => Self::Stale,
+            StalePolicy::Hold => Self::Held,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Running(_) => "running",
+            Self::Stale => "stale",
+            Self::Held => "held",
+        }
+    }
+
+    /// The sentence the page shows; no age in it, which the page keeps current itself.
+    fn why(self, stale: Stale) -> String {
+        let limit = seconds(stale.after());
+        match self {
+            Self::Running(_) => format!(
+                "Its owner renewed it within the stale limit of {limit} s; its \
+                 handler may still be at work."
+            ),
+            Self::Stale => format!(
+                "Its owner stopped renewing it for longer than the stale limit of \
+                 {limit} s; the next delivery reclaims it and runs the handler again."
+            ),
+            Self::Held => format!(
+                "Its owner stopped renewing it for longer than the stale limit of \
+                 {limit} s; the hold policy answers its deliveries 409 until a person resolves it."
+            ),
+        }
+    }
+
+    fn stale_in(self) -> Option<Duration> {
+        match self {
+            Self::Running(left) => Some(left),
+            Self::Stale | Self::Held => None,
+        }
+    }
 }
 
 /// One key's record as `GET /keys` answers it.
@@ -223,6 +314,17 @@ impl Fields {
         }
     }
 
+    /// An optional `true` or `false`, absent (or `null`) as `false`.
+    fn flag(&mut self, name: &str) -> Result<bool, Problem> {
+        match self.0.remove(name) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(flag)) => Ok(flag),
+            Some(_) => Err(Problem::unprocessable(format!(
+                "`{name}` must be true or false"
+            ))),
+        }
+    }
+
     /// A field the route does not take is refused rather than ignored: a misspelt
     /// `older_than_s` must not purge with the default.
     fn no_others(self) -> Result<(), Problem> {
@@ -268,6 +370,29 @@ mod tests {
         }
         assert_eq!(parse_seconds(None), None);
         assert_eq!(seconds(Duration::from_micros(1_234_567)), 1.234);
+    }
+
+    #[test]
+    fn a_claim_is_running_within_the_stale_limit() {
+        let limit = Duration::from_secs(30);
+        let reclaim = Stale::reclaim_after(limit);
+        let hold = Stale::hold_after(limit);
+        let early = Duration::from_secs(10);
+        assert_eq!(
+            Standing::of(reclaim, early),
+            Standing::Running(Duration::from_secs(20))
+        );
+        assert_eq!(
+            Standing::of(hold, early).stale_in(),
+            Some(Duration::from_secs(20))
+        );
+        assert_eq!(Standing::of(reclaim, limit), Standing::Stale);
+        assert_eq!(Standing::of(hold, limit), Standing::Held);
+        assert_eq!(Standing::of(hold, limit).stale_in(), None);
+        // A limit of zero: every claim is stale at once.
+        let at_once = Stale::hold_after(Duration::ZERO);
+        assert_eq!(Standing::of(at_once, Duration::ZERO), Standing::Held);
+        assert!(Standing::of(hold, early).why(hold).contains("30 s"));
     }
 
     #[test]
