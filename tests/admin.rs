@@ -192,10 +192,10 @@ async fn deliver_under<St: Store + Clone>(
     (res.status(), outcome, runs.load(Ordering::SeqCst) == 1)
 }
 
-/// A claim on event `id` of namespace `ns`, as the layer would store it for `/hook`, whose
+/// A claim on event `id` of namespace `ns`, as the layer stores it without a router, whose
 /// owner died at once: claimed, never renewed, never settled. Held once `PAST_SHORT` passed.
 async fn held_claim<St: Store>(store: &St, ns: &str, id: &str) -> IdempotencyKey {
-    let key = key_in(ns, id).scoped("/hook").unwrap();
+    let key = key_in(ns, id);
     let lease: Lease = match store.claim(&key, HOLD).await.unwrap() {
         Claim::Acquired(lease) => lease,
         other => panic!("expected to claim {key}, got {other:?}"),
@@ -271,7 +271,7 @@ async fn held_claim_is_listed_and_described<St: Store + Clone>(store: St) {
     assert_eq!(record["settled_ago_s"], Value::Null);
     assert_eq!(record["receipt"], Value::Null);
 
-    let unknown = key_in(&ns, "never-sent").scoped("/hook").unwrap();
+    let unknown = key_in(&ns, "never-sent");
     assert_problem(
         &send(&app, get(&describe_uri(&unknown))).await,
         StatusCode::NOT_FOUND,
@@ -382,7 +382,7 @@ async fn purge_removes_an_old_done_key<St: Store + Clone>(store: St) {
     let ns = unique_namespace("admin-purge");
     let (status, _, ran) = deliver(&store, &ns, "evt_old").await;
     assert_eq!((status, ran), (StatusCode::OK, true));
-    let old = key_in(&ns, "evt_old").scoped("/hook").unwrap();
+    let old = key_in(&ns, "evt_old");
     let held = held_claim(&store, &ns, "evt_held").await;
     let app = mounted(Admin::new(store.clone()).retention(SHORT));
 
@@ -662,7 +662,7 @@ async fn listed_entry(app: &Router, key: &IdempotencyKey) -> Value {
 async fn a_running_claim_is_resolved_only_when_forced<St: Store + Clone>(store: St) {
     let _shared = common::SHARED_TABLE.read().await;
     let ns = unique_namespace("admin-running");
-    let key = key_in(&ns, "evt_1").scoped("/hook").unwrap();
+    let key = key_in(&ns, "evt_1");
     // A live owner: claimed just now under a limit the test never reaches.
     let Claim::Acquired(lease) = store.claim(&key, LIVE).await.unwrap() else {
         panic!("claim {key}")
@@ -971,10 +971,7 @@ async fn the_journal_adds_the_latest_outcome_and_attempt() {
             .insert("x-slack-retry-num", http::HeaderValue::from_static(attempt));
         svc.clone().oneshot(req).await.unwrap();
     }
-    let key = IdempotencyKey::new("journaled", "evt_1")
-        .unwrap()
-        .scoped("/hook")
-        .unwrap();
+    let key = IdempotencyKey::new("journaled", "evt_1").unwrap();
     let app = mounted(Admin::new(store.clone()).journal(&journal));
     let answer = send(&app, get(&describe_uri(&key))).await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);

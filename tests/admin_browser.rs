@@ -353,9 +353,9 @@ fn address(port: u16, path: &str) -> String {
     format!("http://{CREDENTIALS}@127.0.0.1:{port}{path}")
 }
 
-/// A claim on `id` in `ns`, as the layer stores it for `/hook`, whose owner died at once.
+/// A claim on `id` in `ns`, as the layer stores it without a router, whose owner died at once.
 async fn held_claim(store: &MemoryStore, ns: &str, id: &str) -> IdempotencyKey {
-    let key = key_in(ns, id).scoped("/hook").unwrap();
+    let key = key_in(ns, id);
     let Claim::Acquired(lease) = store.claim(&key, HOLD).await.unwrap() else {
         panic!("claim {key}")
     };
@@ -480,7 +480,7 @@ async fn the_page_tells_running_from_held_and_its_ages_tick() {
     let store = MemoryStore::new();
     let ns = unique_namespace("browser-running");
     let held = held_claim(&store, &ns, "evt_held").await;
-    let running = key_in(&ns, "evt_running").scoped("/hook").unwrap();
+    let running = key_in(&ns, "evt_running");
     let Claim::Acquired(lease) = store.claim(&running, HOLD).await.unwrap() else {
         panic!("claim {running}")
     };
