@@ -187,8 +187,11 @@ where
     let payments_layer = IdempotencyLayer::for_api(store.clone())
         .journal(&ops.journal)
         .drain(drain);
-    // The operators' page and its JSON, behind a token: it settles claims.
+    // The operators' page and its JSON, behind a token: it settles claims. Its stale policy
+    // is the Shopify route's, whose claims wait for a person; it refuses to settle a claim
+    // renewed within those 30 s (a running handler) unless told to force it.
     let admin = Admin::new(store.clone())
+        .stale(Stale::hold_after(Duration::from_secs(30)))
         .journal(&ops.journal)
         .stuck_after(Duration::from_secs(30))
         .router()
