@@ -14,6 +14,8 @@
 //!   event; no event is lost; an event runs twice only where the store's docs say a failover
 //!   can make it ("What a failure can lose": a write the dead master acknowledged and had not
 //!   replicated), so only for keys in the dead master's slots, and only a few.
+//! - [`a_claim_whose_answer_was_lost_is_given_back`]: on a server of its own, a claim script
+//!   that runs after the client stopped waiting for it is given back once the server answers.
 //! - [`waiting_for_replicas_fails_without_a_live_replica`]: with `wait_for_replicas(1, ..)`,
 //!   a claim on a master whose replica was killed is an error, answered 503, and the handler
 //!   does not run; a master with its replica still answers as usual.
@@ -744,5 +746,98 @@ async fn waiting_for_replicas_fails_without_a_live_replica() {
         on_alone[1],
         again.status().as_u16(),
         paired.port
+    ));
+}
+
+/// A claim whose answer is lost: the server runs the claim script, but only after the client
+/// stopped waiting for it (a response timeout, here forced by pausing the server's writes for
+/// longer than the client waits). The claim lands with a token nobody holds; the store gives
+/// it back once the server answers again, its run taken back, so that the sender's retry runs
+/// the handler instead of meeting a claim nobody will settle. On a server of the test's own,
+/// since the pause stops every client's writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_answer_was_lost_is_given_back() {
+    use tower_idempotency::store::{Claim, KeyState, Store};
+
+    if !tools_present("a_claim_whose_answer_was_lost_is_given_back") {
+        return;
+    }
+    let port = free_ports(7301)[0];
+    let dir = std::env::temp_dir().join(format!("tower-idempotency-lost-{port}"));
+    std::fs::create_dir_all(&dir).expect("the server's directory");
+    let process = Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server starts");
+    // Killed and cleaned up whatever happens below.
+    let _server = Cluster {
+        dir,
+        nodes: vec![Node {
+            port,
+            process: Some(process),
+        }],
+    };
+    until(
+        &format!("redis-server on {port}"),
+        Duration::from_secs(10),
+        || async move {
+            cli(port, &["ping"])
+                .await
+                .is_some_and(|r| r.trim() == "PONG")
+        },
+    )
+    .await;
+    let url = format!("redis://127.0.0.1:{port}");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let impatient = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_millis(100)));
+    let conn = redis::aio::ConnectionManager::new_with_config(client, impatient)
+        .await
+        .expect("connects");
+    let store = RedisStore::new(conn);
+    let patient = RedisStore::connect(&url).await.expect("connects");
+    let key = IdempotencyKey::new(NAMESPACE, "evt_lost").unwrap();
+    // The server learns the scripts first: a script it does not know would come back
+    // `NOSCRIPT` after the pause, not run.
+    let warm = IdempotencyKey::new(NAMESPACE, "evt_warm").unwrap();
+    let Claim::Acquired(lease) = store.claim(&warm, Stale::default()).await.unwrap() else {
+        panic!("a new key");
+    };
+    store.give_back(&lease).await.unwrap();
+
+    // Writes (scripts among them) wait 700 ms; the client gives up after 100.
+    let paused = cli(port, &["client", "pause", "700", "write"]).await;
+    assert_eq!(paused.as_deref().map(str::trim), Some("OK"));
+    let claim = store.claim(&key, Stale::default()).await;
+    assert!(claim.is_err(), "the answer was lost: {claim:?}");
+
+    // The script ran once the pause ended; then the claim was given back.
+    until("the lost claim given back", Duration::from_secs(10), || {
+        let (patient, key) = (patient.clone(), key.clone());
+        async move {
+            patient
+                .describe(&key)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.state == KeyState::Released)
+        }
+    })
+    .await;
+    let record = patient.describe(&key).await.unwrap().unwrap();
+    assert_eq!(
+        (record.deliveries, record.runs),
+        (1, 0),
+        "no handler ran, so no run is counted"
+    );
+    assert!(matches!(
+        patient.claim(&key, Stale::default()).await.unwrap(),
+        Claim::Acquired(_)
     ));
 }

@@ -4,9 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use bytes::Bytes;
 use http::{Request, StatusCode};
-use http_body_util::Full;
 use tower::ServiceExt;
 use tower_idempotency::store::Store;
 use tower_idempotency::{IdempotencyLayer, key};
