@@ -195,15 +195,6 @@ impl<B> RequestBody<B> {
         }
     }
 
-    /// The bytes of a buffered body not read yet; empty for an empty body or one passed on
-    /// untouched.
-    pub(crate) fn buffered_bytes(&self) -> &[u8] {
-        match &self.kind {
-            Kind::Bytes { data: Some(data) } => data,
-            _ => &[],
-        }
-    }
-
     /// Bounds how long the handler of a claimed delivery may wait for a streamed body, in
     /// all: past `timeout`, reading it fails with [`BodyTimeoutError`] and the answered watch
     /// says so. None for a buffered body, one already at its end, or a `timeout` of

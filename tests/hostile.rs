@@ -443,10 +443,7 @@ async fn header_keyed_endless_body_releases_its_claim() {
             "{what}: after {:?}",
             answer.took
         );
-        let key = IdempotencyKey::new(server.ns.clone(), id.as_str())
-            .unwrap()
-            .scoped("/header")
-            .unwrap();
+        let key = IdempotencyKey::new(server.ns.clone(), id.as_str()).unwrap();
         let record = server.store.describe(&key).await.unwrap().unwrap();
         assert_eq!(record.state, KeyState::Released, "{what}: {record:?}");
 
