@@ -31,13 +31,6 @@ pub(crate) mod wait;
 pub use drain::{Drain, DrainReport, LeftBehind, Stage};
 pub use mode::Guarded;
 
-/// `by` after `from`, or about thirty years after it when `by` reaches past what an instant
-/// can hold: a configured `Duration::MAX` means "never", not a panic.
-pub(crate) fn later(from: tokio::time::Instant, by: std::time::Duration) -> tokio::time::Instant {
-    const NEVER: std::time::Duration = std::time::Duration::from_secs(30 * 365 * 24 * 3600);
-    from.checked_add(by.min(NEVER))
-        .or_else(|| from.checked_add(std::time::Duration::from_secs(3600)))
-        .unwrap_or(from)
-}
+pub(crate) use crate::body::later;
 pub use guard::LeaseHandle;
 pub use settings::{DEFAULT_BODY_LIMIT, MissingKey};

@@ -16,8 +16,9 @@ pub(crate) enum Rejection {
     /// A missing, malformed, wrong or expired signature: 401.
     #[cfg(feature = "verify")]
     Signature(crate::verify::VerifyError),
-    /// The version guard's: no usable entity id or version, or an unreadable body.
-    Version(crate::version_guard::VersionGuardError),
+    /// A 4xx a mode made itself (the version guard's, for an entity or version it cannot
+    /// use), its outcome in its extensions.
+    Own(Box<Response<Bytes>>),
 }
 
 impl From<KeyError> for Rejection {
@@ -51,16 +52,13 @@ impl Refusal {
     /// The outcome the refusal is recorded with.
     pub(crate) fn outcome(&self) -> Outcome {
         match self {
-            Self::Rejected(Rejection::Key(_) | Rejection::Version(_)) => Outcome::Rejected,
+            Self::Rejected(Rejection::Key(_)) => Outcome::Rejected,
+            Self::Rejected(Rejection::Own(res)) => own(res),
+            Self::Own(res) => own(res),
             #[cfg(feature = "verify")]
             Self::Rejected(Rejection::Signature(_)) => Outcome::Unverified,
             Self::Draining => Outcome::Draining,
             Self::Duplicate => Outcome::Duplicate,
-            Self::Own(res) => res
-                .extensions()
-                .get::<Outcome>()
-                .copied()
-                .unwrap_or(Outcome::Rejected),
             Self::Outdated => Outcome::Outdated,
             Self::InFlight(_) => Outcome::InFlight,
             Self::Held(_) => Outcome::Held,
@@ -98,6 +96,14 @@ impl Refusal {
         }
         res.map(ResponseBody::bytes)
     }
+}
+
+/// The outcome a mode's own answer names.
+fn own(res: &Response<Bytes>) -> Outcome {
+    res.extensions()
+        .get::<Outcome>()
+        .copied()
+        .unwrap_or(Outcome::Rejected)
 }
 
 /// A 4xx before any claim, logged as the layer always did, with its error in the extensions.
@@ -140,17 +146,9 @@ fn rejected<B>(rejection: Rejection) -> Response<ResponseBody<B>> {
             res.extensions_mut().insert(error);
             (res, false)
         }
-        Rejection::Version(error) => {
-            tracing::debug!(outcome = Outcome::Rejected.as_str(), %error, "delivery rejected");
-            let status = error.status();
-            let mut res = problem(
-                status,
-                Outcome::Rejected,
-                &error.to_string(),
-                error.expected(),
-            );
-            res.extensions_mut().insert(error);
-            (res, status == StatusCode::REQUEST_TIMEOUT)
+        Rejection::Own(res) => {
+            let timed_out = res.status() == StatusCode::REQUEST_TIMEOUT;
+            (*res, timed_out)
         }
     };
     if timed_out {

@@ -26,7 +26,7 @@ use crate::engine::refusal::{Refusal, Rejection};
 use crate::engine::run::{Ran, run};
 use crate::engine::settings::{HeldHook, Settings};
 use crate::key::{ExtractKey, IdempotencyKey, KeyError};
-use crate::response::Outcome;
+use crate::response::{Outcome, problem};
 use crate::store::{LeaseToken, Pending, Stale, StoreError};
 use crate::store::{VersionClaim, VersionLease, VersionStore};
 
@@ -88,7 +88,7 @@ where
     }
 
     fn body_refused(&self, error: KeyError) -> Rejection {
-        Rejection::Version(VersionGuardError::Body(error))
+        unordered(VersionGuardError::Body(error))
     }
 
     fn find(&self, parts: &Parts, body: Option<&Bytes>) -> Result<Option<Found>, Rejection> {
@@ -117,7 +117,7 @@ where
                     tracing::debug!(%error, "delivery without entity or version");
                     return Ok(None);
                 }
-                Err(Rejection::Version(error))
+                Err(unordered(error))
             }
         }
     }
@@ -205,6 +205,16 @@ where
     /// The version guard names no key in its answers: its entities are not the keys of
     /// deliveries.
     fn answered(&self, _found: Found, _res: &mut Response<ResponseBody<ResB>>) {}
+}
+
+/// A delivery the version guard cannot order: no usable entity id or version, or an
+/// unreadable body. Its 4xx problem+json, with the error in the extensions.
+fn unordered(error: VersionGuardError) -> Rejection {
+    tracing::debug!(outcome = Outcome::Rejected.as_str(), %error, "delivery rejected");
+    let detail = error.to_string();
+    let mut res = problem(error.status(), Outcome::Rejected, &detail, error.expected());
+    res.extensions_mut().insert(error);
+    Rejection::Own(Box::new(res))
 }
 
 /// The one event every ordered delivery records.
