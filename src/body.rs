@@ -148,7 +148,7 @@ pin_project! {
 impl Timer {
     fn new(left: Duration) -> Self {
         Self {
-            sleep: tokio::time::sleep_until(crate::engine::later(Instant::now(), left)),
+            sleep: tokio::time::sleep_until(later(Instant::now(), left)),
             left,
             waiting: true,
         }
@@ -158,7 +158,7 @@ impl Timer {
     fn poll_wait(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let mut this = self.project();
         if !std::mem::replace(this.waiting, true) {
-            let until = crate::engine::later(Instant::now(), *this.left);
+            let until = later(Instant::now(), *this.left);
             this.sleep.as_mut().reset(until);
         }
         this.sleep.poll(cx)
@@ -192,15 +192,6 @@ impl<B> RequestBody<B> {
             kind,
             watch: None,
             timer: None,
-        }
-    }
-
-    /// The bytes of a buffered body not read yet; empty for an empty body or one passed on
-    /// untouched.
-    pub(crate) fn buffered_bytes(&self) -> &[u8] {
-        match &self.kind {
-            Kind::Bytes { data: Some(data) } => data,
-            _ => &[],
         }
     }
 
@@ -371,6 +362,15 @@ impl<B> fmt::Debug for ResponseBody<B> {
             .field("kind", &self.kind.name())
             .finish()
     }
+}
+
+/// `by` after `from`, or about thirty years after it when `by` reaches past what an instant
+/// can hold: a configured `Duration::MAX` means "never", not a panic.
+pub(crate) fn later(from: Instant, by: Duration) -> Instant {
+    const NEVER: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+    from.checked_add(by.min(NEVER))
+        .or_else(|| from.checked_add(Duration::from_secs(3600)))
+        .unwrap_or(from)
 }
 
 #[cfg(test)]

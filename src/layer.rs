@@ -4,11 +4,12 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use crate::engine::Guarded;
 use crate::engine::settings::{Settings, shared_settings};
 use crate::journal::Journal;
 use crate::key::{self, Auto, ExtractKey, IdempotencyKey};
 use crate::replay::{Replay, RequestFingerprint};
-use crate::service::{ClaimSettings, Idempotency, Shared};
+use crate::service::{ClaimSettings, Claims, Idempotency};
 use crate::store::{Pending, Stale, Store};
 
 /// Makes an inner service process each event once: claim the key, run the inner service,
@@ -204,9 +205,9 @@ where
     type Service = Idempotency<S, St, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Idempotency::new(
+        Guarded::new(
             inner,
-            Arc::new(Shared::new(
+            Arc::new(Claims::new(
                 self.store.clone(),
                 self.key.clone(),
                 self.settings.clone(),

@@ -68,6 +68,7 @@ pub mod order {
     pub type OrderError = VersionGuardError;
 }
 
+pub use engine::Guarded;
 pub use engine::{
     DEFAULT_BODY_LIMIT, Drain, DrainReport, LeaseHandle, LeftBehind, MissingKey, Stage,
 };
@@ -76,5 +77,5 @@ pub use journal::{Journal, Seen};
 pub use key::{IdempotencyKey, Scope};
 pub use layer::IdempotencyLayer;
 pub use response::Outcome;
-pub use service::Idempotency;
+pub use service::{Claims, Idempotency};
 pub use store::{Stale, StalePolicy};

@@ -82,7 +82,7 @@
 //! [`RequestFingerprint`] digests the method, the path with its query, the body and the
 //! headers chosen with [`RequestFingerprint::header`] (SHA-256). The commit keeps the digest;
 //! a later request with the key and another digest is answered **422** problem+json
-//! ([`Outcome::KeyReused`](crate::Outcome::KeyReused)) and does not run. The body is read
+//! ([`Outcome::KeyReused`]) and does not run. The body is read
 //! whole for it, within the layer's [`body_limit`](crate::IdempotencyLayer::body_limit) (413
 //! past it). A request that meets the key while its first request still runs gets the 409
 //! of any delivery in flight, whatever its fingerprint.
@@ -137,9 +137,9 @@ use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use sha2::{Digest, Sha256};
 
-use crate::body::ResponseBody;
-use crate::engine::prepare::BoxError;
-use crate::response;
+use crate::body::{BoxError, ResponseBody};
+use crate::engine::keep::Keep;
+use crate::response::{self, Outcome};
 use crate::store::{Fingerprint, StoredResponse};
 
 /// The header that marks a replayed answer: `Idempotent-Replayed: true`.
@@ -336,38 +336,6 @@ pub(crate) fn never_replayed(name: &HeaderName) -> bool {
     NEVER.contains(name)
 }
 
-/// What the run does with an answer that commits, before it commits: store it for replay, or
-/// pass it on. Answers the response to send and what to store of it, if anything.
-pub(crate) trait Keep<B>: Send + 'static {
-    /// Whether it may store anything: if not, the run does not ask.
-    fn stores(&self) -> bool;
-
-    fn keep(
-        self,
-        res: Response<B>,
-    ) -> impl Future<Output = (Response<ResponseBody<B>>, Option<StoredResponse>)> + Send;
-}
-
-/// Stores nothing: the modes without replay.
-pub(crate) struct Nothing;
-
-impl<B: Send + 'static> Keep<B> for Nothing {
-    fn stores(&self) -> bool {
-        false
-    }
-
-    #[allow(
-        clippy::manual_async_fn,
-        reason = "the trait names the future's bounds"
-    )]
-    fn keep(
-        self,
-        res: Response<B>,
-    ) -> impl Future<Output = (Response<ResponseBody<B>>, Option<StoredResponse>)> + Send {
-        async move { (res.map(ResponseBody::new), None) }
-    }
-}
-
 /// Stores what a [`Replay`] says, when the layer has one. One pointer: it is held through
 /// the handler's run, whose future is boxed for every delivery.
 pub(crate) struct Keeper(pub(crate) Option<Arc<Capture>>);
@@ -468,7 +436,46 @@ where
         "the handler's answer failed while it was read to be stored; the key commits without \
          it, and the client gets 500"
     );
-    (response::unreadable_answer(), None)
+    (unreadable_answer(), None)
+}
+
+/// The handler succeeded, but its answer failed while it was read to be stored: 500, the key
+/// committed without it.
+fn unreadable_answer<B>() -> Response<ResponseBody<B>> {
+    response::problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        Outcome::Processed,
+        "the request was processed, but its answer failed while it was read and is lost; a \
+         retry with the same key is answered 200 without a body",
+        None,
+    )
+    .map(ResponseBody::bytes)
+}
+
+/// A duplicate answered with the stored answer of the delivery that committed its key.
+pub(crate) fn replayed(stored: &StoredResponse) -> Response<Bytes> {
+    let mut res = response::answer(stored.status, Outcome::Replayed, stored.body.clone());
+    for (name, value) in &stored.headers {
+        // The store kept only allowed headers; a receipt written by other code may not have.
+        if !never_replayed(name) {
+            res.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    res.headers_mut()
+        .insert(REPLAYED_HEADER, http::HeaderValue::from_static("true"));
+    res
+}
+
+/// A key used before for a request with another fingerprint: 422, as the `Idempotency-Key`
+/// draft asks.
+pub(crate) fn key_reused() -> Response<Bytes> {
+    response::problem(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        Outcome::KeyReused,
+        "this idempotency key was used before for a different request (method, path or body); \
+         a new request needs a new key",
+        None,
+    )
 }
 
 /// The first header named in the answer's `Vary` that the fingerprint does not cover, if

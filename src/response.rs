@@ -1,4 +1,4 @@
-//! The answers the layer gives itself, and the [`Outcome`] of every delivery.
+//! The [`Outcome`] of every delivery, and the shape of the answers the layer gives itself.
 //!
 //! Every response that passes through the layer carries its [`Outcome`] in the response
 //! extensions, and, once a key was found, the [`IdempotencyKey`](crate::IdempotencyKey): what
@@ -32,14 +32,12 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 
-use crate::body::ResponseBody;
-use crate::key::KeyError;
-
 /// The header naming the outcome on the layer's own answers, e.g. `idempotency-outcome:
 /// duplicate`.
 pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("idempotency-outcome");
 
-const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+/// The media type of a problem document.
+pub(crate) const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
 /// What happened to a delivery. Found in the extensions of every response of the layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -112,195 +110,42 @@ impl fmt::Display for Outcome {
     }
 }
 
-pub(crate) fn duplicate<B>() -> Response<ResponseBody<B>> {
-    answer(StatusCode::OK, Outcome::Duplicate, Bytes::new())
+/// A problem document (RFC 9457) of `status`: its title, status and detail, to which a caller
+/// may add members of its own. The one place the crate writes one.
+pub(crate) fn problem_document(status: StatusCode, detail: &str) -> serde_json::Value {
+    serde_json::json!({
+        "title": status.canonical_reason().unwrap_or_default(),
+        "status": status.as_u16(),
+        "detail": detail,
+    })
 }
 
-/// A duplicate answered with the stored answer of the delivery that committed its key.
-pub(crate) fn replayed<B>(stored: &crate::store::StoredResponse) -> Response<ResponseBody<B>> {
-    let mut res = answer(stored.status, Outcome::Replayed, stored.body.clone());
-    for (name, value) in &stored.headers {
-        // The store kept only allowed headers; a receipt written by other code may not have.
-        if !crate::replay::never_replayed(name) {
-            res.headers_mut().append(name.clone(), value.clone());
-        }
+/// The body of a problem+json answer: the [document](problem_document), and what was
+/// expected where the layer knows it.
+pub(crate) fn problem_json(status: StatusCode, detail: &str, expected: Option<&str>) -> Bytes {
+    let mut body = problem_document(status, detail);
+    if let Some(expected) = expected {
+        body["expected"] = expected.into();
     }
-    res.headers_mut().insert(
-        crate::replay::REPLAYED_HEADER,
-        HeaderValue::from_static("true"),
-    );
-    res
+    Bytes::from(body.to_string())
 }
 
-/// A key used before for a request with another fingerprint: 422, as the `Idempotency-Key`
-/// draft asks.
-pub(crate) fn key_reused<B>() -> Response<ResponseBody<B>> {
-    problem(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        Outcome::KeyReused,
-        "this idempotency key was used before for a different request (method, path or body); \
-         a new request needs a new key",
-        None,
-    )
-}
-
-/// The handler succeeded, but its answer failed while it was read to be stored: 500, the key
-/// committed without it.
-pub(crate) fn unreadable_answer<B>() -> Response<ResponseBody<B>> {
-    problem(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        Outcome::Processed,
-        "the request was processed, but its answer failed while it was read and is lost; a \
-         retry with the same key is answered 200 without a body",
-        None,
-    )
-}
-
-pub(crate) fn outdated<B>() -> Response<ResponseBody<B>> {
-    answer(StatusCode::OK, Outcome::Outdated, Bytes::new())
-}
-
-pub(crate) fn in_flight<B>(retry_after: Duration) -> Response<ResponseBody<B>> {
-    let mut res = problem(
-        StatusCode::CONFLICT,
-        Outcome::InFlight,
-        "another delivery of this event is being processed; retry later",
-        None,
-    );
-    set_retry_after(&mut res, retry_after);
-    res
-}
-
-/// The [version guard](crate::version_guard)'s answer while another version of the entity is applied.
-pub(crate) fn entity_busy<B>(retry_after: Duration) -> Response<ResponseBody<B>> {
-    let mut res = problem(
-        StatusCode::CONFLICT,
-        Outcome::InFlight,
-        "another version of this entity is being applied; retry later",
-        None,
-    );
-    set_retry_after(&mut res, retry_after);
-    res
-}
-
-/// The [version guard](crate::version_guard)'s answer when a stale pending version is held for review.
-pub(crate) fn entity_held<B>() -> Response<ResponseBody<B>> {
-    problem(
-        StatusCode::CONFLICT,
-        Outcome::Held,
-        "an earlier version of this entity did not finish applying; it is held for review",
-        None,
-    )
-}
-
-pub(crate) fn held<B>() -> Response<ResponseBody<B>> {
-    problem(
-        StatusCode::CONFLICT,
-        Outcome::Held,
-        "an earlier delivery of this event did not finish; it is held for review",
-        None,
-    )
-}
-
-pub(crate) fn rejected<B>(error: &KeyError) -> Response<ResponseBody<B>> {
-    let expected = match error {
-        KeyError::Missing { expected } => Some(&**expected),
-        _ => None,
-    };
-    let mut res = problem(
-        error.status(),
-        Outcome::Rejected,
-        &error.to_string(),
-        expected,
-    );
-    if *error == KeyError::BodyTimeout {
-        // The rest of the body may still be on its way: the connection cannot be reused.
-        res.headers_mut()
-            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    res.extensions_mut().insert(error.clone());
-    res
-}
-
-/// A delivery whose signature did not verify: 401, the store untouched.
-#[cfg(feature = "verify")]
-pub(crate) fn unverified<B>(error: &crate::verify::VerifyError) -> Response<ResponseBody<B>> {
-    let expected = match error {
-        crate::verify::VerifyError::Missing { expected } => Some(&**expected),
-        _ => None,
-    };
-    let mut res = problem(
-        StatusCode::UNAUTHORIZED,
-        Outcome::Unverified,
-        &error.to_string(),
-        expected,
-    );
-    res.extensions_mut().insert(error.clone());
-    res
-}
-
-/// A delivery the [version guard](crate::version_guard) cannot order: no usable entity id or version, or
-/// an unreadable body.
-pub(crate) fn unordered<B>(
-    error: &crate::version_guard::VersionGuardError,
-) -> Response<ResponseBody<B>> {
-    let mut res = problem(
-        error.status(),
-        Outcome::Rejected,
-        &error.to_string(),
-        error.expected(),
-    );
-    if error.status() == StatusCode::REQUEST_TIMEOUT {
-        res.headers_mut()
-            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    res.extensions_mut().insert(error.clone());
-    res
-}
-
-pub(crate) fn store_unavailable<B>(retry_after: Duration) -> Response<ResponseBody<B>> {
-    let mut res = problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        Outcome::StoreUnavailable,
-        "the idempotency store is unavailable; the event was not processed",
-        None,
-    );
-    set_retry_after(&mut res, retry_after);
-    res
-}
-
-pub(crate) fn draining<B>(retry_after: Duration) -> Response<ResponseBody<B>> {
-    let mut res = problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        Outcome::Draining,
-        "the service is shutting down; the event was not processed",
-        None,
-    );
-    set_retry_after(&mut res, retry_after);
-    res
-}
-
-fn problem<B>(
+/// A problem+json answer of the layer's own, naming its outcome.
+pub(crate) fn problem(
     status: StatusCode,
     outcome: Outcome,
     detail: &str,
     expected: Option<&str>,
-) -> Response<ResponseBody<B>> {
-    let mut body = serde_json::json!({
-        "title": status.canonical_reason().unwrap_or_default(),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    if let Some(expected) = expected {
-        body["expected"] = expected.into();
-    }
-    let mut res = answer(status, outcome, Bytes::from(body.to_string()));
+) -> Response<Bytes> {
+    let mut res = answer(status, outcome, problem_json(status, detail, expected));
     res.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
     res
 }
 
-fn answer<B>(status: StatusCode, outcome: Outcome, body: Bytes) -> Response<ResponseBody<B>> {
-    let mut res = Response::new(ResponseBody::bytes(body));
+/// An answer of the layer's own: `status`, `body`, and its outcome in the header and the
+/// extensions.
+pub(crate) fn answer(status: StatusCode, outcome: Outcome, body: Bytes) -> Response<Bytes> {
+    let mut res = Response::new(body);
     *res.status_mut() = status;
     res.headers_mut()
         .insert(OUTCOME_HEADER, HeaderValue::from_static(outcome.as_str()));
@@ -308,8 +153,9 @@ fn answer<B>(status: StatusCode, outcome: Outcome, body: Bytes) -> Response<Resp
     res
 }
 
-fn set_retry_after<B>(res: &mut Response<B>, after: Duration) {
-    // Rounded up, and never overflowing whatever the configured duration.
+/// `Retry-After` in whole seconds, rounded up, at least one, never overflowing whatever the
+/// configured duration.
+pub(crate) fn set_retry_after<B>(res: &mut Response<B>, after: Duration) {
     let seconds = after
         .as_secs()
         .saturating_add(u64::from(after.subsec_nanos() > 0));

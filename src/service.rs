@@ -1,6 +1,9 @@
+//! Claim-then-commit, the layer's main mode: claim the key, run the handler, then commit or
+//! release.
+
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -9,49 +12,31 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::{BoxError, RequestBody, ResponseBody};
+use crate::engine::Guarded;
 use crate::engine::acquire::acquire;
 use crate::engine::drain::Entry;
 use crate::engine::guard::{LeaseGuard, Owner, Settle};
-use crate::engine::observe::observed;
-use crate::engine::prepare::{BoxError, Keyed, key_of, pass_through, record, reject};
-use crate::engine::run::{Detach, run};
+use crate::engine::mode::Mode;
+use crate::engine::prepare::{find_key, record};
+use crate::engine::refusal::{Refusal, Rejection};
+use crate::engine::run::{Ran, run};
 use crate::engine::settings::{HeldHook, Settings};
 use crate::engine::wait;
-use crate::future::ResponseFuture;
 use crate::journal::{Journal, attempt_of};
 use crate::key::{Auto, ExtractKey, IdempotencyKey};
 use crate::replay::{Capture, Keeper, Replay, RequestFingerprint};
-use crate::response::{self, Outcome};
-use crate::store::{
-    Claim, Completed, Fingerprint, Lease, Pending, Receipt, Stale, Store, StoreError,
-};
+use crate::response::Outcome;
+use crate::store::{Claim, Completed, Fingerprint, Lease, Receipt, Stale, Store, StoreError};
 
 /// The service made by [`IdempotencyLayer`](crate::IdempotencyLayer): claim, run the inner
-/// service, then commit or release.
-///
-/// The inner service receives `Request<RequestBody<B>>` and its error type is kept: the
-/// layer's own outcomes (duplicate, in flight, bad key, store down) are responses.
-///
-/// Once a delivery holds its claim, the inner service's future runs to its end whether or not
-/// anybody still waits for the answer: if the response future is dropped (hyper drops it when
-/// the client disconnects), the inner future moves into a task of its own, and its answer still
-/// commits or releases the claim.
-///
-/// So a timeout layer outside this one bounds how long the sender waits, not how long the
-/// claimed work runs: bound that inside the handler. The claim is renewed from a task of its
-/// own while the handler waits; a handler that blocks its thread instead stops the runtime's
-/// timers, the heartbeat's among them.
-///
-/// `poll_ready` is always ready: the inner service is driven to readiness inside the response
-/// future, once the delivery holds a claim, so that a slow upload or a duplicate answered by
-/// the layer never occupies a slot of a concurrency limit further in.
-pub struct Idempotency<S, St, K = Auto> {
-    inner: S,
-    shared: Arc<Shared<St, K>>,
-}
+/// service, then commit or release. See [`Guarded`], the service shell every mode shares.
+pub type Idempotency<S, St, K = Auto> = Guarded<S, Claims<St, K>>;
 
-pub(crate) struct Shared<St, K> {
+/// Claim-then-commit as a mode of the service shell: what an [`Idempotency`] service does
+/// with each delivery, and the settings it does it with. Made by
+/// [`IdempotencyLayer`](crate::IdempotencyLayer).
+pub struct Claims<St, K = Auto> {
     pub(crate) store: St,
     pub(crate) key: K,
     pub(crate) settings: Settings,
@@ -60,7 +45,7 @@ pub(crate) struct Shared<St, K> {
     pub(crate) capture: Option<Arc<Capture>>,
 }
 
-impl<St, K> Shared<St, K> {
+impl<St, K> Claims<St, K> {
     pub(crate) fn new(store: St, key: K, settings: Settings, claims: ClaimSettings) -> Self {
         let capture = claims.replay.as_ref().map(|replay| {
             Arc::new(Capture {
@@ -79,183 +64,133 @@ impl<St, K> Shared<St, K> {
     }
 }
 
-impl<S, St, K> Idempotency<S, St, K> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared<St, K>>) -> Self {
-        Self { inner, shared }
-    }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-}
-
-impl<S: Clone, St, K> Clone for Idempotency<S, St, K> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug, St: fmt::Debug, K: fmt::Debug> fmt::Debug for Idempotency<S, St, K> {
+impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for Claims<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Idempotency")
-            .field("inner", &self.inner)
-            .field("store", &self.shared.store)
-            .field("key", &self.shared.key)
-            .field("settings", &self.shared.settings)
-            .field("claims", &self.shared.claims)
+        f.debug_struct("Claims")
+            .field("store", &self.store)
+            .field("key", &self.key)
+            .field("settings", &self.settings)
+            .field("claims", &self.claims)
             .finish()
     }
 }
 
-impl<S, St, K, ReqB, ResB> Service<Request<ReqB>> for Idempotency<S, St, K>
-where
-    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    St: Store,
-    K: ExtractKey,
-    ReqB: Body<Data = Bytes> + Send + 'static,
-    ReqB::Error: Into<BoxError>,
-    ResB: Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
-{
-    type Response = Response<ResponseBody<ResB>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<Self::Response, S::Error>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let inner = self.inner.clone();
-        let (parts, body) = req.into_parts();
-        observed(Box::pin(deliver(self.shared.clone(), inner, parts, body)))
-    }
-}
-
-/// One delivery, from key to commit or release.
-///
-/// The head of the request stays where it came in until the request goes on to the inner
-/// service: a future that moved it along would hold it twice. So too this is a function
-/// answering an `async move` block, not an `async fn`, which keeps its arguments twice (as
-/// passed, and moved into its body). A request is some 260 bytes; the smaller the future, the
-/// cheaper its box (an allocator serves small blocks from a cache of its thread).
-#[allow(
-    clippy::manual_async_fn,
-    reason = "an async fn holds its arguments twice"
-)]
-fn deliver<S, St, K, ReqB, ResB>(
-    shared: Arc<Shared<St, K>>,
-    inner: S,
-    parts: Parts,
-    body: ReqB,
-) -> impl Future<Output = Result<Response<ResponseBody<ResB>>, S::Error>>
-where
-    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    St: Store,
-    K: ExtractKey,
-    ReqB: Body<Data = Bytes> + Send + 'static,
-    ReqB::Error: Into<BoxError>,
-    ResB: Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
-{
-    async move {
-        let fingerprints = shared.claims.fingerprint.as_deref();
-        let whole = fingerprints.is_some_and(RequestFingerprint::reads_body);
-        let (key, body) = match key_of(&shared.key, &shared.settings, whole, &parts, body).await {
-            Keyed::Key(key, body) => (key, body),
-            Keyed::PassThrough(body) => {
-                // Boxed: the handler's future is no part of the guarded deliveries' futures.
-                let unguarded = pass_through(inner, Request::from_parts(parts, body));
-                return Box::pin(unguarded).await;
-            }
-            Keyed::Rejected(error) => return Ok(reject(&error)),
-        };
-        // Boxed: a fingerprint held across the claim costs deliveries without one nothing.
-        let fingerprint = fingerprints.map(|f| Box::new(f.of(&parts, Some(body.buffered_bytes()))));
-        let attempt = shared
-            .claims
-            .journal
-            .as_ref()
-            .and_then(|_| attempt_of(&parts));
-        let mut guard = match claimed(&shared, &key, fingerprint.as_deref()).await {
-            Ok(guard) => guard,
-            Err(mut answer) => {
-                journaled(&shared, &key, attempt, &answer);
-                answer.extensions_mut().insert(key);
-                return Ok(answer);
-            }
-        };
-        if let Some(fingerprint) = fingerprint {
-            guard.fingerprint(*fingerprint);
-        }
-        let keep = Keeper(shared.capture.clone());
-        let request = Request::from_parts(parts, body);
-        let mut res = match Detach::new(run(guard, inner, request, keep)).await {
-            Ok(answer) => answer,
-            Err(panic) => std::panic::resume_unwind(panic),
-        };
-        if let Ok(res) = &mut res {
-            journaled(&shared, &key, attempt, res);
-            res.extensions_mut().insert(key);
-        }
-        res
-    }
-}
-
-/// Notes the delivery's outcome in the layer's journal, if it keeps one.
-fn journaled<St, K, B>(
-    shared: &Shared<St, K>,
-    key: &IdempotencyKey,
+/// What claim-then-commit finds of a delivery: its key, the request's fingerprint when the
+/// layer takes one, and the sender's attempt when the layer journals.
+pub(crate) struct Found {
+    key: IdempotencyKey,
+    // Boxed: a fingerprint held across the claim costs deliveries without one nothing.
+    fingerprint: Option<Box<Fingerprint>>,
     attempt: Option<u32>,
-    res: &Response<B>,
-) {
-    if let (Some(journal), Some(outcome)) = (&shared.claims.journal, res.extensions().get()) {
-        journal.record(key, *outcome, attempt);
+}
+
+impl<S, St, K, B, ResB> Mode<S, B, ResB> for Claims<St, K>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    K: ExtractKey,
+    B: Body + Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    type Found = Found;
+    type Held = LeaseGuard<Self>;
+
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn reads_body(&self, parts: &Parts) -> bool {
+        let fingerprints = self.claims.fingerprint.as_deref();
+        self.key.reads_body(parts) || fingerprints.is_some_and(RequestFingerprint::reads_body)
+    }
+
+    fn find(&self, parts: &Parts, body: Option<&Bytes>) -> Result<Option<Found>, Rejection> {
+        let Some(key) = find_key(&self.key, &self.settings, parts, body)? else {
+            return Ok(None);
+        };
+        let whole = body.map_or(&[][..], |body| &body[..]);
+        let fingerprint = self.claims.fingerprint.as_deref();
+        Ok(Some(Found {
+            key,
+            fingerprint: fingerprint.map(|f| Box::new(f.of(parts, Some(whole)))),
+            attempt: self.claims.journal.as_ref().and_then(|_| attempt_of(parts)),
+        }))
+    }
+
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "the trait names the future's bounds"
+    )]
+    fn claim(
+        self: Arc<Self>,
+        found: &Found,
+        entry: Entry,
+    ) -> impl Future<Output = Result<LeaseGuard<Self>, Refusal>> + Send {
+        async move {
+            let mut guard = claimed(&self, &found.key, found.fingerprint.as_deref(), entry).await?;
+            if let Some(fingerprint) = &found.fingerprint {
+                guard.fingerprint(**fingerprint);
+            }
+            Ok(guard)
+        }
+    }
+
+    fn run(
+        self: Arc<Self>,
+        held: LeaseGuard<Self>,
+        inner: S,
+        request: Request<RequestBody<B>>,
+    ) -> impl Future<Output = Ran<Response<ResponseBody<ResB>>, S::Error>> + Send + 'static {
+        let keep = Keeper(self.capture.clone());
+        run(held, inner, request, keep)
+    }
+
+    fn record(&self, found: &Found, outcome: Outcome) {
+        record(&found.key, outcome);
+    }
+
+    fn answered(&self, found: Found, res: &mut Response<ResponseBody<ResB>>) {
+        if let (Some(journal), Some(outcome)) = (&self.claims.journal, res.extensions().get()) {
+            journal.record(&found.key, *outcome, found.attempt);
+        }
+        res.extensions_mut().insert(found.key);
     }
 }
 
 /// Claims a delivery's key: the guard of a granted claim, or the layer's own answer
-/// (draining, duplicate, in flight, held, store unavailable).
-async fn claimed<St, K, B>(
-    shared: &Arc<Shared<St, K>>,
+/// (duplicate, in flight, held, store unavailable); with `.wait_in_flight(..)`, a claim in
+/// flight is waited for and claimed again.
+async fn claimed<St: Store, K: ExtractKey>(
+    owner: &Arc<Claims<St, K>>,
     key: &IdempotencyKey,
     fingerprint: Option<&Fingerprint>,
-) -> Result<LeaseGuard<Shared<St, K>>, Response<ResponseBody<B>>>
-where
-    St: Store,
-    K: ExtractKey,
-{
-    let settings = &shared.settings;
-    let mut claimed = claim(shared, key).await;
-    if let (Ok(Answer::InFlight(_)), Some(wait)) = (&claimed, shared.claims.wait_in_flight) {
+    entry: Entry,
+) -> Result<LeaseGuard<Claims<St, K>>, Refusal> {
+    let settings = &owner.settings;
+    let mut claimed = claim(owner, key, entry).await;
+    if let (Ok(Claimed::InFlight(_)), Some(wait)) = (&claimed, owner.claims.wait_in_flight) {
         let until = crate::engine::later(tokio::time::Instant::now(), wait);
-        let (stale, timeout) = (shared.claims.stale, settings.store_timeout);
-        if wait::settled(&shared.store, &settings.drain, key, stale, timeout, until).await {
-            claimed = claim(shared, key).await;
+        let (stale, timeout) = (owner.claims.stale, settings.store_timeout);
+        if wait::settled(&owner.store, &settings.drain, key, stale, timeout, until).await {
+            claimed = match settings.drain.enter() {
+                Some(entry) => claim(owner, key, entry).await,
+                None => return Err(Refusal::Draining),
+            };
         }
     }
     let guard = match claimed {
-        Ok(Answer::Acquired(guard)) => guard,
-        Ok(Answer::Draining) => {
-            record(key, Outcome::Draining);
-            return Err(response::draining(settings.retry_after));
-        }
-        Ok(Answer::Done(done)) => return Err(duplicate(shared, key, fingerprint, &done)),
-        Ok(Answer::InFlight(pending)) => {
-            record(key, Outcome::InFlight);
+        Ok(Claimed::Acquired(guard)) => guard,
+        Ok(Claimed::Done(done)) => return Err(duplicate(owner, fingerprint, &done)),
+        Ok(Claimed::InFlight(pending)) => {
             tracing::trace!(age = ?pending.age, deliveries = pending.deliveries, "claim in flight");
-            return Err(response::in_flight(settings.retry_after));
+            return Err(Refusal::InFlight(
+                "another delivery of this event is being processed; retry later",
+            ));
         }
-        Ok(Answer::Held(pending)) => {
-            record(key, Outcome::Held);
+        Ok(Claimed::Held(pending)) => {
             tracing::warn!(
                 namespace = key.namespace(),
                 key = key.value(),
@@ -264,20 +199,21 @@ where
                 deliveries = pending.deliveries,
                 "stale claim held for review: resolve it with Store::resolve",
             );
-            if let Some(hook) = &shared.claims.on_held {
+            if let Some(hook) = &owner.claims.on_held {
                 hook(key, &pending);
             }
-            return Err(response::held());
+            return Err(Refusal::Held(
+                "an earlier delivery of this event did not finish; it is held for review",
+            ));
         }
         Err(error) => {
-            record(key, Outcome::StoreUnavailable);
             tracing::error!(
                 namespace = key.namespace(),
                 key = key.value(),
                 error = &error as &dyn std::error::Error,
                 "claim failed; the handler does not run",
             );
-            return Err(response::store_unavailable(settings.retry_after));
+            return Err(Refusal::StoreUnavailable);
         }
     };
     let lease = guard.lease();
@@ -295,87 +231,72 @@ where
 
 /// The answer to a duplicate of a done key: 422 if it reuses the key for another request,
 /// the stored answer if there is one to replay, else the plain 200.
-fn duplicate<St, K, B>(
-    shared: &Shared<St, K>,
-    key: &IdempotencyKey,
+fn duplicate<St, K>(
+    owner: &Claims<St, K>,
     fingerprint: Option<&Fingerprint>,
     done: &Completed,
-) -> Response<ResponseBody<B>> {
+) -> Refusal {
     let receipt = done.receipt.as_deref();
     let kept = receipt.and_then(|receipt| receipt.fingerprint.as_ref());
     if let (Some(ours), Some(kept)) = (fingerprint, kept)
         && ours != kept
     {
-        record(key, Outcome::KeyReused);
         tracing::debug!(
             deliveries = done.deliveries,
             "key reused for another request; answered 422"
         );
-        return response::key_reused();
+        return Refusal::Own(crate::replay::key_reused());
     }
     let stored = receipt.and_then(|receipt: &Receipt| receipt.response.as_ref());
-    if let (Some(_), Some(stored)) = (&shared.claims.replay, stored) {
-        record(key, Outcome::Replayed);
+    if let (Some(_), Some(stored)) = (&owner.claims.replay, stored) {
         tracing::trace!(
             deliveries = done.deliveries,
             "duplicate answered with its stored answer"
         );
-        return response::replayed(stored);
+        return Refusal::Own(crate::replay::replayed(stored));
     }
-    record(key, Outcome::Duplicate);
     tracing::trace!(
         deliveries = done.deliveries,
         "duplicate of a processed event"
     );
-    response::duplicate()
+    Refusal::Duplicate
 }
 
 /// What a claim answered, with a granted claim already under its guard.
-enum Answer<St: Store, K: ExtractKey> {
-    Acquired(LeaseGuard<Shared<St, K>>),
+enum Claimed<St: Store, K: ExtractKey> {
+    Acquired(LeaseGuard<Claims<St, K>>),
     Done(Completed),
-    InFlight(Pending),
-    Held(Pending),
-    /// The layer drains: no new claims.
-    Draining,
+    InFlight(crate::store::Pending),
+    Held(crate::store::Pending),
 }
 
-/// Claims `key` within the store timeout (see [`acquire`]), unless the layer drains.
+/// Claims `key` within the store timeout (see [`acquire`]); `entry` counts the delivery in
+/// the drain.
 async fn claim<St: Store, K: ExtractKey>(
-    shared: &Arc<Shared<St, K>>,
+    owner: &Arc<Claims<St, K>>,
     key: &IdempotencyKey,
-) -> Result<Answer<St, K>, StoreError> {
-    let Some(entry) = shared.settings.drain.enter() else {
-        return Ok(Answer::Draining);
-    };
-    let owner = shared.clone();
+    entry: Entry,
+) -> Result<Claimed<St, K>, StoreError> {
+    let mode = owner.clone();
     let key = key.clone();
     let claiming = async move {
-        let claim = owner.store.claim(&key, owner.claims.stale).await?;
-        Ok(answer(owner, claim, entry))
+        let claim = mode.store.claim(&key, mode.claims.stale).await?;
+        Ok(match claim {
+            Claim::Acquired(lease) => Claimed::Acquired(LeaseGuard::claimed(mode, lease, entry)),
+            Claim::Done(done) => Claimed::Done(done),
+            Claim::InFlight(pending) => Claimed::InFlight(pending),
+            Claim::Held(pending) => Claimed::Held(pending),
+        })
     };
     let started = crate::engine::observe::started();
-    let answer = acquire(claiming, shared.settings.store_timeout, "claim").await;
+    let answer = acquire(claiming, owner.settings.store_timeout, "claim").await;
     if let Some(started) = started {
         crate::metrics::store_call("claim", started.elapsed());
     }
     answer
 }
 
-fn answer<St: Store, K: ExtractKey>(
-    owner: Arc<Shared<St, K>>,
-    claim: Claim,
-    entry: Entry,
-) -> Answer<St, K> {
-    match claim {
-        Claim::Acquired(lease) => Answer::Acquired(LeaseGuard::claimed(owner, lease, entry)),
-        Claim::Done(done) => Answer::Done(done),
-        Claim::InFlight(pending) => Answer::InFlight(pending),
-        Claim::Held(pending) => Answer::Held(pending),
-    }
-}
-
-impl<St: Store, K: ExtractKey> Owner for Shared<St, K> {
+impl<St: Store, K: ExtractKey> Owner for Claims<St, K> {
     type Lease = Lease;
     const WHAT: &'static str = "claim";
 

@@ -1,10 +1,12 @@
-//! The delivery engine: what every mode shares.
+//! The delivery engine: what every mode shares, and the one service shell.
 //!
-//! A delivery goes through the same steps whatever the mode; a mode adds only its claim step
-//! and what its settlement does.
+//! A delivery goes through the same steps whatever the mode, in [`mode::Guarded`]; a mode
+//! ([`mode::Mode`]) says what it claims, how, and how its claim runs and settles. Every answer
+//! the layer gives by itself is a [`refusal::Refusal`], made into a response in one place.
 //!
-//! 1. [`prepare`]: find the key (buffering the body only if the extractor reads it, through the
-//!    size and time limits) and answer what needs no store (400, 413, 408).
+//! 1. [`prepare`]: buffer the body only if the mode or verification reads it (through the
+//!    size and time limits), verify, find what to claim, and answer what needs no store
+//!    (400, 401, 413, 408).
 //! 2. [`drain`]: count the delivery, or turn it away with 503 while the layer drains.
 //! 3. [`acquire`]: the mode's claim, bounded by the store timeout, with a granted claim wrapped
 //!    at once in a [`guard::LeaseGuard`] so that an answer nobody reads gives itself back.
@@ -17,21 +19,18 @@
 pub(crate) mod acquire;
 pub(crate) mod drain;
 pub(crate) mod guard;
+pub(crate) mod keep;
+pub(crate) mod mode;
 pub(crate) mod observe;
 pub(crate) mod prepare;
+pub(crate) mod refusal;
 pub(crate) mod run;
 pub(crate) mod settings;
 pub(crate) mod wait;
 
 pub use drain::{Drain, DrainReport, LeftBehind, Stage};
+pub use mode::Guarded;
 
-/// `by` after `from`, or about thirty years after it when `by` reaches past what an instant
-/// can hold: a configured `Duration::MAX` means "never", not a panic.
-pub(crate) fn later(from: tokio::time::Instant, by: std::time::Duration) -> tokio::time::Instant {
-    const NEVER: std::time::Duration = std::time::Duration::from_secs(30 * 365 * 24 * 3600);
-    from.checked_add(by.min(NEVER))
-        .or_else(|| from.checked_add(std::time::Duration::from_secs(3600)))
-        .unwrap_or(from)
-}
+pub(crate) use crate::body::later;
 pub use guard::LeaseHandle;
 pub use settings::{DEFAULT_BODY_LIMIT, MissingKey};

@@ -1,5 +1,4 @@
-//! Before the claim: the delivery's key, the body buffered only when it must be, and the
-//! answers that need no store.
+//! Before the claim: the body buffered only when it must be, the signature, the key.
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -8,99 +7,32 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 
+use super::refusal::Rejection;
 use super::settings::{MissingKey, Settings};
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::{BoxError, RequestBody, ResponseBody};
 use crate::key::{ExtractKey, IdempotencyKey, KeyError};
-use crate::response::{self, Outcome};
+use crate::response::Outcome;
 
-pub(crate) use crate::body::BoxError;
-
-/// What the key of a delivery decided, with what to pass on: the request ([`keyed`]), or its
-/// body ([`key_of`]).
-pub(crate) enum Keyed<T> {
-    /// A valid key, and the request (or body) to pass on.
-    Key(IdempotencyKey, T),
-    /// No key, and the layer lets such requests through unguarded.
-    PassThrough(T),
-    /// An answer of 4xx.
-    Rejected(Rejection),
-}
-
-/// Why a delivery is answered 4xx before any claim.
-pub(crate) enum Rejection {
-    /// No usable key, or an unreadable body.
-    Key(KeyError),
-    /// A missing, malformed, wrong or expired signature: 401.
-    #[cfg(feature = "verify")]
-    Signature(crate::verify::VerifyError),
-}
-
-impl From<KeyError> for Rejection {
-    fn from(error: KeyError) -> Self {
-        Self::Key(error)
-    }
-}
-
-/// Finds the delivery's key (buffering the body if the extractor reads it, if the signature
-/// is verified, or always when `buffer_always`), verifies the signature, joins the scope, and
-/// decides what happens to a delivery without a key. (Transactional mode's; claim-then-commit
-/// keeps the head itself and calls [`key_of`].)
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-    allow(dead_code)
-)]
-pub(crate) async fn keyed<K, B>(
+/// Finds a delivery's key with `extractor` (given the body when it reads it), checks its
+/// length, joins the scope, and decides what happens to a delivery without one: `Ok(None)`
+/// lets it through unguarded, when the layer says so.
+pub(crate) fn find_key<K: ExtractKey>(
     extractor: &K,
     settings: &Settings,
-    buffer_always: bool,
-    req: Request<B>,
-) -> Keyed<Request<RequestBody<B>>>
-where
-    K: ExtractKey,
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let (parts, body) = req.into_parts();
-    match key_of(extractor, settings, buffer_always, &parts, body).await {
-        Keyed::Key(key, body) => Keyed::Key(key, Request::from_parts(parts, body)),
-        Keyed::PassThrough(body) => Keyed::PassThrough(Request::from_parts(parts, body)),
-        Keyed::Rejected(rejection) => Keyed::Rejected(rejection),
-    }
-}
-
-/// [`keyed`] for a request already split, which leaves the head with its caller: a delivery
-/// that keeps the head in its own future, until it passes the request on, holds it once.
-pub(crate) async fn key_of<K, B>(
-    extractor: &K,
-    settings: &Settings,
-    buffer_always: bool,
     parts: &Parts,
-    body: B,
-) -> Keyed<RequestBody<B>>
-where
-    K: ExtractKey,
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let reads = extractor.reads_body(parts);
-    let needed = reads || buffer_always || verifies(settings);
-    let (bytes, body) = match take_body(needed, parts, body, settings).await {
-        Ok(taken) => taken,
-        Err(error) => return Keyed::Rejected(error.into()),
-    };
-    if let Err(refused) = verified(settings, parts, bytes.as_deref()) {
-        return Keyed::Rejected(refused);
-    }
-    let key = extractor.extract(parts, bytes.as_deref().filter(|_| reads));
+    body: Option<&Bytes>,
+) -> Result<Option<IdempotencyKey>, Rejection> {
+    let body = body.filter(|_| extractor.reads_body(parts));
+    let key = extractor.extract(parts, body.map(|b| &b[..]));
     match check_len(key, settings).and_then(|key| settings.scope.apply(key, parts)) {
         Ok(key) => {
             super::observe::keyed(&key);
-            Keyed::Key(key, body)
+            Ok(Some(key))
         }
         Err(KeyError::Missing { .. }) if settings.missing_key == MissingKey::PassThrough => {
-            Keyed::PassThrough(body)
+            Ok(None)
         }
-        Err(error) => Keyed::Rejected(error.into()),
+        Err(error) => Err(error.into()),
     }
 }
 
@@ -209,24 +141,6 @@ pub(crate) fn check_len(
         )));
     }
     Ok(key)
-}
-
-pub(crate) fn reject<B>(rejection: &Rejection) -> Response<ResponseBody<B>> {
-    match rejection {
-        Rejection::Key(error) => {
-            tracing::debug!(outcome = Outcome::Rejected.as_str(), %error, "delivery rejected");
-            response::rejected(error)
-        }
-        #[cfg(feature = "verify")]
-        Rejection::Signature(error) => {
-            tracing::warn!(
-                outcome = Outcome::Unverified.as_str(),
-                %error,
-                "delivery refused: its signature did not verify; nothing was claimed",
-            );
-            response::unverified(error)
-        }
-    }
 }
 
 /// Tags the inner service's response with the delivery's outcome, unless a layer further in

@@ -14,11 +14,12 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::guard::{LeaseGuard, Leased, Owner, Settle};
+use super::keep::Keep;
 use super::prepare::tagged;
+use super::refusal::rejected_key;
 use crate::body::{BodyWatch, RequestBody, ResponseBody};
 use crate::key::KeyError;
-use crate::replay::Keep;
-use crate::response::{self, Outcome};
+use crate::response::{OUTCOME_HEADER, Outcome};
 
 /// A panic caught in the inner service.
 pub(crate) type Panic = Box<dyn Any + Send>;
@@ -221,9 +222,9 @@ fn timed_out<O: Owner, ResB>(
     if !settings.commit_when.commits(answered) {
         return res.map(ResponseBody::new);
     }
-    let mut res = response::rejected(&KeyError::BodyTimeout);
+    let mut res = rejected_key(KeyError::BodyTimeout);
     res.headers_mut().insert(
-        response::OUTCOME_HEADER,
+        OUTCOME_HEADER,
         http::HeaderValue::from_static(Outcome::Released.as_str()),
     );
     res.extensions_mut().insert(Outcome::Released);

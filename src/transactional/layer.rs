@@ -7,7 +7,8 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::TransactionalStore;
-use super::service::{TransactionalService, TxShared};
+use super::service::{Transactional, TransactionalService};
+use crate::engine::Guarded;
 use crate::engine::settings::{Settings, shared_settings};
 use crate::key::{Auto, ExtractKey};
 
@@ -119,14 +120,14 @@ where
     type Service = TransactionalService<S, St, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        TransactionalService {
+        Guarded::new(
             inner,
-            shared: Arc::new(TxShared {
+            Arc::new(Transactional {
                 store: self.store.clone(),
                 key: self.key.clone(),
                 settings: self.settings.clone(),
                 lock_timeout: self.lock_timeout,
             }),
-        }
+        )
     }
 }

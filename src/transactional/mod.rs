@@ -95,7 +95,7 @@ mod tx;
 /// The store's part of transactional mode lives with the stores; these are its names here as well.
 pub use crate::store::{Begin, TransactionalStore};
 pub use layer::TransactionalLayer;
-pub use service::TransactionalService;
+pub use service::{Transactional, TransactionalService};
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use tx::MissingTransaction;

@@ -1,14 +1,14 @@
-//! One delivery in transactional mode: begin, run the handler in the transaction, commit or
-//! roll back.
+//! Transactional mode as a mode of the service shell: begin, run the handler in the
+//! transaction, commit or roll back.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response};
-use http_body::Body;
 use sqlx::Transaction;
 use tokio::sync::Mutex;
 use tower_service::Service;
@@ -16,107 +16,147 @@ use tower_service::Service;
 use super::TransactionalStore;
 use super::tx::TxHandle;
 use crate::body::{RequestBody, ResponseBody};
+use crate::engine::Guarded;
 use crate::engine::drain::{Entry, Stage};
 use crate::engine::guard::{LeaseState, Leased};
-use crate::engine::observe::observed;
-use crate::engine::prepare::{BoxError, Keyed, keyed, pass_through, record, reject, with_outcome};
-use crate::engine::run::{Detach, Ran, call};
+use crate::engine::mode::Mode;
+use crate::engine::prepare::{find_key, record, with_outcome};
+use crate::engine::refusal::{Refusal, Rejection};
+use crate::engine::run::{Ran, call};
 use crate::engine::settings::Settings;
-use crate::future::ResponseFuture;
 use crate::key::{Auto, ExtractKey, IdempotencyKey};
-use crate::response::{self, Outcome};
+use crate::response::Outcome;
 use crate::store::{Begin, LeaseToken, StoreError};
 
-pub(super) struct TxShared<St, K> {
+/// The service of transactional mode, made by [`TransactionalLayer`](super::TransactionalLayer).
+/// See [`Guarded`], the service shell every mode shares.
+///
+/// As in claim-then-commit mode, a handler whose delivery went away runs to its end in a task
+/// of its own, and its answer commits or rolls back the transaction.
+pub type TransactionalService<S, St, K = Auto> = Guarded<S, Transactional<St, K>>;
+
+/// Transactional mode as a mode of the service shell: what a [`TransactionalService`] does
+/// with each delivery, and the settings it does it with.
+pub struct Transactional<St, K = Auto> {
     pub(super) store: St,
     pub(super) key: K,
     pub(super) settings: Settings,
     pub(super) lock_timeout: Duration,
 }
 
-/// The service of transactional mode. Made by [`TransactionalLayer`](super::TransactionalLayer).
-///
-/// As in claim-then-commit mode, a handler whose delivery went away runs to its end in a task
-/// of its own, and its answer commits or rolls back the transaction.
-pub struct TransactionalService<S, St, K = Auto> {
-    pub(super) inner: S,
-    pub(super) shared: Arc<TxShared<St, K>>,
-}
-
-impl<S: Clone, St, K> Clone for TransactionalService<S, St, K> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug, St: fmt::Debug, K: fmt::Debug> fmt::Debug for TransactionalService<S, St, K> {
+impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for Transactional<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TransactionalService")
-            .field("inner", &self.inner)
-            .field("store", &self.shared.store)
-            .field("key", &self.shared.key)
-            .field("lock_timeout", &self.shared.lock_timeout)
+        f.debug_struct("Transactional")
+            .field("store", &self.store)
+            .field("key", &self.key)
+            .field("lock_timeout", &self.lock_timeout)
             .finish()
     }
 }
 
-impl<S, St, K, ReqB, ResB> Service<Request<ReqB>> for TransactionalService<S, St, K>
-where
-    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    St: TransactionalStore,
-    K: ExtractKey,
-    ReqB: Body<Data = Bytes> + Send + 'static,
-    ReqB::Error: Into<BoxError>,
-    ResB: Send + 'static,
-{
-    type Response = Response<ResponseBody<ResB>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<Self::Response, S::Error>;
-
-    /// Always ready: the inner service is made ready inside the response future, once the
-    /// delivery holds its transaction.
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let inner = self.inner.clone();
-        observed(Box::pin(deliver(self.shared.clone(), inner, req)))
-    }
+/// A transaction begun with the delivery's marker, counted by the drain until it settles.
+pub(crate) struct Held<St: TransactionalStore> {
+    tx: Transaction<'static, St::Database>,
+    open: Open,
 }
 
-async fn deliver<S, St, K, ReqB, ResB>(
-    shared: Arc<TxShared<St, K>>,
-    inner: S,
-    req: Request<ReqB>,
-) -> Result<Response<ResponseBody<ResB>>, S::Error>
+impl<S, St, K, B, ResB> Mode<S, B, ResB> for Transactional<St, K>
 where
-    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     St: TransactionalStore,
     K: ExtractKey,
-    ReqB: Body<Data = Bytes> + Send + 'static,
-    ReqB::Error: Into<BoxError>,
+    B: Send + 'static,
     ResB: Send + 'static,
 {
-    // The whole body is read before the transaction begins: a slow upload must not hold a
-    // pooled connection while it trickles in.
-    let (key, request) = match keyed(&shared.key, &shared.settings, true, req).await {
-        Keyed::Key(key, request) => (key, request),
-        Keyed::PassThrough(request) => return pass_through(inner, request).await,
-        Keyed::Rejected(error) => return Ok(reject(&error)),
-    };
-    let mut res = deliver_keyed(&shared, inner, request, &key).await;
-    if let Ok(res) = &mut res {
+    type Found = IdempotencyKey;
+    type Held = Held<St>;
+
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The whole body is read before the transaction begins: a slow upload must not hold a
+    /// pooled connection while it trickles in.
+    fn reads_body(&self, _parts: &Parts) -> bool {
+        true
+    }
+
+    fn find(
+        &self,
+        parts: &Parts,
+        body: Option<&Bytes>,
+    ) -> Result<Option<IdempotencyKey>, Rejection> {
+        find_key(&self.key, &self.settings, parts, body)
+    }
+
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "the trait names the future's bounds"
+    )]
+    fn claim(
+        self: Arc<Self>,
+        key: &IdempotencyKey,
+        mut entry: Entry,
+    ) -> impl Future<Output = Result<Held<St>, Refusal>> + Send {
+        let key = key.clone();
+        async move {
+            // The lock wait is part of beginning, so the store's own bound comes on top of
+            // it. It runs in a task of its own: a store that changes a connection setting for
+            // the marker's wait puts it back after the wait, and a delivery dropped meanwhile
+            // (its sender hung up, the bound passed) must not cut that short and hand a
+            // half-configured connection back to the pool. A transaction that nobody reads
+            // then rolls back as the task ends.
+            let (store, owned_key, lock_timeout) =
+                (self.store.clone(), key.clone(), self.lock_timeout);
+            let begin = tokio::spawn(async move { store.begin(&owned_key, lock_timeout).await });
+            let bound = self
+                .settings
+                .store_timeout
+                .saturating_add(self.lock_timeout);
+            let error = match tokio::time::timeout(bound, begin).await {
+                Ok(Ok(Ok(Begin::Claimed(tx, token)))) => {
+                    let marker = Marker { key, token };
+                    let state = Arc::new(LeaseState::new(marker, "transaction"));
+                    entry.hold(state.clone());
+                    let open = Open {
+                        state,
+                        _entry: entry,
+                    };
+                    return Ok(Held { tx, open });
+                }
+                Ok(Ok(Ok(Begin::Done(_)))) => return Err(Refusal::Duplicate),
+                Ok(Ok(Ok(Begin::InFlight(_)))) => {
+                    return Err(Refusal::InFlight(
+                        "another delivery of this event is being processed; retry later",
+                    ));
+                }
+                Ok(Ok(Err(error))) => error,
+                Ok(Err(panicked)) => StoreError::backend(panicked),
+                Err(_) => StoreError::backend("the store did not begin a transaction in time"),
+            };
+            failed(&key, &error, "could not begin");
+            Err(Refusal::StoreUnavailable)
+        }
+    }
+
+    fn run(
+        self: Arc<Self>,
+        held: Held<St>,
+        inner: S,
+        request: Request<RequestBody<B>>,
+    ) -> impl Future<Output = Ran<Response<ResponseBody<ResB>>, S::Error>> + Send + 'static {
+        run(self, held.open, held.tx, inner, request)
+    }
+
+    fn record(&self, key: &IdempotencyKey, outcome: Outcome) {
+        record(key, outcome);
+    }
+
+    fn answered(&self, key: IdempotencyKey, res: &mut Response<ResponseBody<ResB>>) {
         res.extensions_mut().insert(key);
     }
-    res
 }
 
 /// The marker a delivery's open transaction holds, as the drain reports it.
@@ -148,75 +188,9 @@ impl Drop for Open {
     }
 }
 
-/// One delivery with a valid key, in its own transaction.
-async fn deliver_keyed<S, St, K, B, ResB>(
-    shared: &Arc<TxShared<St, K>>,
-    inner: S,
-    request: Request<B>,
-    key: &IdempotencyKey,
-) -> Result<Response<ResponseBody<ResB>>, S::Error>
-where
-    S: Service<Request<B>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    St: TransactionalStore,
-    K: ExtractKey,
-    B: Send + 'static,
-    ResB: Send + 'static,
-{
-    let settings = &shared.settings;
-    let Some(mut entry) = settings.drain.enter() else {
-        record(key, Outcome::Draining);
-        return Ok(response::draining(settings.retry_after));
-    };
-    // The lock wait is part of beginning, so the store's own bound comes on top of it. It runs
-    // in a task of its own: a store that changes a connection setting for the marker's wait
-    // puts it back after the wait, and a delivery dropped meanwhile (its sender hung up, the
-    // bound passed) must not cut that short and hand a half-configured connection back to the
-    // pool. A transaction that nobody reads then rolls back as the task ends.
-    let (store, owned_key, lock_timeout) = (shared.store.clone(), key.clone(), shared.lock_timeout);
-    let begin = tokio::spawn(async move { store.begin(&owned_key, lock_timeout).await });
-    let bound = settings.store_timeout.saturating_add(shared.lock_timeout);
-    let (tx, token) = match tokio::time::timeout(bound, begin).await {
-        Ok(Ok(Ok(Begin::Claimed(tx, token)))) => (tx, token),
-        Ok(Ok(Ok(Begin::Done(_)))) => {
-            record(key, Outcome::Duplicate);
-            return Ok(response::duplicate());
-        }
-        Ok(Ok(Ok(Begin::InFlight(_)))) => {
-            record(key, Outcome::InFlight);
-            return Ok(response::in_flight(settings.retry_after));
-        }
-        Ok(Ok(Err(error))) => return Ok(store_failed(settings, key, &error, "could not begin")),
-        Ok(Err(panicked)) => {
-            let error = StoreError::backend(panicked);
-            return Ok(store_failed(settings, key, &error, "could not begin"));
-        }
-        Err(_) => {
-            let error = StoreError::backend("the store did not begin a transaction in time");
-            return Ok(store_failed(settings, key, &error, "could not begin"));
-        }
-    };
-    let marker = Marker {
-        key: key.clone(),
-        token,
-    };
-    let state = Arc::new(LeaseState::new(marker, "transaction"));
-    entry.hold(state.clone());
-    let open = Open {
-        state,
-        _entry: entry,
-    };
-    let run = run(shared.clone(), open, tx, inner, request);
-    match Detach::new(run).await {
-        Ok(answer) => answer,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
-}
-
 /// The handler in the delivery's transaction, then `COMMIT` or `ROLLBACK` as it answered.
 async fn run<S, St, K, B, ResB>(
-    shared: Arc<TxShared<St, K>>,
+    shared: Arc<Transactional<St, K>>,
     open: Open,
     tx: Transaction<'static, St::Database>,
     inner: S,
@@ -308,11 +282,15 @@ fn store_failed<B>(
     what: &str,
 ) -> Response<ResponseBody<B>> {
     record(key, Outcome::StoreUnavailable);
+    failed(key, error, what);
+    Refusal::StoreUnavailable.answer(settings.retry_after)
+}
+
+fn failed(key: &IdempotencyKey, error: &StoreError, what: &str) {
     tracing::error!(
         namespace = key.namespace(),
         key = key.value(),
         error = error as &dyn std::error::Error,
         "{what} the delivery's transaction; the sender's retry will run it again",
     );
-    response::store_unavailable(settings.retry_after)
 }

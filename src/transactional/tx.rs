@@ -144,16 +144,10 @@ mod extract {
     impl IntoResponse for MissingTransaction {
         fn into_response(self) -> Response {
             let status = StatusCode::INTERNAL_SERVER_ERROR;
-            let body = serde_json::json!({
-                "title": status.canonical_reason().unwrap_or_default(),
-                "status": status.as_u16(),
-                "detail": self.detail,
-            });
-            let mut res = (status, body.to_string()).into_response();
-            res.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/problem+json"),
-            );
+            let body = crate::response::problem_json(status, &self.detail, None);
+            let mut res = (status, body).into_response();
+            res.headers_mut()
+                .insert(http::header::CONTENT_TYPE, crate::response::PROBLEM_JSON);
             res
         }
     }

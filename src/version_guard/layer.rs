@@ -3,8 +3,9 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::service::{OrderShared, VersionGuard};
+use super::service::{VersionGuard, Versions};
 use super::version::ExtractVersion;
+use crate::engine::Guarded;
 use crate::engine::settings::HeldHook;
 use crate::engine::settings::{Settings, shared_settings};
 use crate::key::{ExtractKey, IdempotencyKey};
@@ -145,9 +146,9 @@ where
     type Service = VersionGuard<S, St, E, V>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        VersionGuard::new(
+        Guarded::new(
             inner,
-            Arc::new(OrderShared {
+            Arc::new(Versions {
                 store: self.store.clone(),
                 entity: self.entity.clone(),
                 version: self.version.clone(),

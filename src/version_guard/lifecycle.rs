@@ -5,7 +5,7 @@ use std::fmt;
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
-use http::{HeaderValue, Response, StatusCode};
+use http::{Response, StatusCode};
 
 /// The transitions an entity's state may take, e.g. a subscription's
 /// `incomplete → active → cancelled`. Anything not declared is illegal: an `expired`
@@ -154,19 +154,13 @@ impl<S: fmt::Debug> IllegalTransition<S> {
     ///  "from":"Expired","to":"Active"}
     /// ```
     pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
-        let body = serde_json::json!({
-            "title": Self::STATUS.canonical_reason().unwrap_or_default(),
-            "status": Self::STATUS.as_u16(),
-            "detail": self.to_string(),
-            "from": format!("{:?}", self.from),
-            "to": format!("{:?}", self.to),
-        });
+        let mut body = crate::response::problem_document(Self::STATUS, &self.to_string());
+        body["from"] = format!("{:?}", self.from).into();
+        body["to"] = format!("{:?}", self.to).into();
         let mut res = Response::new(B::from(Bytes::from(body.to_string())));
         *res.status_mut() = Self::STATUS;
-        res.headers_mut().insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        res.headers_mut()
+            .insert(CONTENT_TYPE, crate::response::PROBLEM_JSON);
         res
     }
 }

@@ -275,5 +275,5 @@ pub use advance::advance;
 pub use error::VersionGuardError;
 pub use layer::{Unset, VersionGuardLayer};
 pub use lifecycle::{IllegalTransition, Lifecycle};
-pub use service::VersionGuard;
+pub use service::{VersionGuard, Versions};
 pub use version::ExtractVersion;

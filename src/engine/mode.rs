@@ -1,0 +1,232 @@
+//! The one service shell: every mode's deliveries go through [`Guarded`], and a mode is a
+//! small type that says what it claims, how, and how a held claim runs and settles.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
+use tower_service::Service;
+
+use super::drain::Entry;
+use super::observe::observed;
+use super::prepare::{pass_through, take_body, verified, verifies};
+use super::refusal::{Refusal, Rejection};
+use super::run::{Detach, Ran};
+use super::settings::Settings;
+use crate::body::{BoxError, RequestBody, ResponseBody};
+use crate::future::ResponseFuture;
+use crate::key::KeyError;
+use crate::response::Outcome;
+
+/// A way of guarding deliveries: claim-then-commit, transactional, the version guard.
+///
+/// The shell ([`Guarded`]) takes a delivery through the steps every mode shares: buffer the
+/// body when the mode or verification needs it, verify, find what to claim, count the
+/// delivery in the drain, claim, run the inner service under the claim (to completion, in a
+/// task of its own if the delivery goes away), and answer. A mode says what happens at each
+/// step of its own.
+pub(crate) trait Mode<S, B, ResB>: Send + Sync + Sized + 'static
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
+{
+    /// What a delivery claims, once found: its key, or an entity and its version; with what
+    /// the mode keeps of the request for later (a fingerprint, the sender's attempt).
+    type Found: Send + Sync + 'static;
+    /// A granted claim, held until the run settles it: a lease guard, an open transaction.
+    type Held: Send + 'static;
+
+    fn settings(&self) -> &Settings;
+
+    /// Whether finding what to claim reads the body of this request (buffered then).
+    fn reads_body(&self, parts: &Parts) -> bool;
+
+    /// What to answer when the body could not be buffered.
+    fn body_refused(&self, error: KeyError) -> Rejection {
+        Rejection::Key(error)
+    }
+
+    /// Finds what the delivery claims, from its head and (when read) its body. `Ok(None)`:
+    /// nothing, and the layer lets such deliveries through unguarded.
+    fn find(&self, parts: &Parts, body: Option<&Bytes>) -> Result<Option<Self::Found>, Rejection>;
+
+    /// Claims it, bounded by the store timeout: a granted claim, held by what settles it, or
+    /// what to answer instead. `entry` counts the delivery in the drain until it settles.
+    fn claim(
+        self: Arc<Self>,
+        found: &Self::Found,
+        entry: Entry,
+    ) -> impl Future<Output = Result<Self::Held, Refusal>> + Send;
+
+    /// Runs the inner service under the claim, and settles it as the answer says.
+    fn run(
+        self: Arc<Self>,
+        held: Self::Held,
+        inner: S,
+        request: Request<RequestBody<B>>,
+    ) -> impl Future<Output = Ran<Response<ResponseBody<ResB>>, S::Error>> + Send + 'static;
+
+    /// Tells of an answer the layer gave itself after finding what to claim.
+    fn record(&self, found: &Self::Found, outcome: Outcome);
+
+    /// Adds what the mode tells of a delivery to its answer, whoever made it (the key in the
+    /// extensions, the journal).
+    fn answered(&self, found: Self::Found, res: &mut Response<ResponseBody<ResB>>);
+}
+
+/// The service of every mode, made by its layer: [`Idempotency`](crate::Idempotency) for
+/// claim-then-commit, [`VersionGuard`](crate::version_guard::VersionGuard), and
+/// `transactional::TransactionalService` (with a SQL store's feature).
+///
+/// The inner service receives `Request<RequestBody<B>>` and its error type is kept: the
+/// layer's own outcomes (duplicate, in flight, bad key, store down) are responses.
+///
+/// Once a delivery holds its claim, the inner service's future runs to its end whether or not
+/// anybody still waits for the answer: if the response future is dropped (hyper drops it when
+/// the client disconnects), the inner future moves into a task of its own, and its answer
+/// still settles the claim. So a timeout layer outside this one bounds how long the sender
+/// waits, not how long the claimed work runs: bound that inside the handler.
+///
+/// `poll_ready` is always ready: the inner service is driven to readiness inside the response
+/// future, once the delivery holds a claim, so that a slow upload or a duplicate answered by
+/// the layer never occupies a slot of a concurrency limit further in.
+pub struct Guarded<S, M> {
+    inner: S,
+    mode: Arc<M>,
+}
+
+impl<S, M> Guarded<S, M> {
+    pub(crate) fn new(inner: S, mode: Arc<M>) -> Self {
+        Self { inner, mode }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Clone, M> Clone for Guarded<S, M> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            mode: self.mode.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, M: fmt::Debug> fmt::Debug for Guarded<S, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guarded")
+            .field("inner", &self.inner)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+#[allow(
+    private_bounds,
+    reason = "the modes are the crate's own; users name the services by their aliases"
+)]
+impl<S, M, ReqB, ResB> Service<Request<ReqB>> for Guarded<S, M>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    M: Mode<S, ReqB, ResB>,
+    ReqB: Body<Data = Bytes> + Send + 'static,
+    ReqB::Error: Into<BoxError>,
+    ResB: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<Self::Response, S::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let inner = self.inner.clone();
+        let (parts, body) = req.into_parts();
+        observed(Box::pin(deliver(self.mode.clone(), inner, parts, body)))
+    }
+}
+
+/// One delivery, from what it claims to its answer.
+///
+/// The head of the request stays where it came in until the request goes on to the inner
+/// service: a future that moved it along would hold it twice. So too this is a function
+/// answering an `async move` block, not an `async fn`, which keeps its arguments twice (as
+/// passed, and moved into its body). The smaller the future, the cheaper its box.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn holds its arguments twice"
+)]
+fn deliver<S, M, ReqB, ResB>(
+    mode: Arc<M>,
+    inner: S,
+    parts: Parts,
+    body: ReqB,
+) -> impl Future<Output = Result<Response<ResponseBody<ResB>>, S::Error>> + Send
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    M: Mode<S, ReqB, ResB>,
+    ReqB: Body<Data = Bytes> + Send + 'static,
+    ReqB::Error: Into<BoxError>,
+    ResB: Send + 'static,
+{
+    async move {
+        let settings = mode.settings();
+        let retry_after = settings.retry_after;
+        let reads = mode.reads_body(&parts);
+        let needed = reads || verifies(settings);
+        let (bytes, body) = match take_body(needed, &parts, body, settings).await {
+            Ok(taken) => taken,
+            Err(error) => {
+                return Ok(Refusal::Rejected(mode.body_refused(error)).answer(retry_after));
+            }
+        };
+        if let Err(refused) = verified(settings, &parts, bytes.as_deref()) {
+            return Ok(Refusal::Rejected(refused).answer(retry_after));
+        }
+        let found = match mode.find(&parts, bytes.as_ref().filter(|_| reads)) {
+            Ok(Some(found)) => found,
+            Ok(None) => {
+                // Boxed: the handler's future is no part of the guarded deliveries' futures.
+                let unguarded = pass_through(inner, Request::from_parts(parts, body));
+                return Box::pin(unguarded).await;
+            }
+            Err(rejection) => return Ok(Refusal::Rejected(rejection).answer(retry_after)),
+        };
+        drop(bytes);
+        let claimed = match settings.drain.enter() {
+            Some(entry) => mode.clone().claim(&found, entry).await,
+            None => Err(Refusal::Draining),
+        };
+        let mut res = match claimed {
+            Ok(held) => {
+                let run = mode
+                    .clone()
+                    .run(held, inner, Request::from_parts(parts, body));
+                match Detach::new(run).await {
+                    Ok(Ok(res)) => res,
+                    Ok(Err(error)) => return Err(error),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            Err(refusal) => {
+                mode.record(&found, refusal.outcome());
+                refusal.answer(retry_after)
+            }
+        };
+        mode.answered(found, &mut res);
+        Ok(res)
+    }
+}
