@@ -46,28 +46,6 @@ pub mod transactional;
 pub mod verify;
 pub mod version_guard;
 
-/// The [version guard](version_guard) under its former module name, for one release.
-///
-/// Its types under their former names warn when used; paths through the module itself do
-/// not (the compiler does not warn for items reached through a deprecated module), so move to
-/// `version_guard` now.
-#[deprecated(since = "0.2.0", note = "renamed `version_guard`")]
-pub mod order {
-    pub use crate::version_guard::*;
-
-    /// The version guard's layer under its former name.
-    #[deprecated(since = "0.2.0", note = "renamed `version_guard::VersionGuardLayer`")]
-    pub type OrderLayer<St, E = Unset, V = Unset> = VersionGuardLayer<St, E, V>;
-
-    /// The version guard's service under its former name.
-    #[deprecated(since = "0.2.0", note = "renamed `version_guard::VersionGuard`")]
-    pub type Order<S, St, E, V> = VersionGuard<S, St, E, V>;
-
-    /// The version guard's error under its former name.
-    #[deprecated(since = "0.2.0", note = "renamed `version_guard::VersionGuardError`")]
-    pub type OrderError = VersionGuardError;
-}
-
 pub use engine::{
     DEFAULT_BODY_LIMIT, Drain, DrainReport, LeaseHandle, LeftBehind, MissingKey, Stage,
 };
