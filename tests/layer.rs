@@ -668,6 +668,15 @@ async fn missing_key_can_pass_through() {
     );
 }
 
+/// A longest key above what the stores keep is a configuration mistake, refused when the
+/// layer is built rather than quietly lowered; the maximum itself is accepted.
+#[test]
+#[should_panic(expected = "max_key_len(256) is above the longest key a store keeps")]
+fn max_key_len_above_the_maximum_panics() {
+    let accepted = layer(MemoryStore::new()).max_key_len(key::MAX_KEY_LEN);
+    let _ = accepted.max_key_len(key::MAX_KEY_LEN + 1);
+}
+
 #[tokio::test]
 async fn invalid_keys_are_400() {
     let h = Harness::new();

@@ -166,10 +166,21 @@ macro_rules! shared_settings {
             self
         }
 
-        /// Rejects key values (entity ids) longer than `bytes`, at most
-        /// [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN), the default.
+        /// Rejects key values (entity ids) longer than `bytes` with 400. Default and maximum:
+        /// [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) (255), the longest key every store keeps.
+        ///
+        /// # Panics
+        ///
+        /// If `bytes` is above [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN): a configuration
+        /// mistake, caught when the layer is built.
+        #[track_caller]
         pub fn max_key_len(mut self, bytes: usize) -> Self {
-            self.settings.max_key_len = bytes.min($crate::key::MAX_KEY_LEN);
+            assert!(
+                bytes <= $crate::key::MAX_KEY_LEN,
+                "max_key_len({bytes}) is above the longest key a store keeps, MAX_KEY_LEN ({})",
+                $crate::key::MAX_KEY_LEN,
+            );
+            self.settings.max_key_len = bytes;
             self
         }
 
