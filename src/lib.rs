@@ -1,23 +1,6 @@
-// With SQLite, axum, verification and the admin router, the crate documentation is the README
-// (docs.rs builds it so); without them, the short version below, whose examples need no database.
-#![cfg_attr(
-    all(
-        feature = "sqlite",
-        feature = "axum",
-        feature = "verify",
-        feature = "admin"
-    ),
-    doc = include_str!("../README.md")
-)]
-#![cfg_attr(
-    not(all(
-        feature = "sqlite",
-        feature = "axum",
-        feature = "verify",
-        feature = "admin"
-    )),
-    doc = include_str!("../docs/crate.md")
-)]
+// The crate documentation is the README, whatever the features: its examples that need a
+// feature compile only when it is on.
+#![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "admin")]
