@@ -20,7 +20,7 @@ use tower_idempotency::store::{
     Claim, KeyRecord, KeyState, Lease, MemoryStore, Resolution, Stale, Store, StoreError,
     StuckClaim,
 };
-use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MissingKey, Outcome, key};
+use tower_idempotency::{Drain, IdempotencyKey, IdempotencyLayer, MissingKey, Outcome, key};
 
 type Req = Request<RequestBody<Full<Bytes>>>;
 type Res = Response<ResponseBody<Full<Bytes>>>;
@@ -439,10 +439,11 @@ async fn short_handler_pays_no_renewal() {
 async fn huge_durations_do_not_overflow() {
     let mut h = Harness::new();
     let store = MemoryStore::new();
+    let drain = Drain::new();
     let configured = layer(store)
         .retry_after(Duration::MAX)
-        .stale(Stale::hold_after(Duration::MAX));
-    let drain = configured.drain_handle();
+        .stale(Stale::hold_after(Duration::MAX))
+        .drain(&drain);
     let svc = h.service(configured.clone());
     let first = tokio::spawn(svc.clone().oneshot(delivery("e1", "block")));
     h.started.recv().await.unwrap();
@@ -460,6 +461,53 @@ async fn huge_durations_do_not_overflow() {
     let report = drain.drain(Duration::MAX).await;
     assert!(report.is_clean(), "{report}");
     assert_eq!(h.runs(), 1);
+}
+
+/// The drain given to a layer is the one it uses, whether it was given first (before the
+/// setter that changes the key's type) or last: the handle kept for the shutdown counts the
+/// deliveries of both layers, turns new ones away and waits for the running ones.
+#[tokio::test]
+async fn the_drain_given_first_or_last_drains_the_layer() {
+    let mut h = Harness::new();
+    let store = MemoryStore::new();
+    let drain = Drain::new();
+    let given_first = IdempotencyLayer::new(store.clone())
+        .drain(&drain)
+        .key(key::header("x-event-id").namespace("first"));
+    let given_last = layer(store)
+        .retry_after(Duration::from_secs(2))
+        .drain(&drain);
+    let first = h.service(given_first);
+    let last = h.service(given_last);
+
+    let running = [
+        tokio::spawn(first.clone().oneshot(delivery("e1", "block"))),
+        tokio::spawn(last.clone().oneshot(delivery("e1", "block"))),
+    ];
+    h.started.recv().await.unwrap();
+    h.started.recv().await.unwrap();
+    assert_eq!(drain.in_flight(), 2, "both layers' deliveries are tracked");
+
+    let shutdown = tokio::spawn({
+        let drain = drain.clone();
+        async move { drain.drain(Duration::from_secs(30)).await }
+    });
+    eventually(|| drain.is_closed()).await;
+    for svc in [first.clone(), last.clone()] {
+        let res = svc.oneshot(delivery("e2", "ok")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Draining));
+    }
+    assert!(!shutdown.is_finished(), "the drain waits for both handlers");
+
+    h.gate.add_permits(2);
+    for res in running {
+        assert_eq!(res.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    let report = shutdown.await.unwrap();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(drain.in_flight(), 0);
+    assert_eq!(h.runs(), 2);
 }
 
 #[tokio::test]
@@ -618,6 +666,15 @@ async fn missing_key_can_pass_through() {
         svc.oneshot(req).await.unwrap().status(),
         StatusCode::BAD_REQUEST
     );
+}
+
+/// A longest key above what the stores keep is a configuration mistake, refused when the
+/// layer is built rather than quietly lowered; the maximum itself is accepted.
+#[test]
+#[should_panic(expected = "max_key_len(256) is above the longest key a store keeps")]
+fn max_key_len_above_the_maximum_panics() {
+    let accepted = layer(MemoryStore::new()).max_key_len(key::MAX_KEY_LEN);
+    let _ = accepted.max_key_len(key::MAX_KEY_LEN + 1);
 }
 
 #[tokio::test]

@@ -160,8 +160,8 @@ async fn drain_waits_for_a_detached_handler<St: Store + Clone>(store: St) {
 async fn drain_reports_what_it_left<St: Store + Clone>(store: St) {
     let ns = common::unique_namespace("drain-left");
     let (h, mut started) = Handler::new();
-    let layer = layer(store.clone(), &ns);
-    let drain = layer.drain_handle();
+    let drain = Drain::new();
+    let layer = layer(store.clone(), &ns).drain(&drain);
     let svc = h.service(layer);
     let running = tokio::spawn(svc.oneshot(delivery("evt_1", "block")));
     started.recv().await.unwrap();
@@ -291,14 +291,15 @@ async fn every_mode_honours_the_drain() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
     };
+    // The drain given before the setters that change the layer's type: it stays the layer's.
     let tx = TransactionalLayer::new(store.clone())
-        .key(key::header("x-event-id").namespace(ns.clone()))
         .drain(&drain)
+        .key(key::header("x-event-id").namespace(ns.clone()))
         .layer(service_fn(ok));
     let ordered = VersionGuardLayer::new(store.clone())
+        .drain(&drain)
         .entity(key::header("x-entity").namespace(ns.clone()))
         .version(version_guard::version::header("x-version"))
-        .drain(&drain)
         .layer(service_fn(ok));
     let entity = |version: &str| {
         Request::post("/")

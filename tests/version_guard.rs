@@ -93,10 +93,16 @@ async fn missing_or_invalid_entity_and_version_are_400() {
         assert!(got.contains(detail), "{body}: {got}");
     }
     let res = svc.clone().oneshot(raw(r#"{"data":{}}"#)).await.unwrap();
+    let error = res.extensions().get::<VersionGuardError>();
+    assert!(error.is_some_and(|e| e.is_missing()), "{error:?}");
     assert_eq!(
         problem(res).await["expected"],
         "JSON field `/data/object/id`"
     );
+    let invalid = raw(r#"{"data":{"object":{"id":"","version":1}}}"#);
+    let res = svc.clone().oneshot(invalid).await.unwrap();
+    let error = res.extensions().get::<VersionGuardError>();
+    assert!(error.is_some_and(|e| !e.is_missing()), "{error:?}");
     assert_eq!(h.business.runs(), 0);
 }
 
@@ -380,40 +386,6 @@ async fn illegal_transition_is_refused_and_reported_legal_one_applies() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(states.lock().unwrap()["sub_2"], Status::Active);
-}
-
-/// The version guard's former names (the module `order`, `OrderLayer`, `Order`,
-/// `OrderError`) still build the same layer, for one release.
-#[tokio::test]
-#[allow(deprecated)]
-async fn former_names_still_work() {
-    use tower_idempotency::order::{self, Order, OrderError, OrderLayer};
-    let store = MemoryStore::new();
-    let svc: Order<_, _, _, _> = OrderLayer::new(store.clone())
-        .entity(key::header("x-entity").namespace("acme"))
-        .version(order::version::header("x-version"))
-        .layer(service_fn(
-            |_req: Request<RequestBody<Full<Bytes>>>| async {
-                Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
-            },
-        ));
-    let send = |version: &str| {
-        Request::post("/")
-            .header("x-entity", "order_1")
-            .header("x-version", version)
-            .body(Full::new(Bytes::new()))
-            .unwrap()
-    };
-    assert_eq!(
-        svc.clone().oneshot(send("2")).await.unwrap().status(),
-        StatusCode::OK
-    );
-    let older = svc.clone().oneshot(send("1")).await.unwrap();
-    assert_eq!(older.headers()["idempotency-outcome"], "outdated");
-    let refused = svc.oneshot(Request::post("/").body(Full::new(Bytes::new())).unwrap());
-    let refused = refused.await.unwrap();
-    let error: Option<&OrderError> = refused.extensions().get();
-    assert!(error.is_some_and(|e| e.is_missing()));
 }
 
 /// The version guard's entities are shared by every route by default: events about one entity

@@ -19,8 +19,8 @@ use crate::key::IdempotencyKey;
 /// restart), the running ones finish and commit, and the [`DrainReport`] says what, if
 /// anything, was still running at the deadline.
 ///
-/// Every layer has a drain; share one across layers with `.drain(&drain)`, or take a layer's
-/// own with `.drain_handle()`.
+/// Create one, give it to each layer with `.drain(&drain)` (one drain can stop every route),
+/// and keep a clone for the shutdown.
 ///
 /// ```
 /// use std::time::Duration;

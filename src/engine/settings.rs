@@ -166,10 +166,21 @@ macro_rules! shared_settings {
             self
         }
 
-        /// Rejects key values (entity ids) longer than `bytes`, at most
-        /// [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN), the default.
+        /// Rejects key values (entity ids) longer than `bytes` with 400. Default and maximum:
+        /// [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) (255), the longest key every store keeps.
+        ///
+        /// # Panics
+        ///
+        /// If `bytes` is above [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN): a configuration
+        /// mistake, caught when the layer is built.
+        #[track_caller]
         pub fn max_key_len(mut self, bytes: usize) -> Self {
-            self.settings.max_key_len = bytes.min($crate::key::MAX_KEY_LEN);
+            assert!(
+                bytes <= $crate::key::MAX_KEY_LEN,
+                "max_key_len({bytes}) is above the longest key a store keeps, MAX_KEY_LEN ({})",
+                $crate::key::MAX_KEY_LEN,
+            );
+            self.settings.max_key_len = bytes;
             self
         }
 
@@ -198,19 +209,15 @@ macro_rules! shared_settings {
             self
         }
 
-        /// Tracks this layer's deliveries in `drain`, so that one [`Drain`](crate::Drain)
-        /// shared by several layers (one per route, say) shuts them all down together. Each
-        /// layer has a drain of its own otherwise, which [`drain_handle`](Self::drain_handle)
-        /// answers.
+        /// Tracks this layer's deliveries in `drain`, so that a shutdown can stop new claims
+        /// and wait for the running ones (see [`Drain`](crate::Drain)). Create the drain
+        /// first, keep a clone for the shutdown, and pass it to every layer it should stop
+        /// (one per route, say): the handle you keep is the drain the layers use, whatever
+        /// order they were built in. A layer given no drain tracks its deliveries in one of
+        /// its own, which nothing closes; a second call replaces the first.
         pub fn drain(mut self, drain: &$crate::Drain) -> Self {
             self.settings.drain = drain.clone();
             self
-        }
-
-        /// The [`Drain`](crate::Drain) that tracks this layer's deliveries: stop new claims
-        /// and wait for the running ones before the process exits.
-        pub fn drain_handle(&self) -> $crate::Drain {
-            self.settings.drain.clone()
         }
     };
 }

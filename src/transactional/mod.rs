@@ -8,7 +8,83 @@
 //! its answer decides as usual. There is no `processing` row and so no stale claim to decide
 //! about: a crash rolls back.
 //!
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use http::{Request, Response, StatusCode};
+//! use sqlx::{Sqlite, SqlitePool, sqlite::SqlitePoolOptions};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//! use tower_idempotency::body::RequestBody;
+//! use tower_idempotency::store::{KeyState, SqliteStore, Store};
+//! use tower_idempotency::transactional::{TransactionalLayer, TxHandle};
+//! use tower_idempotency::{IdempotencyKey, key};
+//!
+//! // SQLite in memory, for the example: one connection that the pool keeps open.
+//! let pool = SqlitePoolOptions::new()
+//!     .max_connections(1)
+//!     .min_connections(1)
+//!     .idle_timeout(None)
+//!     .max_lifetime(None)
+//!     .connect("sqlite::memory:")
+//!     .await?;
+//! sqlx::query("CREATE TABLE payments (event TEXT NOT NULL)").execute(&pool).await?;
+//! let store = SqliteStore::new(pool.clone());
+//! store.migrate().await?;
+//!
+//! // The handler records the payment in the delivery's transaction, then answers 500 if the
+//! // delivery asks it to fail (its next step went wrong, say).
+//! let svc = ServiceBuilder::new()
+//!     .layer(TransactionalLayer::new(store.clone()).key(key::header("x-event-id").namespace("payments")))
+//!     .service(service_fn(|req: Request<RequestBody<String>>| async move {
+//!         let handle = req.extensions().get::<TxHandle<Sqlite>>().expect("under the layer").clone();
+//!         let mut tx = handle.lock().expect("open while the handler runs");
+//!         sqlx::query("INSERT INTO payments (event) VALUES (?)")
+//!             .bind(req.headers()["x-event-id"].to_str().unwrap_or_default())
+//!             .execute(&mut *tx)
+//!             .await?;
+//!         let fail = req.headers().contains_key("x-fail");
+//!         let status = if fail { StatusCode::INTERNAL_SERVER_ERROR } else { StatusCode::OK };
+//!         Ok::<_, sqlx::Error>(Response::builder().status(status).body(String::new()).unwrap())
+//!     }));
+//! let delivery = |fail: bool| {
+//!     let req = Request::post("/webhooks/payments").header("x-event-id", "evt_1");
+//!     let req = if fail { req.header("x-fail", "yes") } else { req };
+//!     req.body(String::new())
+//! };
+//! async fn payments(pool: &SqlitePool) -> Result<i64, sqlx::Error> {
+//!     sqlx::query_scalar("SELECT COUNT(*) FROM payments").fetch_one(pool).await
+//! }
+//! let marker = IdempotencyKey::new("payments", "evt_1")?; // no router, so no scope
+//!
+//! // The handler wrote its row, then answered 500: the row and the marker are rolled back
+//! // together, and the key is free for the sender's retry.
+//! let res = svc.clone().oneshot(delivery(true)?).await?;
+//! assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+//! assert_eq!(payments(&pool).await?, 0);
+//! assert!(store.describe(&marker).await?.is_none());
+//!
+//! // The retry succeeds: its row and the marker commit together...
+//! let res = svc.clone().oneshot(delivery(false)?).await?;
+//! assert_eq!(res.status(), StatusCode::OK);
+//! assert_eq!(payments(&pool).await?, 1);
+//! assert_eq!(store.describe(&marker).await?.map(|record| record.state), Some(KeyState::Done));
+//!
+//! // ...so a redelivery is a duplicate: 200, and the handler does not run again.
+//! let res = svc.oneshot(delivery(false)?).await?;
+//! assert_eq!(res.status(), StatusCode::OK);
+//! assert_eq!(res.headers()["idempotency-outcome"], "duplicate");
+//! assert_eq!(payments(&pool).await?, 1);
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
+//! ```
+//!
+//! With axum, a handler takes the transaction as an argument, [`Tx`] (feature `axum`):
+//!
 //! ```no_run
+//! # #[cfg(all(feature = "postgres", feature = "axum"))] {
 //! use axum::{Router, http::StatusCode, routing::post};
 //! use sqlx::Postgres;
 //! use tower_idempotency::{key, store::PostgresStore, transactional::{TransactionalLayer, Tx}};
@@ -33,6 +109,7 @@
 //!     post(order_paid).layer(TransactionalLayer::new(store).key(key::stripe())),
 //! );
 //! # Ok(())
+//! # }
 //! # }
 //! ```
 //!
