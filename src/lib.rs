@@ -35,6 +35,7 @@ pub mod replay;
 pub mod response;
 mod service;
 pub mod store;
+mod timestamp;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 #[cfg_attr(
     docsrs,

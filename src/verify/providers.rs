@@ -137,7 +137,7 @@ fn twitch(check: &Check, parts: &Parts, body: &[u8], now: SystemTime) -> Result<
         .strip_prefix("sha256=")
         .ok_or_else(|| VerifyError::malformed("expected `sha256=<hex>`"))?;
     let signature = from_hex(hex)?;
-    let micros = crate::version_guard::version::parse_timestamp(timestamp)
+    let micros = crate::timestamp::parse_timestamp(timestamp)
         .map_err(|error| VerifyError::malformed(error.to_string()))?;
     fresh(micros.div_euclid(1_000_000), now, check.tolerance)?;
     let content = [id.as_bytes(), timestamp.as_bytes(), body];
