@@ -14,10 +14,12 @@ pub mod key;
 mod layer;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
+mod providers;
 pub mod replay;
 pub mod response;
 mod service;
 pub mod store;
+mod timestamp;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 #[cfg_attr(
     docsrs,

@@ -42,7 +42,7 @@ where
 }
 
 impl Header {
-    pub(super) fn preset(name: &'static str, namespace: &'static str) -> Self {
+    pub(crate) fn preset(name: &'static str, namespace: &'static str) -> Self {
         Self {
             name: HeaderName::from_static(name),
             namespace: Name::Static(namespace),

@@ -43,20 +43,23 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+mod auto;
 mod extract;
 mod header;
 pub(crate) mod json;
-mod providers;
 mod scope;
 
+pub use crate::providers::github::key as github;
+pub use crate::providers::shopify::key as shopify;
+pub use crate::providers::slack::key as slack;
+pub use crate::providers::standard_webhooks::key as standard_webhooks;
+pub use crate::providers::stripe::key as stripe;
+pub use crate::providers::twilio::key as twilio;
+pub use crate::providers::twitch::key as twitch;
+pub use auto::{Auto, auto, idempotency_key};
 pub use extract::{ExtractKey, FromBodyFn, FromFn, Namespaced, Or, from_body_fn, from_fn};
 pub use header::{Header, header};
 pub use json::{Json, JsonFields, json, json_fields};
-pub use providers::{
-    Auto, auto, github, idempotency_key, shopify, slack, standard_webhooks, stripe, twilio, twitch,
-};
-#[cfg(feature = "verify")]
-pub(crate) use providers::{Sender, detect};
 pub use scope::Scope;
 
 /// The longest key value accepted, in bytes. Every store's column is sized for it.

@@ -1,12 +1,13 @@
 //! Checking a signature: the one comparison every scheme makes.
 
-use hmac::{KeyInit, Mac};
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
 
-use super::Check;
+use super::{Check, VerifyError};
 
 /// Whether any signature is the MAC `M` of `content` under any of the check's secrets, each
 /// comparison in constant time.
-pub(super) fn signed_by<M: Mac + KeyInit + Clone>(
+pub(crate) fn signed_by<M: Mac + KeyInit + Clone>(
     check: &Check,
     signatures: &[Vec<u8>],
     content: &[&[u8]],
@@ -20,4 +21,18 @@ pub(super) fn signed_by<M: Mac + KeyInit + Clone>(
             .iter()
             .any(|signature| mac.clone().verify_slice(signature).is_ok())
     })
+}
+
+/// Whether any signature is the HMAC-SHA256 of `content` under any of the check's secrets,
+/// each comparison in constant time.
+pub(crate) fn any_matches(
+    check: &Check,
+    signatures: &[Vec<u8>],
+    content: &[&[u8]],
+) -> Result<(), VerifyError> {
+    if signed_by::<Hmac<Sha256>>(check, signatures, content) {
+        Ok(())
+    } else {
+        Err(VerifyError::Mismatch)
+    }
 }

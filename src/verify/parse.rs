@@ -7,7 +7,7 @@ use http::request::Parts;
 use super::VerifyError;
 
 /// The value of a header the signature needs, as text.
-pub(super) fn header<'a>(parts: &'a Parts, name: &str) -> Result<&'a str, VerifyError> {
+pub(crate) fn header<'a>(parts: &'a Parts, name: &str) -> Result<&'a str, VerifyError> {
     let value = parts
         .headers
         .get(name)
@@ -18,7 +18,7 @@ pub(super) fn header<'a>(parts: &'a Parts, name: &str) -> Result<&'a str, Verify
         .map_err(|_| VerifyError::malformed(format!("header `{name}` is not visible ASCII")))
 }
 
-pub(super) fn from_hex(text: &str) -> Result<Vec<u8>, VerifyError> {
+pub(crate) fn from_hex(text: &str) -> Result<Vec<u8>, VerifyError> {
     let malformed = || VerifyError::malformed("a signature is not hexadecimal");
     if !text.len().is_multiple_of(2) {
         return Err(malformed());
@@ -30,8 +30,20 @@ pub(super) fn from_hex(text: &str) -> Result<Vec<u8>, VerifyError> {
         .collect()
 }
 
-pub(super) fn from_base64(text: &str) -> Result<Vec<u8>, VerifyError> {
+pub(crate) fn from_base64(text: &str) -> Result<Vec<u8>, VerifyError> {
     BASE64
         .decode(text)
         .map_err(|_| VerifyError::malformed("a signature is not base64"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex() {
+        assert_eq!(from_hex("00ff10").unwrap(), [0, 255, 16]);
+        assert!(from_hex("0").is_err());
+        assert!(from_hex("zz").is_err());
+    }
 }

@@ -40,7 +40,7 @@ pub fn json(pointer: &str) -> Json {
 }
 
 impl Json {
-    pub(super) fn preset(pointer: &str, namespace: &'static str) -> Self {
+    pub(crate) fn preset(pointer: &str, namespace: &'static str) -> Self {
         Self {
             pointer: Pointer::parse(pointer),
             namespace: Name::Static(namespace),

@@ -1,16 +1,71 @@
-//! Twilio's scheme: the URL it requested, and the POST parameters or the body's digest.
+//! Twilio: the `I-Twilio-Idempotency-Token` id, the `X-Twilio-Signature` of the URL it
+//! requested and the POST parameters or the body's digest.
 
+#[cfg(feature = "verify")]
+use std::time::{Duration, SystemTime};
+
+#[cfg(feature = "verify")]
 use hmac::Hmac;
+#[cfg(feature = "verify")]
 use http::request::Parts;
+#[cfg(feature = "verify")]
 use sha1::Sha1;
+#[cfg(feature = "verify")]
 use sha2::{Digest, Sha256};
 
-use super::mac::signed_by;
-use super::parse::{from_base64, from_hex, header};
-use super::{Check, VerifyError};
+use super::{Id, Provider};
+use crate::key::Header;
+#[cfg(feature = "verify")]
+use crate::verify::{
+    Check, Secrets, Verifier, VerifyError,
+    mac::signed_by,
+    parse::{from_base64, from_hex, header},
+};
 
-pub(super) fn check(check: &Check, parts: &Parts, body: &[u8]) -> Result<(), VerifyError> {
-    let signature = from_base64(header(parts, "x-twilio-signature")?)?;
+const ID: &str = "i-twilio-idempotency-token";
+const SIGNATURE: &str = "x-twilio-signature";
+
+pub(crate) static PROVIDER: Provider = Provider {
+    name: "Twilio",
+    namespace: "twilio",
+    id: Id::Headers(&[ID]),
+    signature: &[SIGNATURE],
+    signature_precedence: 5,
+    #[cfg(feature = "verify")]
+    tolerance: Duration::ZERO,
+    #[cfg(feature = "verify")]
+    check,
+};
+
+/// Twilio: the `I-Twilio-Idempotency-Token` header, namespace `twilio`.
+///
+/// Twilio retries a webhook for seconds, not days (twilio.com/docs/usage/webhooks/webhooks-connection-overrides);
+/// the IETF Idempotency-Key draft lists this header as Twilio's idempotency token for them.
+pub fn key() -> Header {
+    Header::preset(ID, PROVIDER.namespace)
+}
+
+/// Twilio: `X-Twilio-Signature: <base64>`, HMAC-SHA1 keyed with the account's auth token of
+/// the full URL followed by the POST parameters sorted by name, each name then its value. A
+/// JSON body is signed through the URL's `bodySHA256` parameter instead, which must be the
+/// SHA-256 of the body. The URL is checked with and without the default port, as Twilio's
+/// libraries do. See the [module docs](crate::verify) for the URL behind a proxy
+/// ([`Verifier::public_url`]) and for the unsigned idempotency token. Pair it with
+/// [`key::twilio`](crate::key::twilio).
+///
+/// Source: twilio.com/docs/usage/webhooks/webhooks-security.
+///
+/// # Panics
+///
+/// If no auth token, or an empty one, is given.
+#[cfg(feature = "verify")]
+pub fn verifier(auth_tokens: impl Into<Secrets>) -> Verifier {
+    Verifier::of(&PROVIDER, auth_tokens.into())
+}
+
+#[cfg(feature = "verify")]
+fn check(check: &Check, parts: &Parts, body: &[u8], _now: SystemTime) -> Result<(), VerifyError> {
+    let signature = from_base64(header(parts, SIGNATURE)?)?;
     let url = url(check, parts)?;
     let query = parts.uri.query().unwrap_or_default();
     let digest = pairs(query.as_bytes()).find(|(name, _)| name == b"bodySHA256");
@@ -53,6 +108,7 @@ pub(super) fn check(check: &Check, parts: &Parts, body: &[u8]) -> Result<(), Ver
     }
 }
 
+#[cfg(feature = "verify")]
 /// The URL Twilio requested: the configured public base, or `https://` and the `Host`
 /// header, followed by the path and query.
 fn url(check: &Check, parts: &Parts) -> Result<String, VerifyError> {
@@ -69,6 +125,7 @@ fn url(check: &Check, parts: &Parts) -> Result<String, VerifyError> {
     Ok(format!("https://{host}{path}"))
 }
 
+#[cfg(feature = "verify")]
 /// The URL as given, and as Twilio's libraries also accept it: without its port, and, when it
 /// names none, with the scheme's default port (Twilio does not always sign the port it used).
 fn variants(url: &str) -> Vec<String> {
@@ -90,6 +147,7 @@ fn variants(url: &str) -> Vec<String> {
     urls
 }
 
+#[cfg(feature = "verify")]
 fn is_form(parts: &Parts) -> bool {
     parts
         .headers
@@ -102,6 +160,7 @@ fn is_form(parts: &Parts) -> bool {
         })
 }
 
+#[cfg(feature = "verify")]
 /// `application/x-www-form-urlencoded` pairs, decoded.
 fn pairs(encoded: &[u8]) -> impl Iterator<Item = (Vec<u8>, Vec<u8>)> + '_ {
     encoded
@@ -115,6 +174,7 @@ fn pairs(encoded: &[u8]) -> impl Iterator<Item = (Vec<u8>, Vec<u8>)> + '_ {
         })
 }
 
+#[cfg(feature = "verify")]
 fn decode(encoded: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(encoded.len());
     let mut i = 0;
@@ -135,11 +195,12 @@ fn decode(encoded: &[u8]) -> Vec<u8> {
     out
 }
 
+#[cfg(feature = "verify")]
 fn hex(b: u8) -> Option<u8> {
     char::from(b).to_digit(16).map(|d| d as u8)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "verify"))]
 mod tests {
     use super::*;
 
