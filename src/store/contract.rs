@@ -12,9 +12,10 @@ use crate::key::IdempotencyKey;
 /// documentation](crate::store#the-contract-every-backend-keeps) states the contract; the conformance
 /// suite in the crate's `tests/` checks it for every backend.
 ///
-/// A store for a database this crate does not cover implements these nine methods. A small
-/// complete one, over a map in memory (each method is one atomic step under the lock, as each
-/// would be one conditional statement in a database):
+/// A store for a database this crate does not cover implements these ten methods; none has a
+/// default, so that no feature is turned off by leaving one out. A small complete one, over a
+/// map in memory (each method is one atomic step under the lock, as each would be one
+/// conditional statement in a database):
 ///
 /// ```
 /// use std::collections::HashMap;
@@ -23,12 +24,13 @@ use crate::key::IdempotencyKey;
 ///
 /// use tower_idempotency::IdempotencyKey;
 /// use tower_idempotency::store::{
-///     Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Resolution, Stale, StalePolicy,
-///     Store, StoreError, StuckClaim,
+///     Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale,
+///     StalePolicy, Store, StoreError, StuckClaim,
 /// };
 ///
 /// struct Row { state: KeyState, token: LeaseToken, claimed: Instant, renewed: Instant,
-///              settled: Instant, first_seen: Instant, last_seen: Instant, deliveries: u64, runs: u64 }
+///              settled: Instant, first_seen: Instant, last_seen: Instant, deliveries: u64, runs: u64,
+///              receipt: Option<Arc<Receipt>> }
 ///
 /// #[derive(Clone, Default)]
 /// struct MapStore(Arc<Mutex<HashMap<IdempotencyKey, Row>>>);
@@ -54,12 +56,16 @@ use crate::key::IdempotencyKey;
 ///         let (now, token) = (Instant::now(), LeaseToken::generate());
 ///         let mut rows = self.0.lock().unwrap();
 ///         let fresh = Row { state: KeyState::Processing, token, claimed: now, renewed: now,
-///                           settled: now, first_seen: now, last_seen: now, deliveries: 0, runs: 0 };
+///                           settled: now, first_seen: now, last_seen: now, deliveries: 0, runs: 0,
+///                           receipt: None };
 ///         let row = rows.entry(key.clone()).or_insert(fresh);
 ///         (row.deliveries, row.last_seen) = (row.deliveries + 1, now);
 ///         let silent = now - row.renewed;
 ///         let take_over = match row.state {
-///             KeyState::Done => return Ok(Claim::Done(Completed::new(row.deliveries))),
+///             KeyState::Done => {
+///                 let done = Completed::new(row.deliveries).with_receipt(row.receipt.clone());
+///                 return Ok(Claim::Done(done));
+///             }
 ///             KeyState::Released => Some(false),
 ///             KeyState::Processing if row.token == token => Some(false), // just inserted
 ///             KeyState::Processing
@@ -82,6 +88,15 @@ use crate::key::IdempotencyKey;
 ///         self.leased(lease, |row| (row.state, row.settled) = (KeyState::Done, Instant::now()))
 ///     }
 ///
+///     async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
+///         // Kept with the row, in the same step: later claims answer it (response replay, the
+///         // fingerprint that tells a reused key).
+///         let receipt = Some(Arc::new(receipt.clone()));
+///         self.leased(lease, |row| {
+///             (row.state, row.settled, row.receipt) = (KeyState::Done, Instant::now(), receipt)
+///         })
+///     }
+///
 ///     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
 ///         self.leased(lease, |row| (row.state, row.settled) = (KeyState::Released, Instant::now()))
 ///     }
@@ -100,6 +115,7 @@ use crate::key::IdempotencyKey;
 ///             KeyRecord::new(row.state, row.deliveries, row.runs)
 ///                 .with_seen(now - row.first_seen, now - row.last_seen)
 ///                 .with_times(now - row.claimed, now - row.renewed, now - row.settled)
+///                 .with_receipt(row.receipt.clone())
 ///         }))
 ///     }
 ///
@@ -143,6 +159,7 @@ use crate::key::IdempotencyKey;
 /// # async fn main() {
 /// use http::{Request, Response};
 /// use tower::{ServiceBuilder, ServiceExt, service_fn};
+/// use tower_idempotency::replay::Replay;
 /// use tower_idempotency::{IdempotencyLayer, key};
 ///
 /// let store = MapStore::default();
@@ -157,6 +174,19 @@ use crate::key::IdempotencyKey;
 /// let stored = IdempotencyKey::new("github", "d-1").unwrap(); // no router, so no scope
 /// let record = store.describe(&stored).await.unwrap().unwrap();
 /// assert_eq!((record.state, record.deliveries, record.runs), (KeyState::Done, 2, 1));
+///
+/// // With response replay, a duplicate gets the first answer back, from the receipt the store
+/// // kept with `commit_with`.
+/// let svc = ServiceBuilder::new()
+///     .layer(IdempotencyLayer::new(store.clone()).key(key::github()).replay(Replay::new()))
+///     .service(service_fn(|_req| async { Ok::<_, std::convert::Infallible>(Response::new("paid".to_owned())) }));
+/// let delivery = || Request::post("/hook").header("x-github-delivery", "d-2").body(String::new()).unwrap();
+/// svc.clone().oneshot(delivery()).await.unwrap();
+/// let again = svc.oneshot(delivery()).await.unwrap();
+/// assert_eq!(again.headers()["idempotent-replayed"], "true");
+/// let stored = IdempotencyKey::new("github", "d-2").unwrap();
+/// let record = store.describe(&stored).await.unwrap().unwrap();
+/// assert_eq!(record.receipt.unwrap().response.as_ref().unwrap().body, "paid");
 /// # }
 /// ```
 ///
@@ -182,17 +212,15 @@ pub trait Store: Send + Sync + 'static {
     /// which later claims of the key answer in [`Completed::receipt`](crate::store::Completed::receipt) (and
     /// [`describe`](Self::describe) in [`KeyRecord::receipt`]).
     ///
-    /// Every store of this crate keeps it. The default, for stores written elsewhere, commits
-    /// without it: their duplicates are answered as a webhook's are (an empty 200), and a
-    /// reused key is not told apart.
+    /// The receipt is written in the same atomic step as the `done` state, under the same
+    /// lease check, and answered as written (a store may keep it encoded with
+    /// [`Receipt::encode`]). A store that dropped it would silently turn replay and reuse
+    /// detection off, so there is no default.
     fn commit_with(
         &self,
         lease: &Lease,
         receipt: &Receipt,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = receipt;
-        self.commit(lease)
-    }
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Marks the leased `processing` row `released`, if the lease still holds, so the next
     /// delivery runs the handler again. Releasing a row this lease released already is `Ok`.
