@@ -77,6 +77,41 @@
 //! Every store also keeps entity versions for the [version guard](crate::version_guard):
 //! [`VersionStore`], in the table `<table>_versions` on the SQL
 //! stores.
+//!
+//! # Writing a backend
+//!
+//! Every backend of the crate is a folder of the same shape, and a new one, here or in a crate
+//! of its own, can follow it:
+//!
+//! | file | holds |
+//! |---|---|
+//! | `mod.rs` | the module docs (statements or scripts, time source, round trips), the store's struct, its constructors (`new`, `open`, `connect`…), its settings and `migrate` |
+//! | `claims.rs` | `impl Store`: the claim, its settlements, `describe` and the maintenance calls |
+//! | `versions.rs` | `impl VersionStore`, for the version guard |
+//! | `transactional.rs` | `impl TransactionalStore` and `AdvanceVersion`, on a database with transactions |
+//!
+//! Helpers sit beside them when a backend needs them: its statements (`queries.rs`), its
+//! server scripts (`scripts.rs`), how it opens a database (`open.rs`).
+//!
+//! No method of [`Store`], [`VersionStore`] or `TransactionalStore` has a default: a backend
+//! thinks about each one (the [`Store`] docs carry a complete small store). Those that need
+//! the most thought:
+//!
+//! - [`claim`](Store::claim) and [`begin_version`](VersionStore::begin_version) are one
+//!   atomic step, decided by the store (a unique index, a script, a lock), with time from the
+//!   store's clock when several processes share it.
+//! - [`commit_with`](Store::commit_with) keeps the receipt in the same step as the `done`
+//!   state: a store that dropped it would turn response replay and the detection of reused
+//!   keys off without a word.
+//! - [`renew`](Store::renew), [`commit`](Store::commit), [`release`](Store::release) and
+//!   [`give_back`](Store::give_back) are fenced by the lease's token; settling twice with
+//!   one lease is harmless, and `give_back` takes the run back once.
+//! - [`stuck_claims`](Store::stuck_claims), [`resolve`](Store::resolve) and
+//!   [`purge_completed`](Store::purge_completed) are what an operator relies on when a process
+//!   died.
+//!
+//! The conformance suite in the crate's `tests/common` checks the contract; a new store runs
+//! it as the crate's own stores do.
 
 #[cfg(any(
     feature = "memory",
