@@ -890,6 +890,9 @@ impl Store for Down {
     async fn commit(&self, _: &Lease) -> Result<(), StoreError> {
         Err(down())
     }
+    async fn commit_with(&self, _: &Lease, _: &Receipt) -> Result<(), StoreError> {
+        Err(down())
+    }
     async fn release(&self, _: &Lease) -> Result<(), StoreError> {
         Err(down())
     }

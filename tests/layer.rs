@@ -969,6 +969,16 @@ impl Store for Faulty {
         }
         self.inner.commit(lease).await
     }
+    async fn commit_with(
+        &self,
+        lease: &Lease,
+        receipt: &tower_idempotency::store::Receipt,
+    ) -> Result<(), StoreError> {
+        if self.fail_commit.load(Ordering::SeqCst) {
+            return Err(outage());
+        }
+        self.inner.commit_with(lease, receipt).await
+    }
     fn describe(
         &self,
         key: &IdempotencyKey,

@@ -101,6 +101,13 @@ impl Store for Down {
     async fn commit(&self, _: &tower_idempotency::store::Lease) -> Result<(), StoreError> {
         Err(StoreError::backend("connection refused"))
     }
+    async fn commit_with(
+        &self,
+        _: &tower_idempotency::store::Lease,
+        _: &tower_idempotency::store::Receipt,
+    ) -> Result<(), StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
     async fn release(&self, _: &tower_idempotency::store::Lease) -> Result<(), StoreError> {
         Err(StoreError::backend("connection refused"))
     }

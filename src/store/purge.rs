@@ -9,10 +9,14 @@ use tokio::time::{MissedTickBehavior, interval};
 
 use super::Store;
 
+/// How long done rows are kept by default before [`Store::purge_completed`] may delete them:
+/// 7 days, longer than the senders' retry windows (Stripe and PayPal retry for 3 days).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
 /// Spawns a task that calls [`Store::purge_completed`]`(retention)` now and then every
 /// `every`, until the returned [`PurgeTask`] is stopped or dropped.
 ///
-/// Keep `retention` longer than any sender retries: [`DEFAULT_RETENTION`](super::DEFAULT_RETENTION)
+/// Keep `retention` longer than any sender retries: [`DEFAULT_RETENTION`]
 /// is 7 days. A purge that fails is logged (`ERROR`) and tried again at the next tick; every
 /// purge logs how many rows it deleted (`DEBUG`). Run it in one instance, or in several: purges
 /// are idempotent.

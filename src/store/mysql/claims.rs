@@ -1,7 +1,9 @@
-//! How a claim is made on MySQL and on MariaDB: one upsert with `RETURNING` on MariaDB 10.5
-//! and later, an upsert then a read (unless it inserted) on MySQL and on older MariaDB.
+//! The store contract on MySQL and on MariaDB: [`Store`] for [`MySqlStore`], and how a claim
+//! is made: one upsert with `RETURNING` on MariaDB 10.5 and later, an upsert then a read
+//! (unless it inserted) on MySQL and on older MariaDB.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
 
@@ -9,7 +11,8 @@ use super::{MySqlFlavor, MySqlStore, flavor_of};
 use crate::key::IdempotencyKey;
 use crate::store::sql::{self, AfterRead, ClaimRow, ResultExt as _};
 use crate::store::{
-    Claim, KeyState, Lease, LeaseToken, Stale, StalePolicy, StoreError, VersionClaim, VersionLease,
+    Claim, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale, StalePolicy, Store,
+    StoreError, StuckClaim,
 };
 
 impl MySqlStore {
@@ -129,95 +132,6 @@ impl MySqlStore {
         ))
     }
 
-    fn version_upsert<'q>(
-        &self,
-        sql: &Arc<str>,
-        entity: &'q IdempotencyKey,
-        version: i64,
-        token: LeaseToken,
-        stale: Stale,
-    ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
-        let token = token.to_i64();
-        sqlx::query(AssertSqlSafe(sql.clone()))
-            .bind(entity.namespace())
-            .bind(entity.value())
-            .bind(version)
-            .bind(token)
-            .bind(version)
-            .bind(stale.policy() == StalePolicy::Reclaim)
-            .bind(sql::micros(stale.after()))
-            .bind(version)
-            .bind(token)
-            .bind(token)
-            .bind(version)
-            .bind(token)
-    }
-
-    /// MariaDB 10.5 and later: one upsert of the versions row, returning it.
-    pub(super) async fn begin_version_returning(
-        &self,
-        entity: &IdempotencyKey,
-        version: i64,
-        stale: Stale,
-    ) -> Result<VersionClaim, StoreError> {
-        let token = LeaseToken::generate();
-        let sql = &self.claims.version_returning;
-        let row = self
-            .version_upsert(sql, entity, version, token, stale)
-            .fetch_one(&self.table.pool)
-            .await
-            .store()?;
-        sql::version_claim(entity, version, token, stale, sql::version_row(&row)?)
-            .ok_or_else(|| StoreError::backend("the versions row was left inconsistent"))
-    }
-
-    /// MySQL and older MariaDB: the upsert, and a read of the row unless it inserted.
-    pub(super) async fn begin_version_and_read(
-        &self,
-        entity: &IdempotencyKey,
-        version: i64,
-        stale: Stale,
-    ) -> Result<VersionClaim, StoreError> {
-        // The row may change between the two statements (a pending version committed or
-        // released): when what it says no longer explains why ours was not taken, start over.
-        for _ in 0..3 {
-            let token = LeaseToken::generate();
-            let upserted = self
-                .version_upsert(
-                    &self.table.sql.versions.begin,
-                    entity,
-                    version,
-                    token,
-                    stale,
-                )
-                .execute(&self.table.pool)
-                .await
-                .store()?;
-            if upserted.rows_affected() == 1 {
-                // Inserted: a new entity, and the version is ours.
-                return Ok(VersionClaim::Acquired(VersionLease::new(
-                    entity.clone(),
-                    version,
-                    token,
-                )));
-            }
-            let row = sqlx::query(AssertSqlSafe(self.claims.version_read.clone()))
-                .bind(entity.namespace())
-                .bind(entity.value())
-                .fetch_one(&self.table.pool)
-                .await
-                .store()?;
-            if let Some(claim) =
-                sql::version_claim(entity, version, token, stale, sql::version_row(&row)?)
-            {
-                return Ok(claim);
-            }
-        }
-        Err(StoreError::backend(
-            "the versions row changed between the upsert and the read, three times",
-        ))
-    }
-
     /// The claim row of `key`, read on `conn`.
     pub(super) async fn read_claim(
         &self,
@@ -249,5 +163,65 @@ impl MySqlStore {
             })
             .await
             .copied()
+    }
+}
+
+/// A claim is one statement on MariaDB 10.5 and later, two on MySQL and older MariaDB; every
+/// other operation is one (see the [module docs](crate::store::mysql#round-trips)).
+impl Store for MySqlStore {
+    /// An insert that writes nothing on a duplicate, and answers it (MariaDB returns the row
+    /// in the same statement; MySQL reads it); only a released row, or a stale one under
+    /// reclaim, takes the upsert of the module docs.
+    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        let flavor = self.flavor().await?;
+        // A row that vanishes between the two statements more than twice in a row means
+        // something else is deleting keys as fast as they are claimed.
+        for _ in 0..3 {
+            match self.insert_or_read(flavor, key, stale).await? {
+                AfterRead::Answer(claim) => return Ok(claim),
+                AfterRead::TakeOver => break,
+                AfterRead::Absent => {}
+            }
+        }
+        match flavor {
+            MySqlFlavor::MariaDb => self.claim_returning(key, stale).await,
+            MySqlFlavor::MySql => self.claim_and_read(key, stale).await,
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.renew(lease).await
+    }
+
+    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.commit(lease, None).await
+    }
+
+    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
+        self.table.commit(lease, Some(receipt)).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.release(lease).await
+    }
+
+    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.give_back(lease).await
+    }
+
+    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
+        self.table.describe(key).await
+    }
+
+    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
+        self.table.stuck_claims(older_than).await
+    }
+
+    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
+        self.table.resolve(key, how).await
+    }
+
+    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
+        self.table.purge_completed(older_than).await
     }
 }

@@ -207,17 +207,14 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool};
 use tokio::sync::OnceCell;
 
-use super::sql::{AfterRead, ResultExt as _, Table, TableName};
-use super::{
-    Claim, ConfigError, KeyRecord, Lease, Receipt, Resolution, Stale, Store, StoreError,
-    StuckClaim, VersionClaim, VersionLease, VersionStore,
-};
-use crate::key::IdempotencyKey;
+use super::sql::{ResultExt as _, Table, TableName};
+use super::{ConfigError, StoreError};
 
 mod claims;
 mod queries;
 mod server;
 mod transactional;
+mod versions;
 
 use queries::{ClaimQueries, add_receipt, queries, upgrade};
 use server::{check_sql_mode, flavor_of, is_mariadb};
@@ -309,8 +306,8 @@ impl MySqlStore {
 
     /// Adds the deliveries counted since the last write to the table now, rather than within
     /// the [count interval](Self::with_count_interval): before the process exits, say, or
-    /// before reading the table by hand. [`describe`](Store::describe) and
-    /// [`stuck_claims`](Store::stuck_claims) include them either way.
+    /// before reading the table by hand. [`describe`](crate::store::Store::describe) and
+    /// [`stuck_claims`](crate::store::Store::stuck_claims) include them either way.
     pub async fn write_counts(&self) -> Result<(), StoreError> {
         self.table.write_counts().await
     }
@@ -482,103 +479,5 @@ async fn alter_briefly(conn: &mut sqlx::MySqlConnection, alter: String) -> Resul
 impl fmt::Debug for MySqlStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.table.debug("MySqlStore", f)
-    }
-}
-
-/// A claim is one statement on MariaDB 10.5 and later, two on MySQL and older MariaDB; every
-/// other operation is one (see the [module docs](crate::store::mysql#round-trips)).
-impl Store for MySqlStore {
-    /// An insert that writes nothing on a duplicate, and answers it (MariaDB returns the row
-    /// in the same statement; MySQL reads it); only a released row, or a stale one under
-    /// reclaim, takes the upsert of the module docs.
-    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
-        let flavor = self.flavor().await?;
-        // A row that vanishes between the two statements more than twice in a row means
-        // something else is deleting keys as fast as they are claimed.
-        for _ in 0..3 {
-            match self.insert_or_read(flavor, key, stale).await? {
-                AfterRead::Answer(claim) => return Ok(claim),
-                AfterRead::TakeOver => break,
-                AfterRead::Absent => {}
-            }
-        }
-        match flavor {
-            MySqlFlavor::MariaDb => self.claim_returning(key, stale).await,
-            MySqlFlavor::MySql => self.claim_and_read(key, stale).await,
-        }
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.renew(lease).await
-    }
-
-    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.commit(lease, None).await
-    }
-
-    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
-        self.table.commit(lease, Some(receipt)).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.release(lease).await
-    }
-
-    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.give_back(lease).await
-    }
-
-    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
-        self.table.describe(key).await
-    }
-
-    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
-        self.table.stuck_claims(older_than).await
-    }
-
-    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
-        self.table.resolve(key, how).await
-    }
-
-    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
-        self.table.purge_completed(older_than).await
-    }
-}
-
-impl VersionStore for MySqlStore {
-    async fn begin_version(
-        &self,
-        entity: &IdempotencyKey,
-        version: i64,
-        stale: Stale,
-    ) -> Result<VersionClaim, StoreError> {
-        match self.flavor().await? {
-            MySqlFlavor::MariaDb => self.begin_version_returning(entity, version, stale).await,
-            MySqlFlavor::MySql => self.begin_version_and_read(entity, version, stale).await,
-        }
-    }
-
-    async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.renew_version(lease).await
-    }
-
-    async fn commit_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.commit_version(lease).await
-    }
-
-    async fn release_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.release_version(lease).await
-    }
-
-    async fn applied_version(&self, entity: &IdempotencyKey) -> Result<Option<i64>, StoreError> {
-        self.table.applied_version(entity).await
-    }
-
-    async fn resolve_version(
-        &self,
-        entity: &IdempotencyKey,
-        how: Resolution,
-    ) -> Result<bool, StoreError> {
-        self.table.resolve_version(entity, how).await
     }
 }

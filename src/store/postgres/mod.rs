@@ -184,17 +184,13 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, PgPool, Postgres};
 
-use super::sql::{
-    AfterRead, ClaimRow, ResultExt as _, Table, TableName, retry_serialization_failure,
-};
-use super::{
-    Claim, ConfigError, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, Store,
-    StoreError, StuckClaim, VersionClaim, VersionLease, VersionStore,
-};
-use crate::key::IdempotencyKey;
+use super::sql::{ResultExt as _, Table, TableName};
+use super::{ConfigError, StoreError};
 
+mod claims;
 mod queries;
 mod transactional;
+mod versions;
 
 use queries::{add_receipt, insert_or_read, queries, upgrade};
 
@@ -242,8 +238,8 @@ impl PostgresStore {
 
     /// Adds the deliveries counted since the last write to the table now, rather than within
     /// the [count interval](Self::with_count_interval): before the process exits, say, or
-    /// before reading the table by hand. [`describe`](Store::describe) and
-    /// [`stuck_claims`](Store::stuck_claims) include them either way.
+    /// before reading the table by hand. [`describe`](crate::store::Store::describe) and
+    /// [`stuck_claims`](crate::store::Store::stuck_claims) include them either way.
     pub async fn write_counts(&self) -> Result<(), StoreError> {
         self.table.write_counts().await
     }
@@ -314,124 +310,6 @@ impl PostgresStore {
 impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.table.debug("PostgresStore", f)
-    }
-}
-
-/// Every operation is one statement, its round trip the only one (see the [module
-/// docs](crate::store::postgres#round-trips) for the SQL).
-impl Store for PostgresStore {
-    /// The insert-or-read of the module docs; then, only for a released row or a stale one
-    /// under reclaim, the upsert that takes it over. Each is tried once more after a
-    /// serialization failure.
-    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
-        let table = &self.table;
-        // The row the insert ran into may be missing from the statement's snapshot (inserted
-        // by a delivery that committed after it was taken), and purged before a second read.
-        for _ in 0..3 {
-            let token = LeaseToken::generate();
-            let first = || {
-                sqlx::query(AssertSqlSafe(self.insert_or_read.clone()))
-                    .bind(key.namespace())
-                    .bind(key.value())
-                    .bind(token.to_i64())
-                    .fetch_optional(&table.pool)
-            };
-            let row = retry_serialization_failure("claim", is_serialization_failure, first)
-                .await
-                .and_then(|row| row.as_ref().map(ClaimRow::read).transpose())
-                .inspect_err(|_| table.unanswered(key, token))?;
-            let row = match row {
-                Some(row) => Some(row),
-                None => table.read_claim(key).await?,
-            };
-            match table.after_read(key, row, Some(token), stale)? {
-                AfterRead::Answer(claim) => return Ok(claim),
-                AfterRead::TakeOver => {
-                    let token = LeaseToken::generate();
-                    return table
-                        .claim_upsert(key, token, stale, is_serialization_failure)
-                        .await
-                        .inspect_err(|_| table.unanswered(key, token));
-                }
-                AfterRead::Absent => {}
-            }
-        }
-        Err(StoreError::backend(
-            "the key's row vanished between its insert and its read, three times",
-        ))
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.renew(lease).await
-    }
-
-    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.commit(lease, None).await
-    }
-
-    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
-        self.table.commit(lease, Some(receipt)).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.release(lease).await
-    }
-
-    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.give_back(lease).await
-    }
-
-    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
-        self.table.describe(key).await
-    }
-
-    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
-        self.table.stuck_claims(older_than).await
-    }
-
-    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
-        self.table.resolve(key, how).await
-    }
-
-    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
-        self.table.purge_completed(older_than).await
-    }
-}
-
-impl VersionStore for PostgresStore {
-    /// The upsert of the module docs; tried once more after a serialization failure.
-    async fn begin_version(
-        &self,
-        entity: &IdempotencyKey,
-        version: i64,
-        stale: Stale,
-    ) -> Result<VersionClaim, StoreError> {
-        let table = &self.table;
-        (table.begin_version_upsert(entity, version, stale, is_serialization_failure)).await
-    }
-
-    async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.renew_version(lease).await
-    }
-
-    async fn commit_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.commit_version(lease).await
-    }
-
-    async fn release_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.release_version(lease).await
-    }
-
-    async fn applied_version(&self, entity: &IdempotencyKey) -> Result<Option<i64>, StoreError> {
-        self.table.applied_version(entity).await
-    }
-
-    async fn resolve_version(
-        &self,
-        entity: &IdempotencyKey,
-        how: Resolution,
-    ) -> Result<bool, StoreError> {
-        self.table.resolve_version(entity, how).await
     }
 }
 

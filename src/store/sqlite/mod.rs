@@ -174,20 +174,16 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Sqlite, SqlitePool};
 
-use super::sql::{AfterRead, ResultExt as _, Table, TableName, Writer};
+use super::sql::{ResultExt as _, Table, TableName, Writer};
+use super::{ConfigError, StoreError};
 
+mod claims;
 mod open;
-
-use super::{
-    Claim, ConfigError, KeyRecord, Lease, Receipt, Resolution, Stale, Store, StoreError,
-    StuckClaim, VersionClaim, VersionLease, VersionStore,
-};
-use crate::key::IdempotencyKey;
-pub(crate) use open::tuned;
-
 mod queries;
 mod transactional;
+mod versions;
 
+pub(crate) use open::tuned;
 use queries::{add_receipt, queries, upgrade};
 
 /// Claims kept in a SQLite database.
@@ -274,8 +270,8 @@ impl SqliteStore {
 
     /// Adds the deliveries counted since the last write to the table now, rather than within
     /// the [count interval](Self::with_count_interval): before the process exits, say, or
-    /// before reading the table by hand. [`describe`](Store::describe) and
-    /// [`stuck_claims`](Store::stuck_claims) include them either way.
+    /// before reading the table by hand. [`describe`](crate::store::Store::describe) and
+    /// [`stuck_claims`](crate::store::Store::stuck_claims) include them either way.
     pub async fn write_counts(&self) -> Result<(), StoreError> {
         self.table.write_counts().await
     }
@@ -342,100 +338,6 @@ impl SqliteStore {
 impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.table.debug("SqliteStore", f)
-    }
-}
-
-/// Every operation is one statement, its round trip the only one (see the [module
-/// docs](crate::store::sqlite#round-trips) for the SQL).
-impl Store for SqliteStore {
-    /// A read, which answers a duplicate without writing; the upsert of the module docs for a
-    /// new key, a released one, or a stale one under reclaim.
-    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
-        let table = &self.table;
-        let row = table.read_claim(key).await?;
-        match table.after_read(key, row, None, stale)? {
-            AfterRead::Answer(claim) => Ok(claim),
-            AfterRead::TakeOver | AfterRead::Absent => {
-                let token = crate::store::LeaseToken::generate();
-                table
-                    .claim_upsert(key, token, stale, is_serialization_failure)
-                    .await
-                    .inspect_err(|_| table.unanswered(key, token))
-            }
-        }
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.renew(lease).await
-    }
-
-    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.commit(lease, None).await
-    }
-
-    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
-        self.table.commit(lease, Some(receipt)).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.release(lease).await
-    }
-
-    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.give_back(lease).await
-    }
-
-    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
-        self.table.describe(key).await
-    }
-
-    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
-        self.table.stuck_claims(older_than).await
-    }
-
-    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
-        self.table.resolve(key, how).await
-    }
-
-    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
-        self.table.purge_completed(older_than).await
-    }
-}
-
-impl VersionStore for SqliteStore {
-    /// The upsert of the module docs.
-    async fn begin_version(
-        &self,
-        entity: &IdempotencyKey,
-        version: i64,
-        stale: Stale,
-    ) -> Result<VersionClaim, StoreError> {
-        let table = &self.table;
-        (table.begin_version_upsert(entity, version, stale, is_serialization_failure)).await
-    }
-
-    async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.renew_version(lease).await
-    }
-
-    async fn commit_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.commit_version(lease).await
-    }
-
-    async fn release_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.release_version(lease).await
-    }
-
-    async fn applied_version(&self, entity: &IdempotencyKey) -> Result<Option<i64>, StoreError> {
-        self.table.applied_version(entity).await
-    }
-
-    async fn resolve_version(
-        &self,
-        entity: &IdempotencyKey,
-        how: Resolution,
-    ) -> Result<bool, StoreError> {
-        self.table.resolve_version(entity, how).await
     }
 }
 

@@ -1,0 +1,93 @@
+//! The store contract on PostgreSQL: [`Store`] for [`PostgresStore`], each step one statement.
+
+use std::time::Duration;
+
+use sqlx::AssertSqlSafe;
+
+use super::{PostgresStore, is_serialization_failure};
+use crate::key::IdempotencyKey;
+use crate::store::sql::{AfterRead, ClaimRow, retry_serialization_failure};
+use crate::store::{
+    Claim, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, Store, StoreError, StuckClaim,
+};
+
+/// Every operation is one statement, its round trip the only one (see the [module
+/// docs](crate::store::postgres#round-trips) for the SQL).
+impl Store for PostgresStore {
+    /// The insert-or-read of the module docs; then, only for a released row or a stale one
+    /// under reclaim, the upsert that takes it over. Each is tried once more after a
+    /// serialization failure.
+    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        let table = &self.table;
+        // The row the insert ran into may be missing from the statement's snapshot (inserted
+        // by a delivery that committed after it was taken), and purged before a second read.
+        for _ in 0..3 {
+            let token = LeaseToken::generate();
+            let first = || {
+                sqlx::query(AssertSqlSafe(self.insert_or_read.clone()))
+                    .bind(key.namespace())
+                    .bind(key.value())
+                    .bind(token.to_i64())
+                    .fetch_optional(&table.pool)
+            };
+            let row = retry_serialization_failure("claim", is_serialization_failure, first)
+                .await
+                .and_then(|row| row.as_ref().map(ClaimRow::read).transpose())
+                .inspect_err(|_| table.unanswered(key, token))?;
+            let row = match row {
+                Some(row) => Some(row),
+                None => table.read_claim(key).await?,
+            };
+            match table.after_read(key, row, Some(token), stale)? {
+                AfterRead::Answer(claim) => return Ok(claim),
+                AfterRead::TakeOver => {
+                    let token = LeaseToken::generate();
+                    return table
+                        .claim_upsert(key, token, stale, is_serialization_failure)
+                        .await
+                        .inspect_err(|_| table.unanswered(key, token));
+                }
+                AfterRead::Absent => {}
+            }
+        }
+        Err(StoreError::backend(
+            "the key's row vanished between its insert and its read, three times",
+        ))
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.renew(lease).await
+    }
+
+    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.commit(lease, None).await
+    }
+
+    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
+        self.table.commit(lease, Some(receipt)).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.release(lease).await
+    }
+
+    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.give_back(lease).await
+    }
+
+    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
+        self.table.describe(key).await
+    }
+
+    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
+        self.table.stuck_claims(older_than).await
+    }
+
+    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
+        self.table.resolve(key, how).await
+    }
+
+    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
+        self.table.purge_completed(older_than).await
+    }
+}

@@ -1,0 +1,67 @@
+//! The store contract on SQLite: [`Store`] for [`SqliteStore`], each step one statement.
+
+use std::time::Duration;
+
+use super::{SqliteStore, is_serialization_failure};
+use crate::key::IdempotencyKey;
+use crate::store::sql::AfterRead;
+use crate::store::{
+    Claim, KeyRecord, Lease, Receipt, Resolution, Stale, Store, StoreError, StuckClaim,
+};
+
+/// Every operation is one statement, its round trip the only one (see the [module
+/// docs](crate::store::sqlite#round-trips) for the SQL).
+impl Store for SqliteStore {
+    /// A read, which answers a duplicate without writing; the upsert of the module docs for a
+    /// new key, a released one, or a stale one under reclaim.
+    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+        let table = &self.table;
+        let row = table.read_claim(key).await?;
+        match table.after_read(key, row, None, stale)? {
+            AfterRead::Answer(claim) => Ok(claim),
+            AfterRead::TakeOver | AfterRead::Absent => {
+                let token = crate::store::LeaseToken::generate();
+                table
+                    .claim_upsert(key, token, stale, is_serialization_failure)
+                    .await
+                    .inspect_err(|_| table.unanswered(key, token))
+            }
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.renew(lease).await
+    }
+
+    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.commit(lease, None).await
+    }
+
+    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
+        self.table.commit(lease, Some(receipt)).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.release(lease).await
+    }
+
+    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.give_back(lease).await
+    }
+
+    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
+        self.table.describe(key).await
+    }
+
+    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
+        self.table.stuck_claims(older_than).await
+    }
+
+    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
+        self.table.resolve(key, how).await
+    }
+
+    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
+        self.table.purge_completed(older_than).await
+    }
+}
