@@ -19,14 +19,16 @@
 /// some suites), and the arms come in this order:
 ///
 /// - `claims: $make` — module `claims`: the `Store` contract, one key at a time, and the
-///   receipts a commit keeps (`claims.rs`, `receipts.rs`);
+///   receipts a commit keeps (the `claims` arm of `tower_idempotency::conformance_suite!`);
 /// - `trust: $make` — module `trust`: which deliveries claim a key, and how far it reaches
 ///   (`trust.rs`);
 /// - `races: $instance` — module `races`: several app instances claiming at once; each test
-///   calls `$instance` four times, one app instance (its own pool) each (`races.rs`);
-/// - `versions: $make` or `versions: $make, instances: $instance` — module `versions`: the
-///   version guard on the backend and the `VersionStore` contract; its tests over four
-///   instances call `$instance` (`$make` unless given) four times (`versions.rs`);
+///   calls `$instance` four times, one app instance (its own pool) each (the `races` arm of
+///   `conformance_suite!`);
+/// - `versions: $make` or `versions: $make, instances: $instance` — module `version_guard`:
+///   the version guard on the backend, whose tests over four instances call `$instance`
+///   (`$make` unless given) four times (`versions.rs`); and module `versions`: the
+///   `VersionStore` contract (the `versions` arm of `conformance_suite!`);
 /// - `advance: $Store = $make` — module `advance`: `version_guard::advance` in transactional
 ///   mode, on a SQL store of type `$Store`, which implements
 ///   [`SqlBackend`](super::sql::SqlBackend) (`advance.rs`);
@@ -52,10 +54,13 @@ macro_rules! backend_suite {
         $(transactional: $tx_store:ty = $tx:expr,)?
         $(table_names: $tables:expr, rejects: [$($bad:expr),* $(,)?], accepts: $good:expr,)?
     ) => {
-        $($crate::claims_suite!($claims);)?
+        $(tower_idempotency::conformance_suite! { claims: $claims, })?
         $($crate::trust_suite!($trust);)?
-        $($crate::races_suite!($races);)?
-        $($crate::versions_suite!($versions $(, $instances)?);)?
+        $(tower_idempotency::conformance_suite! { races: $races, })?
+        $(
+            $crate::versions_suite!($versions $(, $instances)?);
+            tower_idempotency::conformance_suite! { versions: $versions, }
+        )?
         $($crate::advance_suite!($advance_store, $advance);)?
         $($crate::transactional_suite!($tx_store, $tx);)?
         $($crate::table_names_suite!($tables, rejects: [$($bad),*], accepts: $good);)?
