@@ -130,6 +130,19 @@ pub fn delivery(id: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
+/// The problem+json body of a response the layer answered by itself: its content type is
+/// `application/problem+json`, and its body a JSON object.
+pub async fn problem<B>(res: Response<B>) -> serde_json::Value
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    use http_body_util::BodyExt as _;
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&body).unwrap()
+}
+
 /// A store whose backend is gone (a closed pool): a claim fails with a backend error that keeps
 /// its source, and the layer answers 503 without running the handler.
 pub async fn store_down_is_503<St: Store + Clone>(store: St) -> StoreError {
