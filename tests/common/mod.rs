@@ -8,7 +8,7 @@
 //! (`key_in`, `unique_namespace`, `acquire`, the stale settings, `SHARED_TABLE`) are
 //! re-exported here. The other arms, which need the HTTP layer's harness or a SQL database,
 //! are files here: `trust.rs`, `versions.rs`, and for SQL backends `advance.rs`,
-//! `transactional.rs` (with the statements of `sql.rs`) and `tables.rs`.
+//! `transactional.rs`, `sql_store.rs` (with the statements of `sql.rs`) and `tables.rs`.
 //!
 //! A store maker (`$make`) yields `Option<S>`: `None` when the backend's database cannot be
 //! reached and the test is skipped (see [`connect`]; under `CI` it panics instead).
@@ -25,6 +25,8 @@ pub mod proxy;
 pub mod receipts;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub mod sql;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub mod sql_store;
 pub mod suite;
 pub mod tables;
 pub mod transactional;

@@ -11,6 +11,7 @@
 ///     versions: store(),
 ///     advance: PostgresStore = store(),
 ///     transactional: PostgresStore = store(),
+///     sql: store(), tables: ["app_claims"], quiet: quiet_store(),
 ///     table_names: lazy_store(), rejects: ["", "a.b.c"], accepts: "app.claims",
 /// }
 /// ```
@@ -35,6 +36,11 @@
 /// - `transactional: $Store = $make` — module `transactional`: the marker and the handler's
 ///   write commit together or not at all, on a SQL store of type `$Store`, which implements
 ///   `SqlBackend` (`transactional.rs`);
+/// - `sql: $make, tables: [$name, ...], quiet: $quiet` — module `sql`: what every SQL store
+///   does the same way beyond the contract (`migrate()` twice, a closed pool, the tables
+///   `$name`, rows that are no valid key), on a store that implements `SqlBackend`; and
+///   duplicate counts written to the table by two instances made by `$quiet`
+///   (`sql_store.rs`);
 /// - `table_names: $store, rejects: [$bad, ...], accepts: $good` — module `tables`: `$store`
 ///   (a SQL store whose pool connects lazily) is named `idempotency_keys` by default, refuses
 ///   each `$bad` name and accepts `$good` (`tables.rs`).
@@ -52,6 +58,7 @@ macro_rules! backend_suite {
         $(versions: $versions:expr $(, instances: $instances:expr)?,)?
         $(advance: $advance_store:ty = $advance:expr,)?
         $(transactional: $tx_store:ty = $tx:expr,)?
+        $(sql: $sql:expr, tables: [$($table:expr),* $(,)?], quiet: $quiet:expr,)?
         $(table_names: $tables:expr, rejects: [$($bad:expr),* $(,)?], accepts: $good:expr,)?
     ) => {
         $(tower_idempotency::conformance_suite! { claims: $claims, })?
@@ -63,6 +70,7 @@ macro_rules! backend_suite {
         )?
         $($crate::advance_suite!($advance_store, $advance);)?
         $($crate::transactional_suite!($tx_store, $tx);)?
+        $($crate::sql_store_suite!($sql, tables: [$($table),*], quiet: $quiet);)?
         $($crate::table_names_suite!($tables, rejects: [$($bad),*], accepts: $good);)?
     };
 }
