@@ -101,8 +101,10 @@ mod memory {
         Some(SHARED.get_or_init(|| MemoryStore::new().into()).clone())
     }
 
-    crate::claims_suite!(store());
-    crate::races_suite!(shared());
+    tower_idempotency::conformance_suite! {
+        claims: store(),
+        races: shared(),
+    }
 
     #[tokio::test]
     async fn versions() {
@@ -142,8 +144,10 @@ mod sqlite {
     mod file {
         use super::file_store;
 
-        crate::claims_suite!(file_store());
-        crate::races_suite!(file_store());
+        tower_idempotency::conformance_suite! {
+            claims: file_store(),
+            races: file_store(),
+        }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn versions() {
@@ -154,7 +158,9 @@ mod sqlite {
     mod memory {
         use super::memory_store;
 
-        crate::claims_suite!(memory_store());
+        tower_idempotency::conformance_suite! {
+            claims: memory_store(),
+        }
     }
 }
 
@@ -168,8 +174,10 @@ mod postgres {
         Some(store)
     }
 
-    crate::claims_suite!(store());
-    crate::races_suite!(store());
+    tower_idempotency::conformance_suite! {
+        claims: store(),
+        races: store(),
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn versions() {
@@ -188,8 +196,10 @@ mod mysql {
         Some(store)
     }
 
-    crate::claims_suite!(store());
-    crate::races_suite!(store());
+    tower_idempotency::conformance_suite! {
+        claims: store(),
+        races: store(),
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn versions() {
@@ -210,8 +220,10 @@ mod redis {
         Some(store)
     }
 
-    crate::claims_suite!(store());
-    crate::races_suite!(store());
+    tower_idempotency::conformance_suite! {
+        claims: store(),
+        races: store(),
+    }
 
     #[tokio::test]
     async fn versions_go_through() {
@@ -230,8 +242,10 @@ mod redis {
             Some(store)
         }
 
-        crate::claims_suite!(store());
-        crate::races_suite!(store());
+        tower_idempotency::conformance_suite! {
+            claims: store(),
+            races: store(),
+        }
 
         #[tokio::test]
         async fn versions_go_through() {

@@ -1,6 +1,8 @@
 //! Every row of the status table, driven through the layer with `MemoryStore` (and stores
 //! that fail on purpose).
 
+mod common;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -21,6 +23,8 @@ use tower_idempotency::store::{
     StuckClaim,
 };
 use tower_idempotency::{Drain, IdempotencyKey, IdempotencyLayer, MissingKey, Outcome, key};
+
+use common::problem;
 
 type Req = Request<RequestBody<Full<Bytes>>>;
 type Res = Response<ResponseBody<Full<Bytes>>>;
@@ -144,11 +148,6 @@ async fn record(store: &impl Store, id: &str) -> KeyRecord {
         .await
         .unwrap()
         .expect("the key is known")
-}
-
-async fn problem(res: Res) -> serde_json::Value {
-    assert_eq!(res.headers()["content-type"], "application/problem+json");
-    serde_json::from_str(&body_text(res).await).unwrap()
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@
 mod common;
 
 use sqlx::mysql::MySqlPool;
-use tower_idempotency::store::{Claim, MySqlFlavor, MySqlStore, Store, StoreError};
+use tower_idempotency::store::{MySqlFlavor, MySqlStore, Store, StoreError};
 
 fn url() -> String {
     common::db::mysql_url()
@@ -32,6 +32,7 @@ backend_suite! {
     versions: store(),
     advance: MySqlStore = store(),
     transactional: MySqlStore = store(),
+    sql: store(), tables: ["idempotency_custom_e2e"], quiet: quiet_store(),
     table_names: lazy_store(),
         rejects: ["", "bad-name", "1st", "x`; DROP TABLE t; --", "db.t", &"t".repeat(50)],
         accepts: "Claims_2",
@@ -76,38 +77,6 @@ async fn the_server_flavor_is_detected() {
     assert_eq!(forced.flavor().await.unwrap(), MySqlFlavor::MySql);
 }
 
-async fn rows_in(pool: &MySqlPool, table: &str, ns: &str) -> i64 {
-    let sql = format!("SELECT count(*) FROM `{table}` WHERE namespace = ?");
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(ns)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn custom_table_name_end_to_end() {
-    let Some(default) = store().await else { return };
-    let store = default
-        .clone()
-        .with_table_name("idempotency_custom_e2e")
-        .unwrap();
-    store.migrate().await.unwrap();
-    let ns = common::unique_namespace("custom");
-    let key = common::key_in(&ns, "evt_1");
-    let lease = common::acquire(&store, &key, common::LONG).await;
-    store.commit(&lease).await.unwrap();
-    assert!(matches!(
-        store.claim(&key, common::LONG).await.unwrap(),
-        Claim::Done(_)
-    ));
-    assert_eq!(
-        rows_in(store.pool(), "idempotency_custom_e2e", &ns).await,
-        1
-    );
-    assert_eq!(rows_in(store.pool(), "idempotency_keys", &ns).await, 0);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_are_case_sensitive() {
     let Some(store) = store().await else { return };
@@ -115,33 +84,6 @@ async fn keys_are_case_sensitive() {
     let lower = common::acquire(&store, &common::key_in(&ns, "evt_a"), common::LONG).await;
     store.commit(&lower).await.unwrap();
     common::acquire(&store, &common::key_in(&ns, "EVT_A"), common::LONG).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migrate_twice_is_fine() {
-    let Some(store) = store().await else { return };
-    store.migrate().await.unwrap();
-    store.migrate().await.unwrap();
-    let key = common::key_in(&common::unique_namespace("twice"), "evt_1");
-    common::acquire(&store, &key, common::LONG).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_closed_pool_is_a_503_with_the_sqlx_error_as_source() {
-    let Some(store) = store().await else { return };
-    // Detect the flavor first, so the claim's own statement meets the closed pool.
-    store.flavor().await.unwrap();
-    store.pool().close().await;
-    let err = common::store_down_is_503(store).await;
-    let source = std::error::Error::source(&err).unwrap();
-    assert!(
-        matches!(
-            source.downcast_ref::<sqlx::Error>(),
-            Some(sqlx::Error::PoolClosed)
-        ),
-        "{source:?}"
-    );
-    assert!(matches!(err, StoreError::Backend(_)));
 }
 
 /// A table made by the first release (no runs, no heartbeat, no `released` state) with rows in
@@ -318,57 +260,6 @@ async fn add_the_receipt_column(prefix: &str, flavor: Option<MySqlFlavor>) {
         .execute(&pool)
         .await
         .unwrap();
-}
-
-/// A `processing` row whose namespace or key is no valid `IdempotencyKey` (written by hand or
-/// by other code) is skipped by `stuck_claims`, which still lists the valid stuck claims.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stuck_claims_skip_a_row_that_is_no_valid_key() {
-    // Alone: until they are deleted, the rows are in every listing of the shared table.
-    let _alone = common::SHARED_TABLE.write().await;
-    let Some(store) = store().await else { return };
-    let ns = common::unique_namespace("undecodable");
-    let (older, newer) = (common::key_in(&ns, "evt_a"), common::key_in(&ns, "evt_b"));
-    common::acquire(&store, &older, common::LONG).await;
-    common::acquire(&store, &newer, common::LONG).await;
-    sqlx::query(
-        "UPDATE idempotency_keys SET renewed_at = renewed_at - INTERVAL 1 MINUTE \
-         WHERE namespace = ? AND `key` = ?",
-    )
-    .bind(older.namespace())
-    .bind(older.value())
-    .execute(store.pool())
-    .await
-    .unwrap();
-    let bad = common::db::undecodable_keys(&ns);
-    for (namespace, key) in &bad {
-        sqlx::query(
-            "INSERT INTO idempotency_keys
-            (namespace, `key`, state, token, deliveries, claimed_at, renewed_at)
-            VALUES (?, ?, 'processing', 1, 1,
-                UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)",
-        )
-        .bind(namespace)
-        .bind(key)
-        .execute(store.pool())
-        .await
-        .unwrap();
-    }
-    tokio::time::sleep(common::PAST_SHORT).await;
-    let events = common::db::ErrorEvents::default();
-    let listed = {
-        let _collect = events.install();
-        store.stuck_claims(common::SHORT).await
-    };
-    for (namespace, key) in &bad {
-        sqlx::query("DELETE FROM idempotency_keys WHERE namespace = ? AND `key` = ?")
-            .bind(namespace)
-            .bind(key)
-            .execute(store.pool())
-            .await
-            .unwrap();
-    }
-    common::db::assert_undecodable_rows_skipped(listed, &events, &ns, &[older, newer], bad.len());
 }
 
 /// A pool whose connections add MariaDB's `SIMULTANEOUS_ASSIGNMENT` to their SQL mode: the
@@ -634,19 +525,6 @@ async fn a_duplicate_writes_nothing() {
     common::hot_path::duplicates_leave_the_log_alone(store.clone(), || log_position(&pool)).await;
     let two_statements = store.with_flavor(MySqlFlavor::MySql);
     common::hot_path::duplicates_leave_the_log_alone(two_statements, || log_position(&pool)).await;
-}
-
-/// Duplicates are counted at once in their instance, and in the table once written.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicate_counts_reach_the_table() {
-    let _shared = common::SHARED_TABLE.read().await;
-    let (Some(store), Some(other)) = (quiet_store().await, quiet_store().await) else {
-        return;
-    };
-    common::hot_path::duplicate_counts_reach_the_table(store, other, |store| async move {
-        store.write_counts().await.unwrap();
-    })
-    .await;
 }
 
 /// A purge of more rows than one batch holds deletes them all, and only them.

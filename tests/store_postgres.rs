@@ -8,7 +8,7 @@
 mod common;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use tower_idempotency::store::{Claim, PostgresStore, Store, StoreError};
+use tower_idempotency::store::{Claim, PostgresStore, Store};
 
 fn url() -> String {
     common::db::postgres_url()
@@ -34,6 +34,7 @@ backend_suite! {
     versions: store(),
     advance: PostgresStore = store(),
     transactional: PostgresStore = store(),
+    sql: store(), tables: ["idempotency_custom_e2e", "public.idempotency_qualified_e2e"], quiet: impatient_store(),
     table_names: lazy_store(),
         rejects: ["", "bad-name", "1st", "x\"; DROP TABLE t; --", "a.b.c", &"t".repeat(50)],
         accepts: "app.claims",
@@ -178,49 +179,6 @@ async fn a_serialization_failure_of_a_version_claim_is_tried_once_more() {
     }
 }
 
-async fn rows_in(pool: &PgPool, table: &str, ns: &str) -> i64 {
-    let sql = format!(r#"SELECT count(*) FROM {table} WHERE namespace = $1"#);
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(ns)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn custom_table_name_end_to_end() {
-    let Some(pool) = pool().await else { return };
-    for name in ["idempotency_custom_e2e", "public.idempotency_qualified_e2e"] {
-        let store = PostgresStore::new(pool.clone())
-            .with_table_name(name)
-            .unwrap();
-        store.migrate().await.unwrap();
-        let ns = common::unique_namespace("custom");
-        let key = common::key_in(&ns, "evt_1");
-        let lease = common::acquire(&store, &key, common::LONG).await;
-        store.commit(&lease).await.unwrap();
-        assert!(matches!(
-            store.claim(&key, common::LONG).await.unwrap(),
-            Claim::Done(_)
-        ));
-        assert_eq!(rows_in(&pool, name, &ns).await, 1);
-        assert_eq!(rows_in(&pool, "idempotency_keys", &ns).await, 0);
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migrate_twice_is_fine() {
-    let Some(store) = store().await else { return };
-    store.migrate().await.unwrap();
-    store.migrate().await.unwrap();
-    common::acquire(
-        &store,
-        &common::key_in(&common::unique_namespace("twice"), "evt_1"),
-        common::LONG,
-    )
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_migrations_do_not_race() {
     let Some(pool) = pool().await else { return };
@@ -241,22 +199,6 @@ async fn concurrent_migrations_do_not_race() {
         .execute(store.pool())
         .await
         .unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_closed_pool_is_a_503_with_the_sqlx_error_as_source() {
-    let Some(store) = store().await else { return };
-    store.pool().close().await;
-    let err = common::store_down_is_503(store).await;
-    let source = std::error::Error::source(&err).unwrap();
-    assert!(
-        matches!(
-            source.downcast_ref::<sqlx::Error>(),
-            Some(sqlx::Error::PoolClosed)
-        ),
-        "{source:?}"
-    );
-    assert!(matches!(err, StoreError::Backend(_)));
 }
 
 /// A table made by the first release (no runs, no heartbeat, no `released` state) with rows in
@@ -377,56 +319,6 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
         .unwrap();
 }
 
-/// A `processing` row whose namespace or key is no valid `IdempotencyKey` (written by hand or
-/// by other code) is skipped by `stuck_claims`, which still lists the valid stuck claims.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stuck_claims_skip_a_row_that_is_no_valid_key() {
-    // Alone: until they are deleted, the rows are in every listing of the shared table.
-    let _alone = common::SHARED_TABLE.write().await;
-    let Some(store) = store().await else { return };
-    let ns = common::unique_namespace("undecodable");
-    let (older, newer) = (common::key_in(&ns, "evt_a"), common::key_in(&ns, "evt_b"));
-    common::acquire(&store, &older, common::LONG).await;
-    common::acquire(&store, &newer, common::LONG).await;
-    sqlx::query(
-        r#"UPDATE idempotency_keys SET renewed_at = renewed_at - interval '1 minute'
-        WHERE namespace = $1 AND "key" = $2"#,
-    )
-    .bind(older.namespace())
-    .bind(older.value())
-    .execute(store.pool())
-    .await
-    .unwrap();
-    let bad = common::db::undecodable_keys(&ns);
-    for (namespace, key) in &bad {
-        sqlx::query(
-            r#"INSERT INTO idempotency_keys
-            (namespace, "key", state, token, deliveries, claimed_at, renewed_at)
-            VALUES ($1, $2, 'processing', 1, 1, now() - interval '1 hour', now() - interval '1 hour')"#,
-        )
-        .bind(namespace)
-        .bind(key)
-        .execute(store.pool())
-        .await
-        .unwrap();
-    }
-    tokio::time::sleep(common::PAST_SHORT).await;
-    let events = common::db::ErrorEvents::default();
-    let listed = {
-        let _collect = events.install();
-        store.stuck_claims(common::SHORT).await
-    };
-    for (namespace, key) in &bad {
-        sqlx::query(r#"DELETE FROM idempotency_keys WHERE namespace = $1 AND "key" = $2"#)
-            .bind(namespace)
-            .bind(key)
-            .execute(store.pool())
-            .await
-            .unwrap();
-    }
-    common::db::assert_undecodable_rows_skipped(listed, &events, &ns, &[older, newer], bad.len());
-}
-
 /// A store whose lock waits give up after 300 ms, its duplicate counts written only when
 /// asked: one app instance.
 async fn impatient_store() -> Option<PostgresStore> {
@@ -471,19 +363,6 @@ async fn a_duplicate_writes_nothing() {
         .unwrap();
         assert_eq!(locked.len(), 2);
         tx
-    })
-    .await;
-}
-
-/// Duplicates are counted at once in their instance, and in the table once written.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicate_counts_reach_the_table() {
-    let _shared = common::SHARED_TABLE.read().await;
-    let (Some(store), Some(other)) = (impatient_store().await, impatient_store().await) else {
-        return;
-    };
-    common::hot_path::duplicate_counts_reach_the_table(store, other, |store| async move {
-        store.write_counts().await.unwrap();
     })
     .await;
 }

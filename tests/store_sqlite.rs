@@ -6,7 +6,7 @@
 mod common;
 
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
-use tower_idempotency::store::{Claim, SqliteStore, Store, StoreError};
+use tower_idempotency::store::{SqliteStore, Store, StoreError};
 
 /// A new pool on this run's database file: one app instance.
 async fn file_pool() -> SqlitePool {
@@ -47,6 +47,7 @@ backend_suite! {
     versions: file_store(),
     advance: SqliteStore = file_store(),
     transactional: SqliteStore = file_store(),
+    sql: file_store(), tables: ["idempotency_custom"], quiet: impatient_store(),
     table_names: lazy_store(),
         rejects: ["", "bad-name", "1st", "x\"; DROP TABLE t; --", "main.t", &"t".repeat(50)],
         accepts: "Claims_2",
@@ -59,64 +60,6 @@ mod memory {
     crate::backend_suite! {
         claims: memory_store(),
     }
-}
-
-async fn rows_in(pool: &SqlitePool, table: &str, ns: &str) -> i64 {
-    let sql = format!(r#"SELECT count(*) FROM "{table}" WHERE namespace = ?1"#);
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(ns)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn custom_table_name_end_to_end() {
-    let pool = file_pool().await;
-    SqliteStore::new(pool.clone()).migrate().await.unwrap();
-    let store = SqliteStore::new(pool.clone())
-        .with_table_name("idempotency_custom")
-        .unwrap();
-    store.migrate().await.unwrap();
-    let ns = common::unique_namespace("custom");
-    let key = common::key_in(&ns, "evt_1");
-    let lease = common::acquire(&store, &key, common::LONG).await;
-    store.commit(&lease).await.unwrap();
-    assert!(matches!(
-        store.claim(&key, common::LONG).await.unwrap(),
-        Claim::Done(_)
-    ));
-    assert_eq!(rows_in(&pool, "idempotency_custom", &ns).await, 1);
-    assert_eq!(rows_in(&pool, "idempotency_keys", &ns).await, 0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migrate_twice_is_fine() {
-    let Some(store) = file_store().await else {
-        return;
-    };
-    store.migrate().await.unwrap();
-    store.migrate().await.unwrap();
-    let key = common::key_in(&common::unique_namespace("twice"), "evt_1");
-    common::acquire(&store, &key, common::LONG).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_closed_pool_is_a_503_with_the_sqlx_error_as_source() {
-    let Some(store) = file_store().await else {
-        return;
-    };
-    store.pool().close().await;
-    let err = common::store_down_is_503(store).await;
-    let source = std::error::Error::source(&err).unwrap();
-    assert!(
-        matches!(
-            source.downcast_ref::<sqlx::Error>(),
-            Some(sqlx::Error::PoolClosed)
-        ),
-        "{source:?}"
-    );
-    assert!(matches!(err, StoreError::Backend(_)));
 }
 
 /// A pool opened with sqlx's default options leaves a new file in a rollback journal, where
@@ -311,60 +254,6 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
         .unwrap();
 }
 
-/// A `processing` row whose namespace or key is no valid `IdempotencyKey` (written by hand or
-/// by other code) is skipped by `stuck_claims`, which still lists the valid stuck claims.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stuck_claims_skip_a_row_that_is_no_valid_key() {
-    // Alone: until they are deleted, the rows are in every listing of the shared table.
-    let _alone = common::SHARED_TABLE.write().await;
-    let Some(store) = file_store().await else {
-        return;
-    };
-    let ns = common::unique_namespace("undecodable");
-    let (older, newer) = (common::key_in(&ns, "evt_a"), common::key_in(&ns, "evt_b"));
-    common::acquire(&store, &older, common::LONG).await;
-    common::acquire(&store, &newer, common::LONG).await;
-    sqlx::query(
-        r#"UPDATE idempotency_keys SET renewed_at = renewed_at - 60000000
-        WHERE namespace = ?1 AND "key" = ?2"#,
-    )
-    .bind(older.namespace())
-    .bind(older.value())
-    .execute(store.pool())
-    .await
-    .unwrap();
-    let bad = common::db::undecodable_keys(&ns);
-    let hour_ago = "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000) - 3600000000";
-    for (namespace, key) in &bad {
-        let insert = format!(
-            r#"INSERT INTO idempotency_keys
-            (namespace, "key", state, token, deliveries, claimed_at, renewed_at)
-            VALUES (?1, ?2, 'processing', 1, 1, {hour_ago}, {hour_ago})"#
-        );
-        sqlx::query(sqlx::AssertSqlSafe(insert))
-            .bind(namespace)
-            .bind(key)
-            .execute(store.pool())
-            .await
-            .unwrap();
-    }
-    tokio::time::sleep(common::PAST_SHORT).await;
-    let events = common::db::ErrorEvents::default();
-    let listed = {
-        let _collect = events.install();
-        store.stuck_claims(common::SHORT).await
-    };
-    for (namespace, key) in &bad {
-        sqlx::query(r#"DELETE FROM idempotency_keys WHERE namespace = ?1 AND "key" = ?2"#)
-            .bind(namespace)
-            .bind(key)
-            .execute(store.pool())
-            .await
-            .unwrap();
-    }
-    common::db::assert_undecodable_rows_skipped(listed, &events, &ns, &[older, newer], bad.len());
-}
-
 /// A transactional service on `store`: the handler reads the connection's busy timeout in the
 /// delivery's transaction into `seen`, then answers 200, or 500 when `x-behave` says so.
 fn busy_timeout_service(
@@ -556,19 +445,6 @@ async fn a_duplicate_writes_nothing() {
     let locker = file_pool().await;
     common::hot_path::a_duplicate_writes_nothing(store, |_done, _released| async move {
         locker.begin_with("BEGIN IMMEDIATE").await.unwrap()
-    })
-    .await;
-}
-
-/// Duplicates are counted at once in their instance, and in the table once written.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicate_counts_reach_the_table() {
-    let _shared = common::SHARED_TABLE.read().await;
-    let (Some(store), Some(other)) = (impatient_store().await, impatient_store().await) else {
-        return;
-    };
-    common::hot_path::duplicate_counts_reach_the_table(store, other, |store| async move {
-        store.write_counts().await.unwrap();
     })
     .await;
 }

@@ -88,10 +88,9 @@ async fn axum_handler_writes_through_the_tx_extractor() {
     assert!(problem.contains("no transactional"), "{problem}");
 }
 
+/// The `detail` of a problem+json response.
 async fn problem_detail(res: axum::response::Response) -> String {
-    use http_body_util::BodyExt;
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let problem = common::problem(res).await;
     problem["detail"].as_str().unwrap().to_owned()
 }
 

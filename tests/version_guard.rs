@@ -29,6 +29,7 @@ use tower_idempotency::store::{MemoryStore, Resolution, Stale};
 use tower_idempotency::version_guard::{self, VersionGuardError, VersionGuardLayer, VersionStore};
 use tower_idempotency::{IdempotencyKey, MissingKey, Outcome, key};
 
+use common::problem;
 use common::versions::{Harness, delivery, handler, order_layer, ordered, outcome_header};
 
 #[cfg(feature = "sqlite")]
@@ -37,15 +38,6 @@ async fn sqlite_store() -> Option<tower_idempotency::store::SqliteStore> {
 }
 
 // ---- What the layer answers by itself (memory) ----
-
-async fn problem<B: Body<Data = Bytes>>(res: Response<B>) -> serde_json::Value
-where
-    B::Error: Debug,
-{
-    assert_eq!(res.headers()["content-type"], "application/problem+json");
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    serde_json::from_slice(&body).unwrap()
-}
 
 fn raw(body: &str) -> Request<Full<Bytes>> {
     Request::post("/webhooks")

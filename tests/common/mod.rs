@@ -2,10 +2,13 @@
 //! contract every backend keeps, written once.
 //!
 //! A backend's test file (`tests/store_<backend>.rs`) runs the whole contract with one
-//! [`backend_suite!`](crate::backend_suite) (in `suite.rs`); each of its arms is a file here:
-//! `claims.rs` (with `receipts.rs`), `races.rs`, `trust.rs`, `versions.rs`, and for SQL
-//! backends `advance.rs`, `transactional.rs` (with the statements of `sql.rs`) and
-//! `tables.rs`.
+//! [`backend_suite!`](crate::backend_suite) (in `suite.rs`). The checks of the `Store` contract
+//! are the crate's public conformance suite (`tower_idempotency::conformance`, feature
+//! `conformance`), the same a store of another crate runs; the helpers below that it holds
+//! (`key_in`, `unique_namespace`, `acquire`, the stale settings, `SHARED_TABLE`) are
+//! re-exported here. The other arms, which need the HTTP layer's harness or a SQL database,
+//! are files here: `trust.rs`, `versions.rs`, and for SQL backends `advance.rs`,
+//! `transactional.rs`, `sql_store.rs` (with the statements of `sql.rs`) and `tables.rs`.
 //!
 //! A store maker (`$make`) yields `Option<S>`: `None` when the backend's database cannot be
 //! reached and the test is skipped (see [`connect`]; under `CI` it panics instead).
@@ -16,14 +19,14 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod advance;
-pub mod claims;
 pub mod db;
 pub mod hot_path;
 pub mod proxy;
-pub mod races;
 pub mod receipts;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub mod sql;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub mod sql_store;
 pub mod suite;
 pub mod tables;
 pub mod transactional;
@@ -32,7 +35,7 @@ pub mod versions;
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -90,40 +93,11 @@ pub async fn redis_store() -> Option<tower_idempotency::store::RedisStore> {
     )
 }
 
-/// A namespace no other test or earlier run uses.
-pub fn unique_namespace(test: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    format!("{test}-{}-{nanos:x}-{n}", std::process::id())
-}
-
-pub fn key_in(ns: &str, value: &str) -> IdempotencyKey {
-    IdempotencyKey::new(ns.to_owned(), value).unwrap()
-}
-
-/// The tests of a binary share their backend's table (one SQLite file per binary, one
-/// PostgreSQL or MySQL database), and `purge_completed` purges every namespace in it: run
-/// alongside the other tests, a test that purges would forget rows they still rely on (a
-/// race's late duplicate of a purged event then runs it again), and the two tests that purge
-/// would purge each other's rows. Every suite test holds this lock shared; a test that
-/// purges holds it alone.
-pub static SHARED_TABLE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
-
-pub const LONG: Stale = Stale::reclaim_after(Duration::from_secs(600));
-pub const SHORT: Duration = Duration::from_millis(300);
-/// Comfortably past `SHORT`, even on a busy machine.
-pub const PAST_SHORT: Duration = Duration::from_millis(700);
-
-pub async fn acquire<S: Store>(store: &S, key: &IdempotencyKey, stale: Stale) -> Lease {
-    match store.claim(key, stale).await.unwrap() {
-        Claim::Acquired(lease) => lease,
-        other => panic!("expected to acquire {key}, got {other:?}"),
-    }
-}
+// Each test binary uses some of them.
+#[allow(unused_imports)]
+pub use tower_idempotency::conformance::{
+    LONG, PAST_SHORT, SHARED_TABLE, SHORT, acquire, key_in, unique_namespace,
+};
 
 /// A webhook handler that counts its runs per event id and sleeps a little, so concurrent
 /// deliveries overlap.
@@ -156,6 +130,19 @@ pub fn delivery(id: &str) -> Request<Full<Bytes>> {
         .header("x-event-id", id)
         .body(Full::new(Bytes::new()))
         .unwrap()
+}
+
+/// The problem+json body of a response the layer answered by itself: its content type is
+/// `application/problem+json`, and its body a JSON object.
+pub async fn problem<B>(res: Response<B>) -> serde_json::Value
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    use http_body_util::BodyExt as _;
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&body).unwrap()
 }
 
 /// A store whose backend is gone (a closed pool): a claim fails with a backend error that keeps

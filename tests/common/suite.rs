@@ -11,6 +11,7 @@
 ///     versions: store(),
 ///     advance: PostgresStore = store(),
 ///     transactional: PostgresStore = store(),
+///     sql: store(), tables: ["app_claims"], quiet: quiet_store(),
 ///     table_names: lazy_store(), rejects: ["", "a.b.c"], accepts: "app.claims",
 /// }
 /// ```
@@ -19,20 +20,27 @@
 /// some suites), and the arms come in this order:
 ///
 /// - `claims: $make` — module `claims`: the `Store` contract, one key at a time, and the
-///   receipts a commit keeps (`claims.rs`, `receipts.rs`);
+///   receipts a commit keeps (the `claims` arm of `tower_idempotency::conformance_suite!`);
 /// - `trust: $make` — module `trust`: which deliveries claim a key, and how far it reaches
 ///   (`trust.rs`);
 /// - `races: $instance` — module `races`: several app instances claiming at once; each test
-///   calls `$instance` four times, one app instance (its own pool) each (`races.rs`);
-/// - `versions: $make` or `versions: $make, instances: $instance` — module `versions`: the
-///   version guard on the backend and the `VersionStore` contract; its tests over four
-///   instances call `$instance` (`$make` unless given) four times (`versions.rs`);
+///   calls `$instance` four times, one app instance (its own pool) each (the `races` arm of
+///   `conformance_suite!`);
+/// - `versions: $make` or `versions: $make, instances: $instance` — module `version_guard`:
+///   the version guard on the backend, whose tests over four instances call `$instance`
+///   (`$make` unless given) four times (`versions.rs`); and module `versions`: the
+///   `VersionStore` contract (the `versions` arm of `conformance_suite!`);
 /// - `advance: $Store = $make` — module `advance`: `version_guard::advance` in transactional
 ///   mode, on a SQL store of type `$Store`, which implements
 ///   [`SqlBackend`](super::sql::SqlBackend) (`advance.rs`);
 /// - `transactional: $Store = $make` — module `transactional`: the marker and the handler's
 ///   write commit together or not at all, on a SQL store of type `$Store`, which implements
 ///   `SqlBackend` (`transactional.rs`);
+/// - `sql: $make, tables: [$name, ...], quiet: $quiet` — module `sql`: what every SQL store
+///   does the same way beyond the contract (`migrate()` twice, a closed pool, the tables
+///   `$name`, rows that are no valid key), on a store that implements `SqlBackend`; and
+///   duplicate counts written to the table by two instances made by `$quiet`
+///   (`sql_store.rs`);
 /// - `table_names: $store, rejects: [$bad, ...], accepts: $good` — module `tables`: `$store`
 ///   (a SQL store whose pool connects lazily) is named `idempotency_keys` by default, refuses
 ///   each `$bad` name and accepts `$good` (`tables.rs`).
@@ -50,14 +58,19 @@ macro_rules! backend_suite {
         $(versions: $versions:expr $(, instances: $instances:expr)?,)?
         $(advance: $advance_store:ty = $advance:expr,)?
         $(transactional: $tx_store:ty = $tx:expr,)?
+        $(sql: $sql:expr, tables: [$($table:expr),* $(,)?], quiet: $quiet:expr,)?
         $(table_names: $tables:expr, rejects: [$($bad:expr),* $(,)?], accepts: $good:expr,)?
     ) => {
-        $($crate::claims_suite!($claims);)?
+        $(tower_idempotency::conformance_suite! { claims: $claims, })?
         $($crate::trust_suite!($trust);)?
-        $($crate::races_suite!($races);)?
-        $($crate::versions_suite!($versions $(, $instances)?);)?
+        $(tower_idempotency::conformance_suite! { races: $races, })?
+        $(
+            $crate::versions_suite!($versions $(, $instances)?);
+            tower_idempotency::conformance_suite! { versions: $versions, }
+        )?
         $($crate::advance_suite!($advance_store, $advance);)?
         $($crate::transactional_suite!($tx_store, $tx);)?
+        $($crate::sql_store_suite!($sql, tables: [$($table),*], quiet: $quiet);)?
         $($crate::table_names_suite!($tables, rejects: [$($bad),*], accepts: $good);)?
     };
 }

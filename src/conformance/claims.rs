@@ -3,11 +3,13 @@
 
 use std::time::Duration;
 
-use tower_idempotency::Stale;
-use tower_idempotency::store::{Claim, KeyState, Resolution, Store, StoreError};
+use crate::store::{Claim, KeyState, Resolution, Stale, Store, StoreError};
 
 use super::{LONG, PAST_SHORT, SHORT, acquire, key_in, unique_namespace};
 
+/// The first claim of a key acquires it, a second one finds it in flight, and after the commit
+/// (twice: a retried commit is harmless) every claim finds it done, counting each delivery.
+/// Other keys, and the same key in another namespace, are independent.
 pub async fn claim_commit_duplicate<S: Store>(store: S) {
     let ns = unique_namespace("commit");
     let key = key_in(&ns, "evt_1");
@@ -30,6 +32,8 @@ pub async fn claim_commit_duplicate<S: Store>(store: S) {
     acquire(&store, &key_in(&format!("{ns}-other"), "evt_1"), LONG).await;
 }
 
+/// A released claim lets the next delivery acquire the key with a fresh token; the released
+/// lease can neither release nor commit again, and a done row cannot be released.
 pub async fn release_lets_the_retry_run<S: Store>(store: S) {
     let key = key_in(&unique_namespace("release"), "evt_1");
     let lease = acquire(&store, &key, LONG).await;
@@ -106,6 +110,8 @@ pub async fn give_back_takes_the_run_back<S: Store>(store: S) {
     assert_eq!(store.describe(&key).await.unwrap().unwrap().runs, 2);
 }
 
+/// A claim not renewed for the stale limit is taken over under the reclaim policy, with a new
+/// token and a new clock; the old owner's late commit and release change nothing.
 pub async fn stale_reclaim_fences_the_old_owner<S: Store>(store: S) {
     let key = key_in(&unique_namespace("reclaim"), "evt_1");
     let old = acquire(&store, &key, LONG).await;
@@ -148,6 +154,8 @@ pub async fn stale_reclaim_fences_the_old_owner<S: Store>(store: S) {
     ));
 }
 
+/// Under the hold policy a stale claim is answered as held, never taken over, and its owner may
+/// still commit.
 pub async fn stale_hold_keeps_the_row<S: Store>(store: S) {
     let key = key_in(&unique_namespace("hold"), "evt_1");
     let hold = Stale::hold_after(SHORT);
@@ -176,6 +184,9 @@ pub async fn stale_hold_keeps_the_row<S: Store>(store: S) {
     ));
 }
 
+/// `stuck_claims` lists the processing rows silent for the limit (and only those), and
+/// `resolve` settles a processing row by hand, as done (its owner fenced off) or released;
+/// it answers `false` for any other row.
 pub async fn stuck_claims_and_resolve<S: Store>(store: S) {
     let ns = unique_namespace("stuck");
     let old = key_in(&ns, "old");
@@ -232,6 +243,9 @@ pub async fn stuck_claims_and_resolve<S: Store>(store: S) {
     acquire(&store, &young, LONG).await;
 }
 
+/// `purge_completed` deletes done rows settled before the limit, and keeps recent ones and
+/// processing ones. It purges every namespace: run it alone on its table
+/// ([`SHARED_TABLE`](super::SHARED_TABLE)).
 pub async fn purge_completed_keeps_recent_and_processing<S: Store>(store: S) {
     let ns = unique_namespace("purge");
     let old_done = key_in(&ns, "old-done");
@@ -326,7 +340,8 @@ pub async fn renew_keeps_a_claim_fresh<S: Store>(store: S) {
 }
 
 /// The journal: deliveries against runs, through a failed run, a retry and a duplicate; a
-/// released row is claimed as if it were new, and purged like a done one.
+/// released row is claimed as if it were new, and purged like a done one. It purges every
+/// namespace: run it alone on its table ([`SHARED_TABLE`](super::SHARED_TABLE)).
 pub async fn describe_counts_deliveries_and_runs<S: Store>(store: S) {
     let ns = unique_namespace("describe");
     let key = key_in(&ns, "evt_1");
@@ -400,102 +415,4 @@ pub async fn describe_counts_deliveries_and_runs<S: Store>(store: S) {
         store.describe(&stale_key).await.unwrap().is_some(),
         "processing rows stay"
     );
-}
-
-/// The `claims` arm of [`backend_suite!`](crate::backend_suite): module `claims`, one
-/// `#[tokio::test]` per check, each with a store made by `$make` (`None` skips the test): the
-/// checks of this file, and the receipts a commit keeps (`receipts.rs`).
-#[macro_export]
-macro_rules! claims_suite {
-    ($make:expr) => {
-        mod claims {
-            #[allow(unused_imports)]
-            use super::*;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn claim_commit_duplicate() {
-                let _shared = $crate::common::SHARED_TABLE.read().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::claims::claim_commit_duplicate(store).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn release_lets_the_retry_run() {
-                let _shared = $crate::common::SHARED_TABLE.read().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::claims::release_lets_the_retry_run(store).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn give_back_takes_the_run_back() {
-                let _shared = $crate::common::SHARED_TABLE.read().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::claims::give_back_takes_the_run_back(store).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn stale_reclaim_fences_the_old_owner() {
-                let _shared = $crate::common::SHARED_TABLE.read().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::claims::stale_reclaim_fences_the_old_owner(store).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn stale_hold_keeps_the_row() {
-                let _shared = $crate::common::SHARED_TABLE.read().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::claims::stale_hold_keeps_the_row(store).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn stuck_claims_and_resolve() {
-                let _shared = $crate::common::SHARED_TABLE.read().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::claims::stuck_claims_and_resolve(store).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn renew_keeps_a_claim_fresh() {
-                let _shared = $crate::common::SHARED_TABLE.read().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::claims::renew_keeps_a_claim_fresh(store).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn commit_with_keeps_the_receipt() {
-                let _shared = $crate::common::SHARED_TABLE.read().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::receipts::commit_with_keeps_the_receipt(store).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn plain_commit_keeps_no_receipt() {
-                let _shared = $crate::common::SHARED_TABLE.read().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::receipts::plain_commit_keeps_no_receipt(store).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_repeated_commit_keeps_the_first_receipt() {
-                let _shared = $crate::common::SHARED_TABLE.read().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::receipts::a_repeated_commit_keeps_the_first_receipt(store).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_new_run_shows_no_receipt() {
-                let _shared = $crate::common::SHARED_TABLE.read().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::receipts::a_new_run_shows_no_receipt(store).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn commit_with_a_lost_lease_writes_nothing() {
-                let _shared = $crate::common::SHARED_TABLE.read().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::receipts::commit_with_a_lost_lease_writes_nothing(store).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn describe_counts_deliveries_and_runs() {
-                let _alone = $crate::common::SHARED_TABLE.write().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::claims::describe_counts_deliveries_and_runs(store).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn purge_completed_keeps_recent_and_processing() {
-                let _alone = $crate::common::SHARED_TABLE.write().await;
-                let Some(store) = $make.await else { return };
-                $crate::common::claims::purge_completed_keeps_recent_and_processing(store).await;
-            }
-        }
-    };
 }

@@ -1,0 +1,165 @@
+//! [`conformance_suite!`](crate::conformance_suite): one test per check, for one store maker.
+
+use crate::store::Store;
+
+/// What a store maker of [`conformance_suite!`](crate::conformance_suite) yields: a store, or
+/// `Option` of one, where `None` skips the test (its backend cannot be reached, say).
+pub trait StoreOrSkip {
+    /// The store made.
+    type Store;
+
+    /// The store, or `None` to skip the test.
+    fn store_or_skip(self) -> Option<Self::Store>;
+}
+
+impl<S: Store> StoreOrSkip for S {
+    type Store = S;
+
+    fn store_or_skip(self) -> Option<S> {
+        Some(self)
+    }
+}
+
+impl<S: Store> StoreOrSkip for Option<S> {
+    type Store = S;
+
+    fn store_or_skip(self) -> Option<S> {
+        self
+    }
+}
+
+/// Writes the tests of the [conformance suite](crate::conformance) for one store: one `#[test]`
+/// per check, in one module per arm, each on a runtime of its own
+/// ([`conformance::run`](crate::conformance::run)).
+///
+/// ```
+/// use tower_idempotency::store::MemoryStore;
+///
+/// async fn store() -> MemoryStore {
+///     MemoryStore::new()
+/// }
+///
+/// tower_idempotency::conformance_suite! {
+///     claims: store(),
+///     races: async { Some(MemoryStore::new()) },
+/// }
+/// # fn main() {}
+/// ```
+///
+/// The arms are optional and come in this order:
+///
+/// - `claims: $make` — module `claims`: the [`Store`] contract one key at a time, and the
+///   receipts a commit keeps, from [`claim_commit_duplicate`](crate::conformance::claim_commit_duplicate)
+///   to [`commit_with_a_lost_lease_writes_nothing`](crate::conformance::commit_with_a_lost_lease_writes_nothing)
+///   (14 tests);
+/// - `races: $instance` — module `races`: several app instances claiming at once; each test
+///   calls `$instance` four times, for four handles on one backend (each its own connection
+///   pool, as app instances would have; in-process stores hand out clones of one store)
+///   (3 tests);
+/// - `versions: $make` — module `versions`: the
+///   [`VersionStore`](crate::version_guard::VersionStore) contract, for a store that also
+///   implements it (2 tests).
+///
+/// `$make` and `$instance` are expressions, evaluated anew in every test, that yield a future
+/// of a store or of `Option<Store>` ([`StoreOrSkip`]: `None` skips the test). They are
+/// resolved inside the generated modules, which see everything of the module that invokes the
+/// macro. Every test holds [`SHARED_TABLE`](crate::conformance::SHARED_TABLE): shared, or alone
+/// for the two that purge.
+#[macro_export]
+macro_rules! conformance_suite {
+    // One test: check `$check` on one store, holding the shared table's lock (`read` shared,
+    // `write` alone).
+    (@one $make:expr, $lock:ident, $check:ident) => {
+        #[test]
+        fn $check() {
+            $crate::conformance::run(async {
+                let _table = $crate::conformance::SHARED_TABLE.$lock().await;
+                let Some(store) = $crate::conformance::StoreOrSkip::store_or_skip($make.await)
+                else {
+                    return;
+                };
+                $crate::conformance::$check(store).await;
+            });
+        }
+    };
+    // One test `$test`: check `$check` on four handles on one backend.
+    (@four $make:expr, $test:ident = $check:ident) => {
+        #[test]
+        fn $test() {
+            $crate::conformance::run(async {
+                let _table = $crate::conformance::SHARED_TABLE.read().await;
+                let mut stores = ::std::vec::Vec::new();
+                for _ in 0..4 {
+                    let Some(store) = $crate::conformance::StoreOrSkip::store_or_skip($make.await)
+                    else {
+                        return;
+                    };
+                    stores.push(store);
+                }
+                $crate::conformance::$check(stores).await;
+            });
+        }
+    };
+    (
+        $(claims: $claims:expr,)?
+        $(races: $races:expr,)?
+        $(versions: $versions:expr,)?
+    ) => {
+        $(
+            mod claims {
+                #[allow(unused_imports)]
+                use super::*;
+
+                $crate::conformance_suite!(@one $claims, read, claim_commit_duplicate);
+                $crate::conformance_suite!(@one $claims, read, release_lets_the_retry_run);
+                $crate::conformance_suite!(@one $claims, read, give_back_takes_the_run_back);
+                $crate::conformance_suite!(@one $claims, read, stale_reclaim_fences_the_old_owner);
+                $crate::conformance_suite!(@one $claims, read, stale_hold_keeps_the_row);
+                $crate::conformance_suite!(@one $claims, read, stuck_claims_and_resolve);
+                $crate::conformance_suite!(@one $claims, read, renew_keeps_a_claim_fresh);
+                $crate::conformance_suite!(@one $claims, read, commit_with_keeps_the_receipt);
+                $crate::conformance_suite!(@one $claims, read, plain_commit_keeps_no_receipt);
+                $crate::conformance_suite!(
+                    @one $claims, read, a_repeated_commit_keeps_the_first_receipt
+                );
+                $crate::conformance_suite!(@one $claims, read, a_new_run_shows_no_receipt);
+                $crate::conformance_suite!(
+                    @one $claims, read, commit_with_a_lost_lease_writes_nothing
+                );
+                $crate::conformance_suite!(
+                    @one $claims, write, describe_counts_deliveries_and_runs
+                );
+                $crate::conformance_suite!(
+                    @one $claims, write, purge_completed_keeps_recent_and_processing
+                );
+            }
+        )?
+        $(
+            mod races {
+                #[allow(unused_imports)]
+                use super::*;
+
+                $crate::conformance_suite!(
+                    @four $races, concurrent_claims_have_one_winner = concurrent_claims_have_one_winner
+                );
+                $crate::conformance_suite!(
+                    @four $races, race_one_event_over_four_instances = race_one_event
+                );
+                $crate::conformance_suite!(
+                    @four $races, race_200_events_over_four_instances = race_many_events
+                );
+            }
+        )?
+        $(
+            mod versions {
+                #[allow(unused_imports)]
+                use super::*;
+
+                $crate::conformance_suite!(@one $versions, read, version_store_contract);
+                $crate::conformance_suite!(
+                    @one $versions, read, stale_pending_version_reclaim_hold_and_resolve
+                );
+            }
+        )?
+    };
+}
