@@ -190,8 +190,8 @@ use crate::key::IdempotencyKey;
 /// # }
 /// ```
 ///
-/// The crate's own conformance suite (in `tests/common`) runs the same checks against every
-/// backend; a new store can borrow it.
+/// The conformance suite (`tower_idempotency::conformance`, feature `conformance`) runs the
+/// same checks against every backend; a new store runs it with `conformance_suite!`.
 pub trait Store: Send + Sync + 'static {
     /// Tries to claim `key` for this delivery, counting the delivery. One atomic step.
     fn claim(

@@ -110,8 +110,9 @@
 //!   [`purge_completed`](Store::purge_completed) are what an operator relies on when a process
 //!   died.
 //!
-//! The conformance suite in the crate's `tests/common` checks the contract; a new store runs
-//! it as the crate's own stores do.
+//! The conformance suite (`tower_idempotency::conformance`, feature `conformance`) checks the
+//! contract: the crate's own stores run it, and a store in another crate runs the same checks
+//! with `conformance_suite!`.
 
 #[cfg(any(
     feature = "memory",
