@@ -137,14 +137,29 @@ pub(crate) fn problem(
     detail: &str,
     expected: Option<&str>,
 ) -> Response<Bytes> {
-    let mut res = answer(status, outcome, problem_json(status, detail, expected));
+    problem_as(status, outcome, detail, expected, |body| body)
+}
+
+/// [`problem`], its body made into the body type of the response at once.
+pub(crate) fn problem_as<T>(
+    status: StatusCode,
+    outcome: Outcome,
+    detail: &str,
+    expected: Option<&str>,
+    body: impl FnOnce(Bytes) -> T,
+) -> Response<T> {
+    let mut res = answer(
+        status,
+        outcome,
+        body(problem_json(status, detail, expected)),
+    );
     res.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
     res
 }
 
 /// An answer of the layer's own: `status`, `body`, and its outcome in the header and the
 /// extensions.
-pub(crate) fn answer(status: StatusCode, outcome: Outcome, body: Bytes) -> Response<Bytes> {
+pub(crate) fn answer<T>(status: StatusCode, outcome: Outcome, body: T) -> Response<T> {
     let mut res = Response::new(body);
     *res.status_mut() = status;
     res.headers_mut()

@@ -245,7 +245,7 @@ fn duplicate<St, K>(
             deliveries = done.deliveries,
             "key reused for another request; answered 422"
         );
-        return Refusal::Own(crate::replay::key_reused());
+        return Refusal::Own(Box::new(crate::replay::key_reused()));
     }
     let stored = receipt.and_then(|receipt: &Receipt| receipt.response.as_ref());
     if let (Some(_), Some(stored)) = (&owner.claims.replay, stored) {
@@ -253,7 +253,7 @@ fn duplicate<St, K>(
             deliveries = done.deliveries,
             "duplicate answered with its stored answer"
         );
-        return Refusal::Own(crate::replay::replayed(stored));
+        return Refusal::Own(Box::new(crate::replay::replayed(stored)));
     }
     tracing::trace!(
         deliveries = done.deliveries,

@@ -7,7 +7,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::ResponseBody;
 use crate::key::KeyError;
-use crate::response::{Outcome, answer, problem, set_retry_after};
+use crate::response::{Outcome, answer, problem, problem_as, set_retry_after};
 
 /// Why a delivery is answered 4xx before any claim.
 pub(crate) enum Rejection {
@@ -37,7 +37,7 @@ pub(crate) enum Refusal {
     Duplicate,
     /// An answer a mode made itself (replay's stored answer, its 422 for a reused key), its
     /// outcome in its extensions.
-    Own(Response<Bytes>),
+    Own(Box<Response<Bytes>>),
     /// The entity is at this version or a newer one already: 200.
     Outdated,
     /// Another delivery holds the claim: 409 with `Retry-After`, and what it is busy with.
@@ -69,23 +69,28 @@ impl Refusal {
     /// The response, every mode's the same way.
     pub(crate) fn answer<B>(self, retry_after: Duration) -> Response<ResponseBody<B>> {
         let outcome = self.outcome();
+        let body = ResponseBody::bytes;
         let mut res = match self {
             Self::Rejected(rejection) => return rejected(rejection),
-            Self::Duplicate | Self::Outdated => answer(StatusCode::OK, outcome, Bytes::new()),
-            Self::Own(res) => res,
-            Self::InFlight(busy) => problem(StatusCode::CONFLICT, outcome, busy, None),
-            Self::Held(unfinished) => problem(StatusCode::CONFLICT, outcome, unfinished, None),
-            Self::Draining => problem(
+            Self::Duplicate | Self::Outdated => answer(StatusCode::OK, outcome, body(Bytes::new())),
+            Self::Own(res) => return (*res).map(body),
+            Self::InFlight(busy) => problem_as(StatusCode::CONFLICT, outcome, busy, None, body),
+            Self::Held(unfinished) => {
+                problem_as(StatusCode::CONFLICT, outcome, unfinished, None, body)
+            }
+            Self::Draining => problem_as(
                 StatusCode::SERVICE_UNAVAILABLE,
                 outcome,
                 "the service is shutting down; the event was not processed",
                 None,
+                body,
             ),
-            Self::StoreUnavailable => problem(
+            Self::StoreUnavailable => problem_as(
                 StatusCode::SERVICE_UNAVAILABLE,
                 outcome,
                 "the idempotency store is unavailable; the event was not processed",
                 None,
+                body,
             ),
         };
         if matches!(
@@ -94,7 +99,7 @@ impl Refusal {
         ) {
             set_retry_after(&mut res, retry_after);
         }
-        res.map(ResponseBody::bytes)
+        res
     }
 }
 
