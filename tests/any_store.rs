@@ -57,7 +57,7 @@ async fn versions_go_through(store: AnyStore) {
     };
     assert!(matches!(
         store.begin_version(&entity, 3, stale).await.unwrap(),
-        VersionClaim::Busy(_)
+        VersionClaim::InFlight(_)
     ));
     store.renew_version(&lease).await.unwrap();
     store.commit_version(&lease).await.unwrap();

@@ -164,7 +164,7 @@ async fn a_serialization_failure_of_a_version_claim_is_tried_once_more() {
         for claim in claims {
             match claim.await.unwrap() {
                 Ok(VersionClaim::Acquired(_)) => acquired += 1,
-                Ok(VersionClaim::Busy(_)) => {}
+                Ok(VersionClaim::InFlight(_)) => {}
                 Ok(other) => panic!("unexpected {other:?}"),
                 Err(err) => {
                     let source = std::error::Error::source(&err).expect("a backend error");

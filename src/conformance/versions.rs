@@ -36,7 +36,7 @@ pub async fn version_store_contract<St: VersionStore>(store: St) {
     assert_eq!((first.entity(), first.version()), (&entity, 2));
     for version in [1, 2, 3] {
         match store.begin_version(&entity, version, LONG).await.unwrap() {
-            VersionClaim::Busy(PendingVersion { version: 2, .. }) => {}
+            VersionClaim::InFlight(PendingVersion { version: 2, .. }) => {}
             other => panic!("expected busy for {version}, got {other:?}"),
         }
     }
@@ -72,7 +72,7 @@ pub async fn version_store_contract<St: VersionStore>(store: St) {
     assert_ne!(equal.token(), again.token());
     for version in [2, 3] {
         match store.begin_version(&entity, version, LONG).await.unwrap() {
-            VersionClaim::Busy(PendingVersion { version: 2, .. }) => {}
+            VersionClaim::InFlight(PendingVersion { version: 2, .. }) => {}
             other => panic!("expected busy for {version}, got {other:?}"),
         }
     }
@@ -95,7 +95,7 @@ pub async fn version_store_contract<St: VersionStore>(store: St) {
         VersionClaim::Outdated { applied: 2 }
     );
     match store.begin_version(&entity, 2, LONG).await.unwrap() {
-        VersionClaim::Busy(PendingVersion { version: 5, .. }) => {}
+        VersionClaim::InFlight(PendingVersion { version: 5, .. }) => {}
         other => panic!("expected busy for the applied version, got {other:?}"),
     }
     store.commit_version(&newer).await.unwrap();
@@ -126,7 +126,7 @@ pub async fn stale_pending_version_reclaim_hold_and_resolve<St: VersionStore>(st
     tokio::time::sleep(PAST_SHORT).await;
     assert!(matches!(
         store.begin_version(&entity, 2, LONG).await.unwrap(),
-        VersionClaim::Busy(_)
+        VersionClaim::InFlight(_)
     ));
     match store
         .begin_version(&entity, 2, Stale::hold_after(SHORT))
@@ -151,7 +151,7 @@ pub async fn stale_pending_version_reclaim_hold_and_resolve<St: VersionStore>(st
     ));
     match store.begin_version(&entity, 3, LONG).await.unwrap() {
         // The takeover restarted the pending version's clock.
-        VersionClaim::Busy(p) => assert!(p.version == 2 && p.age < PAST_SHORT, "{p:?}"),
+        VersionClaim::InFlight(p) => assert!(p.version == 2 && p.age < PAST_SHORT, "{p:?}"),
         other => panic!("expected busy, got {other:?}"),
     }
     store.commit_version(&new).await.unwrap();
@@ -167,7 +167,7 @@ pub async fn stale_pending_version_reclaim_hold_and_resolve<St: VersionStore>(st
         .await
         .unwrap()
     {
-        VersionClaim::Busy(p) => assert_eq!(p.version, 5),
+        VersionClaim::InFlight(p) => assert_eq!(p.version, 5),
         other => panic!("an older version must not take over, got {other:?}"),
     }
     // The same version (its sender's retry) or a newer one may.

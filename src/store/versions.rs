@@ -30,7 +30,7 @@ use crate::key::IdempotencyKey;
 ///     panic!("nothing applied or pending yet");
 /// };
 /// // While version 2 is being applied, no other version of the entity may start.
-/// assert!(matches!(store.begin_version(&subscription, 3, stale).await?, VersionClaim::Busy(_)));
+/// assert!(matches!(store.begin_version(&subscription, 3, stale).await?, VersionClaim::InFlight(_)));
 /// store.commit_version(&lease).await?;
 /// // Version 1 arrives late: it is outdated.
 /// assert_eq!(store.begin_version(&subscription, 1, stale).await?, VersionClaim::Outdated { applied: 2 });
@@ -50,7 +50,7 @@ use crate::key::IdempotencyKey;
 ///   answers [`VersionClaim::Outdated`]. Otherwise (newer, or equal), with no version pending,
 ///   it becomes the pending one under a fresh token: [`VersionClaim::Acquired`]. With another
 ///   version pending (the same version under another delivery included),
-///   [`VersionClaim::Busy`], unless that one was not renewed for the [`Stale`] limit: then the
+///   [`VersionClaim::InFlight`], unless that one was not renewed for the [`Stale`] limit: then the
 ///   policy decides, acquired (reclaim) or [`VersionClaim::Held`] (hold).
 /// - [`commit_version`](Self::commit_version) sets the applied version to the greater of it
 ///   and the lease's, and clears the pending slot; [`release_version`](Self::release_version)
@@ -114,8 +114,9 @@ pub enum VersionClaim {
         /// The entity's applied version.
         applied: i64,
     },
-    /// Another version of the entity is being applied, and its claim is not stale.
-    Busy(PendingVersion),
+    /// Another version of the entity is being applied, and its claim is not stale (as
+    /// [`Claim::InFlight`](crate::store::Claim::InFlight) for a key).
+    InFlight(PendingVersion),
     /// Another version's claim is stale, and the hold policy leaves it for a person
     /// ([`VersionStore::resolve_version`]).
     Held(PendingVersion),
@@ -248,7 +249,7 @@ pub(crate) fn decide(
                 if stale.policy() == super::StalePolicy::Hold && stale.is_stale(age) {
                     VersionClaim::Held(pending)
                 } else {
-                    VersionClaim::Busy(pending)
+                    VersionClaim::InFlight(pending)
                 },
             )
         }
@@ -290,11 +291,11 @@ mod tests {
         ));
         assert_eq!(
             decide(&e, 4, ours, hold, Some(4), Some((6, other, young))),
-            Some(VersionClaim::Busy(PendingVersion::new(6, young)))
+            Some(VersionClaim::InFlight(PendingVersion::new(6, young)))
         );
         assert_eq!(
             decide(&e, 4, ours, hold, Some(4), Some((4, other, young))),
-            Some(VersionClaim::Busy(PendingVersion::new(4, young)))
+            Some(VersionClaim::InFlight(PendingVersion::new(4, young)))
         );
         assert_eq!(
             decide(&e, 4, ours, hold, Some(4), Some((4, other, old))),
@@ -303,7 +304,7 @@ mod tests {
         assert_eq!(decide(&e, 4, ours, hold, Some(4), None), None);
         assert_eq!(
             decide(&e, 5, ours, hold, Some(4), Some((6, other, young))),
-            Some(VersionClaim::Busy(PendingVersion::new(6, young)))
+            Some(VersionClaim::InFlight(PendingVersion::new(6, young)))
         );
         assert_eq!(
             decide(&e, 5, ours, hold, None, Some((6, other, old))),
@@ -318,7 +319,7 @@ mod tests {
                 None,
                 Some((6, other, old))
             ),
-            Some(VersionClaim::Busy(PendingVersion::new(6, old))),
+            Some(VersionClaim::InFlight(PendingVersion::new(6, old))),
             "a stale claim that reclaim did not take over is busy"
         );
         assert_eq!(decide(&e, 5, ours, hold, Some(4), None), None);

@@ -147,8 +147,8 @@ where
                         tracing::trace!(applied, "outdated version");
                         Err(Refusal::Outdated)
                     }
-                    VersionClaim::Busy(pending) => {
-                        tracing::trace!(pending = pending.version, age = ?pending.age, "entity busy");
+                    VersionClaim::InFlight(pending) => {
+                        tracing::trace!(pending = pending.version, age = ?pending.age, "another version in flight");
                         Err(Refusal::InFlight(
                             "another version of this entity is being applied; retry later",
                         ))
