@@ -8,6 +8,7 @@
 //! in [`ALL`].
 
 use std::fmt;
+use std::sync::LazyLock;
 
 use http::request::Parts;
 
@@ -29,6 +30,14 @@ pub(crate) static ALL: &[&Provider] = &[
     &stripe::PROVIDER,
     &slack::PROVIDER,
 ];
+
+/// [`ALL`] in the order of [`Provider::signature_precedence`], sorted once: detection by a
+/// signature header stops at the first sender whose header is there.
+static BY_SIGNATURE: LazyLock<Vec<&'static Provider>> = LazyLock::new(|| {
+    let mut senders = ALL.to_vec();
+    senders.sort_by_key(|provider| provider.signature_precedence);
+    senders
+});
 
 /// What the crate knows of one webhook sender.
 pub(crate) struct Provider {
@@ -104,10 +113,10 @@ pub(crate) fn detect(parts: &Parts) -> Option<&'static Provider> {
         .copied()
         .find(|provider| matches!(provider.id, Id::Headers(names) if any(names)))
         .or_else(|| {
-            ALL.iter()
+            BY_SIGNATURE
+                .iter()
                 .copied()
-                .filter(|provider| any(provider.signature))
-                .min_by_key(|provider| provider.signature_precedence)
+                .find(|provider| any(provider.signature))
         })
 }
 
