@@ -57,14 +57,14 @@ impl MySqlStore {
                 .await
                 .store()
                 .and_then(|row| ClaimRow::read(&row))
-                .inspect_err(|_| self.table.unanswered(key, token))?;
+                .inspect_err(|error| self.table.unanswered(key, token, error))?;
             return self.table.after_read(key, Some(row), Some(token), stale);
         }
         let inserted = insert(&self.claims.insert_new)
             .execute(&self.table.pool)
             .await
             .store()
-            .inspect_err(|_| self.table.unanswered(key, token))?;
+            .inspect_err(|error| self.table.unanswered(key, token, error))?;
         if inserted.rows_affected() == 1 {
             let lease = Lease::new(key.clone(), token, false);
             return Ok(AfterRead::Answer(Claim::Acquired(lease)));
@@ -85,7 +85,7 @@ impl MySqlStore {
             .await
             .store()
             .and_then(|row| ClaimRow::read(&row)?.into_claim(key, token, stale))
-            .inspect_err(|_| self.table.unanswered(key, token))
+            .inspect_err(|error| self.table.unanswered(key, token, error))
     }
 
     /// MySQL and older MariaDB: the upsert, and a read of the row unless it inserted.
@@ -103,7 +103,7 @@ impl MySqlStore {
                 .execute(&self.table.pool)
                 .await
                 .store()
-                .inspect_err(|_| self.table.unanswered(key, token))?;
+                .inspect_err(|error| self.table.unanswered(key, token, error))?;
             if upserted.rows_affected() == 1 {
                 // Inserted: a new key.
                 return Ok(Claim::Acquired(Lease::new(key.clone(), token, false)));
@@ -116,7 +116,7 @@ impl MySqlStore {
                 .fetch_optional(&self.table.pool)
                 .await
                 .store()
-                .inspect_err(|_| self.table.unanswered(key, token))?;
+                .inspect_err(|error| self.table.unanswered(key, token, error))?;
             if let Some(row) = row {
                 let row = ClaimRow::read(&row)?;
                 let ours = LeaseToken::from_i64(row.token) == token;

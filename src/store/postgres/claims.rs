@@ -33,7 +33,7 @@ impl Store for PostgresStore {
             let row = retry_serialization_failure("claim", is_serialization_failure, first)
                 .await
                 .and_then(|row| row.as_ref().map(ClaimRow::read).transpose())
-                .inspect_err(|_| table.unanswered(key, token))?;
+                .inspect_err(|error| table.unanswered(key, token, error))?;
             let row = match row {
                 Some(row) => Some(row),
                 None => table.read_claim(key).await?,
@@ -45,7 +45,7 @@ impl Store for PostgresStore {
                     return table
                         .claim_upsert(key, token, stale, is_serialization_failure)
                         .await
-                        .inspect_err(|_| table.unanswered(key, token));
+                        .inspect_err(|error| table.unanswered(key, token, error));
                 }
                 AfterRead::Absent => {}
             }

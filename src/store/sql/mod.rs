@@ -204,10 +204,15 @@ where
             .await
     }
 
-    /// The claim statement that wrote `token` failed, perhaps after the database ran it:
-    /// whatever it granted is given back in the background
-    /// ([`give_back_unanswered`](crate::store::give_back_unanswered)).
-    pub(crate) fn unanswered(&self, key: &IdempotencyKey, token: LeaseToken) {
+    /// The claim statement that wrote `token` failed with `error`, perhaps after the database
+    /// ran it: whatever it granted is given back in the background
+    /// ([`give_back_unanswered`](crate::store::give_back_unanswered)). A statement that never
+    /// left the pool (no connection could be had) granted nothing, and costs a failing store
+    /// no further statement.
+    pub(crate) fn unanswered(&self, key: &IdempotencyKey, token: LeaseToken, error: &StoreError) {
+        if never_sent(error) {
+            return;
+        }
         let table = self.clone();
         crate::store::give_back_unanswered(key, token, move |lease| {
             let table = table.clone();
@@ -435,8 +440,34 @@ pub(crate) trait ResultExt<T> {
     fn store(self) -> Result<T, StoreError>;
 }
 
+/// Whether `error` is the pool's: no connection was had, so no statement was sent.
+fn never_sent(error: &StoreError) -> bool {
+    let StoreError::Backend(source) = error else {
+        return false;
+    };
+    matches!(
+        source.downcast_ref::<sqlx::Error>(),
+        Some(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)
+    )
+}
+
 impl<T> ResultExt<T> for Result<T, sqlx::Error> {
     fn store(self) -> Result<T, StoreError> {
         self.map_err(StoreError::backend)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_pools_own_errors_were_never_sent() {
+        assert!(never_sent(&StoreError::backend(sqlx::Error::PoolTimedOut)));
+        assert!(never_sent(&StoreError::backend(sqlx::Error::PoolClosed)));
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(!never_sent(&StoreError::backend(sqlx::Error::Io(io))));
+        assert!(!never_sent(&StoreError::backend("a statement timed out")));
+        assert!(!never_sent(&StoreError::LeaseLost));
     }
 }

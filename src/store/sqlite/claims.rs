@@ -24,7 +24,7 @@ impl Store for SqliteStore {
                 table
                     .claim_upsert(key, token, stale, is_serialization_failure)
                     .await
-                    .inspect_err(|_| table.unanswered(key, token))
+                    .inspect_err(|error| table.unanswered(key, token, error))
             }
         }
     }
