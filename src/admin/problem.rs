@@ -9,7 +9,6 @@ use http::{HeaderValue, StatusCode};
 
 use crate::store::StoreError;
 
-const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 const JSON: HeaderValue = HeaderValue::from_static("application/json");
 /// What the router answers describes claims as they are now: never from a cache.
 pub(super) const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
@@ -67,14 +66,11 @@ impl From<StoreError> for Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
-            "title": self.status.canonical_reason().unwrap_or_default(),
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-        });
-        let mut res = Response::new(Body::from(body.to_string()));
+        let body = crate::response::problem_json(self.status, &self.detail, None);
+        let mut res = Response::new(Body::from(body));
         *res.status_mut() = self.status;
-        res.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+        res.headers_mut()
+            .insert(CONTENT_TYPE, crate::response::PROBLEM_JSON);
         res.headers_mut().insert(CACHE_CONTROL, NO_STORE);
         res
     }

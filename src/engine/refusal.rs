@@ -7,7 +7,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::ResponseBody;
 use crate::key::KeyError;
-use crate::response::{Outcome, answer, problem, problem_as, set_retry_after};
+use crate::response::{Outcome, answer, problem_as, set_retry_after};
 
 /// Why a delivery is answered 4xx before any claim.
 pub(crate) enum Rejection {
@@ -116,19 +116,7 @@ fn rejected<B>(rejection: Rejection) -> Response<ResponseBody<B>> {
     let (mut res, timed_out) = match rejection {
         Rejection::Key(error) => {
             tracing::debug!(outcome = Outcome::Rejected.as_str(), %error, "delivery rejected");
-            let expected = match &error {
-                KeyError::Missing { expected } => Some(&**expected),
-                _ => None,
-            };
-            let mut res = problem(
-                error.status(),
-                Outcome::Rejected,
-                &error.to_string(),
-                expected,
-            );
-            let timed_out = error == KeyError::BodyTimeout;
-            res.extensions_mut().insert(error);
-            (res, timed_out)
+            return key_problem(error, Outcome::Rejected);
         }
         #[cfg(feature = "verify")]
         Rejection::Signature(error) => {
@@ -142,7 +130,7 @@ fn rejected<B>(rejection: Rejection) -> Response<ResponseBody<B>> {
                 _ => None,
             };
             let detail = error.to_string();
-            let mut res = problem(
+            let mut res = crate::response::problem(
                 StatusCode::UNAUTHORIZED,
                 Outcome::Unverified,
                 &detail,
@@ -164,7 +152,26 @@ fn rejected<B>(rejection: Rejection) -> Response<ResponseBody<B>> {
     res.map(ResponseBody::bytes)
 }
 
-/// The 4xx of a key error: a body that did not arrive, say.
-pub(crate) fn rejected_key<B>(error: KeyError) -> Response<ResponseBody<B>> {
-    rejected(Rejection::Key(error))
+/// The 4xx of a key error, naming `outcome`, with the error in the extensions: the request
+/// cannot be used (before any claim), or its body did not arrive (after).
+pub(crate) fn key_problem<B>(error: KeyError, outcome: Outcome) -> Response<ResponseBody<B>> {
+    let expected = match &error {
+        KeyError::Missing { expected } => Some(&**expected),
+        _ => None,
+    };
+    let detail = error.to_string();
+    let mut res = problem_as(
+        error.status(),
+        outcome,
+        &detail,
+        expected,
+        ResponseBody::bytes,
+    );
+    if error == KeyError::BodyTimeout {
+        // The rest of the body may still be on its way: the connection cannot be reused.
+        res.headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    res.extensions_mut().insert(error);
+    res
 }

@@ -16,10 +16,10 @@ use tower_service::Service;
 use super::guard::{LeaseGuard, Leased, Owner, Settle};
 use super::keep::Keep;
 use super::prepare::tagged;
-use super::refusal::rejected_key;
+use super::refusal::key_problem;
 use crate::body::{BodyWatch, RequestBody, ResponseBody};
 use crate::key::KeyError;
-use crate::response::{OUTCOME_HEADER, Outcome};
+use crate::response::Outcome;
 
 /// A panic caught in the inner service.
 pub(crate) type Panic = Box<dyn Any + Send>;
@@ -222,13 +222,7 @@ fn timed_out<O: Owner, ResB>(
     if !settings.commit_when.commits(answered) {
         return res.map(ResponseBody::new);
     }
-    let mut res = rejected_key(KeyError::BodyTimeout);
-    res.headers_mut().insert(
-        OUTCOME_HEADER,
-        http::HeaderValue::from_static(Outcome::Released.as_str()),
-    );
-    res.extensions_mut().insert(Outcome::Released);
-    res
+    key_problem(KeyError::BodyTimeout, Outcome::Released)
 }
 
 /// Drives `call` to its end, with the claim's heartbeat going once the handler has to wait.
