@@ -23,3 +23,14 @@ backend_suite! {
     races: instance(),
     versions: store(), instances: instance(),
 }
+
+mod inbox_suite {
+    use tower_idempotency::store::MemoryStore;
+
+    tower_idempotency::conformance_suite! {
+        inbox: async { MemoryStore::new() },
+        inbox_races: async { Some(SHARED.get_or_init(MemoryStore::new).clone()) },
+    }
+
+    static SHARED: std::sync::OnceLock<MemoryStore> = std::sync::OnceLock::new();
+}

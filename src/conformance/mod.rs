@@ -86,6 +86,7 @@
 //! few seconds.
 
 mod claims;
+mod inbox;
 mod races;
 mod receipts;
 mod suite;
@@ -103,6 +104,12 @@ pub use claims::{
     purge_completed_keeps_recent_and_processing, release_lets_the_retry_run,
     renew_keeps_a_claim_fresh, stale_hold_keeps_the_row, stale_reclaim_fences_the_old_owner,
     stuck_claims_and_resolve,
+};
+pub use inbox::{
+    enqueue_once_then_duplicates, entries_and_stats, give_back_takes_the_attempt_back,
+    hold_leaves_a_crashed_entry_running, instances_enqueue_and_take_each_once,
+    purge_keeps_dead_requests, reclaim_counts_crashes_and_ends_dead,
+    retry_then_dead_then_retry_now, take_ours,
 };
 pub use races::{concurrent_claims_have_one_winner, race_many_events, race_one_event};
 pub use receipts::{
@@ -132,6 +139,10 @@ pub const PAST_SHORT: Duration = Duration::from_millis(700);
 /// purge each other's rows. A backend's own tests on the table the suite uses hold it too:
 /// shared, or alone if they purge or lock the table.
 pub static SHARED_TABLE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Held alone by every inbox check: a worker's take reaches every namespace, so two checks on
+/// one inbox would take each other's entries.
+pub static INBOX_TABLE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A namespace no other test, and no earlier run, uses: `test` followed by the process id, the
 /// time and a counter.

@@ -58,7 +58,15 @@ impl<S: Store> StoreOrSkip for Option<S> {
 ///   (3 tests);
 /// - `versions: $make` — module `versions`: the
 ///   [`VersionStore`](crate::version_guard::VersionStore) contract, for a store that also
-///   implements it (2 tests).
+///   implements it (2 tests);
+/// - `inbox: $make` — module `inbox`: the [`InboxStore`](crate::store::inbox::InboxStore)
+///   contract, from [`enqueue_once_then_duplicates`](crate::conformance::enqueue_once_then_duplicates)
+///   to [`purge_keeps_dead_requests`](crate::conformance::purge_keeps_dead_requests) (7 tests);
+/// - `inbox_races: $instance` — module `inbox_races`: four instances enqueueing and taking at
+///   once ([`instances_enqueue_and_take_each_once`](crate::conformance::instances_enqueue_and_take_each_once)).
+///
+/// The inbox tests each hold [`INBOX_TABLE`](crate::conformance::INBOX_TABLE) alone: give them
+/// an inbox no running worker uses.
 ///
 /// `$make` and `$instance` are expressions, evaluated anew in every test, that yield a future
 /// of a store or of `Option<Store>` ([`StoreOrSkip`]: `None` skips the test). They are
@@ -74,6 +82,20 @@ macro_rules! conformance_suite {
         fn $check() {
             $crate::conformance::run(async {
                 let _table = $crate::conformance::SHARED_TABLE.$lock().await;
+                let Some(store) = $crate::conformance::StoreOrSkip::store_or_skip($make.await)
+                else {
+                    return;
+                };
+                $crate::conformance::$check(store).await;
+            });
+        }
+    };
+    // One inbox test: check `$check` on one store, alone on the inbox.
+    (@inbox $make:expr, $check:ident) => {
+        #[test]
+        fn $check() {
+            $crate::conformance::run(async {
+                let _inbox = $crate::conformance::INBOX_TABLE.lock().await;
                 let Some(store) = $crate::conformance::StoreOrSkip::store_or_skip($make.await)
                 else {
                     return;
@@ -104,6 +126,8 @@ macro_rules! conformance_suite {
         $(claims: $claims:expr,)?
         $(races: $races:expr,)?
         $(versions: $versions:expr,)?
+        $(inbox: $inbox:expr,)?
+        $(inbox_races: $inbox_races:expr,)?
     ) => {
         $(
             mod claims {
@@ -159,6 +183,43 @@ macro_rules! conformance_suite {
                 $crate::conformance_suite!(
                     @one $versions, read, stale_pending_version_reclaim_hold_and_resolve
                 );
+            }
+        )?
+        $(
+            mod inbox {
+                #[allow(unused_imports)]
+                use super::*;
+
+                $crate::conformance_suite!(@inbox $inbox, enqueue_once_then_duplicates);
+                $crate::conformance_suite!(@inbox $inbox, retry_then_dead_then_retry_now);
+                $crate::conformance_suite!(@inbox $inbox, reclaim_counts_crashes_and_ends_dead);
+                $crate::conformance_suite!(@inbox $inbox, hold_leaves_a_crashed_entry_running);
+                $crate::conformance_suite!(@inbox $inbox, give_back_takes_the_attempt_back);
+                $crate::conformance_suite!(@inbox $inbox, entries_and_stats);
+                $crate::conformance_suite!(@inbox $inbox, purge_keeps_dead_requests);
+            }
+        )?
+        $(
+            mod inbox_races {
+                #[allow(unused_imports)]
+                use super::*;
+
+                #[test]
+                fn instances_enqueue_and_take_each_once() {
+                    $crate::conformance::run(async {
+                        let _inbox = $crate::conformance::INBOX_TABLE.lock().await;
+                        let mut stores = ::std::vec::Vec::new();
+                        for _ in 0..4 {
+                            let Some(store) =
+                                $crate::conformance::StoreOrSkip::store_or_skip($inbox_races.await)
+                            else {
+                                return;
+                            };
+                            stores.push(store);
+                        }
+                        $crate::conformance::instances_enqueue_and_take_each_once(stores).await;
+                    });
+                }
             }
         )?
     };

@@ -132,6 +132,7 @@ mod error;
     feature = "redis"
 ))]
 mod give_back;
+pub mod inbox;
 #[cfg(feature = "memory")]
 mod memory;
 #[cfg(feature = "mysql")]

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use crate::key::IdempotencyKey;
 
 mod claims;
+mod inbox;
 mod versions;
 
 use claims::Row;
@@ -63,6 +64,8 @@ struct Shards {
     shards: [Mutex<Map>; SHARDS],
     /// The entities' versions of the [version guard](crate::version_guard), apart from the keys.
     versions: [Mutex<HashMap<IdempotencyKey, VersionRow>>; SHARDS],
+    /// The [inbox](crate::store::inbox): its entries, apart from the keys' claims.
+    inbox: inbox::Inbox,
 }
 
 /// The claims of one shard, by key, each key hashed once per store call (see [`Hashed`]).
@@ -115,6 +118,7 @@ impl Default for Shards {
             hasher: RandomState::new(),
             shards: std::array::from_fn(|_| Mutex::default()),
             versions: std::array::from_fn(|_| Mutex::default()),
+            inbox: inbox::Inbox::default(),
         }
     }
 }

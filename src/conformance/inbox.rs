@@ -1,0 +1,396 @@
+//! The [`InboxStore`] contract: enqueue once per key, take under fenced leases, settle,
+//! reclaim or hold after a crash, the operator's actions, retention; and several instances
+//! enqueueing and taking at once.
+//!
+//! The checks share the store's inbox with nothing else while they run
+//! ([`INBOX_TABLE`](super::INBOX_TABLE)): a worker takes entries of every namespace. Entries of
+//! other namespaces a check takes (left by an earlier, interrupted run) are settled done.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method};
+
+use crate::store::inbox::{
+    Attempt, AttemptResult, Enqueued, EntryState, InboxStore, Settlement, StoredRequest, Take,
+    Taken,
+};
+use crate::store::{Stale, StoreError};
+
+use super::{PAST_SHORT, SHORT, key_in, unique_namespace};
+
+fn request(n: usize) -> StoredRequest {
+    StoredRequest::new(
+        Method::POST,
+        format!("/hooks?n={n}"),
+        vec![(
+            HeaderName::from_static("content-type"),
+            HeaderValue::from_static("application/json"),
+        )],
+        Bytes::from(format!("{{\"n\":{n}}}")),
+    )
+}
+
+fn take(limit: usize, stale: Stale, max_attempts: u32) -> Take {
+    Take {
+        limit,
+        stale,
+        max_attempts,
+    }
+}
+
+/// Takes with `take`, keeping the entries of namespace `ns` and settling the others done.
+pub async fn take_ours<S: InboxStore>(store: &S, take: &Take, ns: &str) -> Vec<Taken> {
+    let taken = store.take(take).await.expect("take");
+    let mut ours = Vec::new();
+    for entry in taken {
+        if entry.lease.key().namespace() == ns {
+            ours.push(entry);
+        } else {
+            let _ = store.settle(&entry.lease, &Settlement::Done, &[]).await;
+        }
+    }
+    ours
+}
+
+fn attempt(result: AttemptResult) -> Attempt {
+    Attempt::new(1_700_000_000_000, 12, result)
+}
+
+const LONG: Stale = Stale::reclaim_after(Duration::from_secs(600));
+
+/// A key is stored once; every later copy, in every state, is a duplicate that writes only
+/// its count; the stored request reads back whole.
+pub async fn enqueue_once_then_duplicates<S: InboxStore>(store: S) {
+    let ns = unique_namespace("inbox-once");
+    let key = key_in(&ns, "evt_1");
+    assert_eq!(
+        store.enqueue(&key, &request(1)).await.unwrap(),
+        Enqueued::Stored
+    );
+    assert_eq!(
+        store.enqueue(&key, &request(2)).await.unwrap(),
+        Enqueued::Duplicate(EntryState::Queued)
+    );
+    let taken = take_ours(&store, &take(10, LONG, 5), &ns).await;
+    assert_eq!(taken.len(), 1, "{taken:?}");
+    let entry = &taken[0];
+    assert_eq!(entry.lease.key(), &key);
+    assert_eq!(entry.request, request(1), "the first copy is the one kept");
+    assert_eq!((entry.attempt, entry.crashes), (1, 0));
+    assert!(entry.history.is_empty());
+    assert!(!entry.lease.reclaimed());
+    assert_eq!(
+        store.enqueue(&key, &request(3)).await.unwrap(),
+        Enqueued::Duplicate(EntryState::Running)
+    );
+    let history = [attempt(AttemptResult::Status(200))];
+    store
+        .settle(&entry.lease, &Settlement::Done, &history)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.enqueue(&key, &request(4)).await.unwrap(),
+        Enqueued::Duplicate(EntryState::Done)
+    );
+    let described = store.entry(&key).await.unwrap().expect("the entry");
+    assert_eq!(described.state, EntryState::Done);
+    assert_eq!(described.deliveries, 4);
+    assert_eq!(described.attempts, 1);
+    assert_eq!(described.history, history);
+    assert!(described.has_request);
+    assert_eq!(store.stored_request(&key).await.unwrap(), Some(request(1)));
+    assert!(take_ours(&store, &take(10, LONG, 5), &ns).await.is_empty());
+    let unknown = key_in(&ns, "evt_unknown");
+    assert_eq!(store.entry(&unknown).await.unwrap(), None);
+    assert_eq!(store.stored_request(&unknown).await.unwrap(), None);
+}
+
+/// A failed attempt queues the entry again for later, with its history; the attempts run out
+/// into dead; a person's retry starts it over; discard marks it done.
+pub async fn retry_then_dead_then_retry_now<S: InboxStore>(store: S) {
+    let ns = unique_namespace("inbox-retry");
+    let key = key_in(&ns, "evt_1");
+    store.enqueue(&key, &request(1)).await.unwrap();
+    let policy = take(10, LONG, 2);
+    let first = take_ours(&store, &policy, &ns).await.remove(0);
+    let history = vec![attempt(AttemptResult::Status(500))];
+    let later = Settlement::Retry {
+        after: Duration::from_secs(3600),
+    };
+    store.settle(&first.lease, &later, &history).await.unwrap();
+    // A settled lease is spent.
+    assert!(matches!(
+        store.settle(&first.lease, &Settlement::Done, &[]).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.renew_entry(&first.lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    let waiting = store.entry(&key).await.unwrap().unwrap();
+    assert_eq!(waiting.state, EntryState::Queued);
+    assert!(waiting.due_in.expect("a queued entry's due time") > Duration::from_secs(3000));
+    assert!(
+        take_ours(&store, &policy, &ns).await.is_empty(),
+        "not due for an hour"
+    );
+    assert!(store.retry_now(&key).await.unwrap());
+    let second = take_ours(&store, &policy, &ns).await.remove(0);
+    assert_eq!(second.attempt, 2);
+    assert_eq!(second.history, history);
+    assert_ne!(second.lease.token(), first.lease.token());
+    let mut history = history;
+    history.push(attempt(AttemptResult::Error("panicked".into())));
+    store
+        .settle(&second.lease, &Settlement::Dead, &history)
+        .await
+        .unwrap();
+    let dead = store.entry(&key).await.unwrap().unwrap();
+    assert_eq!((dead.state, dead.attempts), (EntryState::Dead, 2));
+    assert_eq!(dead.history, history);
+    assert!(take_ours(&store, &policy, &ns).await.is_empty());
+    assert_eq!(store.inbox_stats(Some(&ns)).await.unwrap().dead, 1);
+    assert_eq!(store.retry_dead(&ns).await.unwrap(), 1);
+    let third = take_ours(&store, &policy, &ns).await.remove(0);
+    assert_eq!(third.attempt, 1, "a person's retry starts the count over");
+    store
+        .settle(
+            &third.lease,
+            &Settlement::Retry {
+                after: Duration::ZERO,
+            },
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(store.discard(&key).await.unwrap());
+    assert_eq!(
+        store.entry(&key).await.unwrap().unwrap().state,
+        EntryState::Done
+    );
+    assert!(!store.discard(&key).await.unwrap(), "done already");
+    assert!(!store.retry_now(&key).await.unwrap(), "done is final");
+}
+
+/// A lease renewed stays; one left unrenewed past the stale limit is taken over under
+/// reclaim (a crash, counted; the old worker is fenced off), and ends dead once the attempts
+/// run out.
+pub async fn reclaim_counts_crashes_and_ends_dead<S: InboxStore>(store: S) {
+    let ns = unique_namespace("inbox-reclaim");
+    let key = key_in(&ns, "evt_1");
+    store.enqueue(&key, &request(1)).await.unwrap();
+    let policy = take(10, Stale::reclaim_after(SHORT), 2);
+    let first = take_ours(&store, &policy, &ns).await.remove(0);
+    tokio::time::sleep(SHORT / 2).await;
+    store.renew_entry(&first.lease).await.unwrap();
+    tokio::time::sleep(SHORT * 2 / 3).await;
+    assert!(
+        take_ours(&store, &policy, &ns).await.is_empty(),
+        "renewed within the limit"
+    );
+    tokio::time::sleep(PAST_SHORT).await;
+    let second = take_ours(&store, &policy, &ns).await.remove(0);
+    assert!(second.lease.reclaimed());
+    assert_eq!((second.attempt, second.crashes), (2, 1));
+    assert!(matches!(
+        store.settle(&first.lease, &Settlement::Done, &[]).await,
+        Err(StoreError::LeaseLost)
+    ));
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(
+        take_ours(&store, &policy, &ns).await.is_empty(),
+        "a crash on the last attempt ends dead"
+    );
+    let dead = store.entry(&key).await.unwrap().unwrap();
+    assert_eq!((dead.state, dead.crashes), (EntryState::Dead, 2));
+    assert!(matches!(
+        store.renew_entry(&second.lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+}
+
+/// Under hold, an entry whose worker stopped renewing stays running, listed for a person.
+pub async fn hold_leaves_a_crashed_entry_running<S: InboxStore>(store: S) {
+    let ns = unique_namespace("inbox-hold");
+    let key = key_in(&ns, "evt_1");
+    store.enqueue(&key, &request(1)).await.unwrap();
+    let policy = take(10, Stale::hold_after(SHORT), 5);
+    let first = take_ours(&store, &policy, &ns).await.remove(0);
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(take_ours(&store, &policy, &ns).await.is_empty());
+    let listed = store
+        .entries(Some(&ns), &[EntryState::Running], 10)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].since_renewal.unwrap() >= SHORT);
+    // Its worker, back, still holds it.
+    store
+        .settle(&first.lease, &Settlement::Done, &[])
+        .await
+        .unwrap();
+}
+
+/// A give-back queues the entry again at once and takes back the attempt it counted.
+pub async fn give_back_takes_the_attempt_back<S: InboxStore>(store: S) {
+    let ns = unique_namespace("inbox-give-back");
+    let key = key_in(&ns, "evt_1");
+    store.enqueue(&key, &request(1)).await.unwrap();
+    let policy = take(10, LONG, 5);
+    let first = take_ours(&store, &policy, &ns).await.remove(0);
+    store
+        .settle(&first.lease, &Settlement::GiveBack, &[])
+        .await
+        .unwrap();
+    let again = take_ours(&store, &policy, &ns).await.remove(0);
+    assert_eq!(again.attempt, 1);
+    store
+        .settle(&again.lease, &Settlement::Done, &[])
+        .await
+        .unwrap();
+}
+
+/// Listing, counting, the oldest due entry, and a take's limit.
+pub async fn entries_and_stats<S: InboxStore>(store: S) {
+    let ns = unique_namespace("inbox-stats");
+    for n in 0..5 {
+        store
+            .enqueue(&key_in(&ns, &format!("evt_{n}")), &request(n))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let stats = store.inbox_stats(Some(&ns)).await.unwrap();
+    assert_eq!((stats.queued, stats.running, stats.dead), (5, 0, 0));
+    assert!(stats.oldest_due.unwrap() >= Duration::from_millis(10));
+    let two = take_ours(&store, &take(2, LONG, 5), &ns).await;
+    assert_eq!(two.len(), 2);
+    let stats = store.inbox_stats(Some(&ns)).await.unwrap();
+    assert_eq!((stats.queued, stats.running), (3, 2));
+    let queued = store
+        .entries(Some(&ns), &[EntryState::Queued], 10)
+        .await
+        .unwrap();
+    assert_eq!(queued.len(), 3);
+    assert!(queued.iter().all(|e| e.state == EntryState::Queued));
+    let all = store.entries(Some(&ns), &[], 10).await.unwrap();
+    assert_eq!(all.len(), 5);
+    assert_eq!(store.entries(Some(&ns), &[], 1).await.unwrap().len(), 1);
+    for entry in two {
+        store
+            .settle(&entry.lease, &Settlement::Done, &[])
+            .await
+            .unwrap();
+    }
+    let rest = take_ours(&store, &take(10, LONG, 5), &ns).await;
+    assert_eq!(rest.len(), 3);
+    for entry in rest {
+        store
+            .settle(&entry.lease, &Settlement::Done, &[])
+            .await
+            .unwrap();
+    }
+    let stats = store.inbox_stats(Some(&ns)).await.unwrap();
+    assert_eq!(
+        (stats.queued, stats.running, stats.oldest_due),
+        (0, 0, None)
+    );
+}
+
+/// Retention deletes a done entry's request, then the entry; a dead entry keeps its request.
+pub async fn purge_keeps_dead_requests<S: InboxStore>(store: S) {
+    let ns = unique_namespace("inbox-purge");
+    let (done, dead) = (key_in(&ns, "done"), key_in(&ns, "dead"));
+    store.enqueue(&done, &request(1)).await.unwrap();
+    store.enqueue(&dead, &request(2)).await.unwrap();
+    for entry in take_ours(&store, &take(10, LONG, 5), &ns).await {
+        let settlement = if entry.lease.key() == &done {
+            Settlement::Done
+        } else {
+            Settlement::Dead
+        };
+        store.settle(&entry.lease, &settlement, &[]).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let purged = store
+        .purge_inbox(Duration::ZERO, Duration::from_secs(3600), 1000)
+        .await
+        .unwrap();
+    assert!(purged.requests >= 1, "{purged:?}");
+    let kept = store.entry(&done).await.unwrap().expect("the marker stays");
+    assert!(!kept.has_request);
+    assert_eq!(store.stored_request(&done).await.unwrap(), None);
+    assert_eq!(
+        store.enqueue(&done, &request(3)).await.unwrap(),
+        Enqueued::Duplicate(EntryState::Done),
+        "still a duplicate"
+    );
+    assert!(store.entry(&dead).await.unwrap().unwrap().has_request);
+    store
+        .purge_inbox(Duration::ZERO, Duration::ZERO, 1000)
+        .await
+        .unwrap();
+    assert_eq!(store.entry(&done).await.unwrap(), None);
+    assert_eq!(store.stored_request(&dead).await.unwrap(), Some(request(2)));
+}
+
+/// 200 events, each enqueued 3 times, at once over `stores` (separate instances): each is
+/// stored once; then every instance takes at once until none is left: each entry is taken
+/// exactly once.
+pub async fn instances_enqueue_and_take_each_once<S: InboxStore + Clone>(stores: Vec<S>) {
+    let ns = unique_namespace("inbox-race");
+    let events = 200;
+    let mut tasks = Vec::new();
+    for copy in 0..3 {
+        for n in 0..events {
+            let store = stores[(n + copy) % stores.len()].clone();
+            let key = key_in(&ns, &format!("evt_{n}"));
+            tasks.push(tokio::spawn(async move {
+                store.enqueue(&key, &request(n)).await.unwrap()
+            }));
+        }
+    }
+    let mut stored = 0;
+    for task in tasks {
+        if task.await.unwrap() == Enqueued::Stored {
+            stored += 1;
+        }
+    }
+    assert_eq!(stored, events, "each event stored once");
+    let workers: Vec<_> = stores
+        .iter()
+        .map(|store| {
+            let store = store.clone();
+            let ns = ns.clone();
+            tokio::spawn(async move {
+                let mut took = Vec::new();
+                loop {
+                    let batch = take_ours(&store, &take(7, LONG, 5), &ns).await;
+                    if batch.is_empty() {
+                        return took;
+                    }
+                    for entry in batch {
+                        store
+                            .settle(&entry.lease, &Settlement::Done, &[])
+                            .await
+                            .unwrap();
+                        took.push(entry.lease.key().value().to_owned());
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for worker in workers {
+        for key in worker.await.unwrap() {
+            *seen.entry(key).or_default() += 1;
+        }
+    }
+    assert_eq!(seen.len(), events, "every entry taken");
+    assert!(
+        seen.values().all(|&n| n == 1),
+        "an entry taken twice: {seen:?}"
+    );
+}
