@@ -3,7 +3,7 @@
 //!
 //! An entry is one event, under its key: the stored request, its state and its attempts. The
 //! key's uniqueness is the claim: the write that stores the delivery is the write that claims
-//! its key, so a duplicate finds the entry, whatever its state, and stores nothing.
+//! its key, so a duplicate finds the entry, whatever its state, and writes nothing.
 //!
 //! ```
 //! # #[cfg(feature = "memory")] {
@@ -92,8 +92,7 @@ impl EntryState {
 pub enum Enqueued {
     /// The delivery is stored, durably, as a new queued entry.
     Stored,
-    /// The key already has an entry, in this state; nothing was written but the count of its
-    /// deliveries.
+    /// The key already has an entry, in this state; nothing was written.
     Duplicate(EntryState),
 }
 
@@ -272,8 +271,6 @@ pub struct Entry {
     pub attempts: u32,
     /// Attempts that ended in a crash.
     pub crashes: u32,
-    /// Copies of the event received.
-    pub deliveries: u64,
     /// Time since the first copy was stored.
     pub age: Duration,
     /// For a queued entry, how long until it is due (zero when due already).
@@ -294,7 +291,6 @@ impl Entry {
         state: EntryState,
         attempts: u32,
         crashes: u32,
-        deliveries: u64,
         age: Duration,
         due_in: Option<Duration>,
         since_renewal: Option<Duration>,
@@ -306,7 +302,6 @@ impl Entry {
             state,
             attempts,
             crashes,
-            deliveries,
             age,
             due_in,
             since_renewal,
@@ -377,7 +372,7 @@ pub type Wake = Arc<Notify>;
 /// workers on several machines agree on what is due and what is stale.
 pub trait InboxStore: Send + Sync + 'static {
     /// Stores `request` as a new queued entry under `key`, due now, in one durable write,
-    /// unless the key has an entry; then it only counts the delivery.
+    /// unless the key has an entry; then it writes nothing and answers the entry's state.
     fn enqueue(
         &self,
         key: &IdempotencyKey,

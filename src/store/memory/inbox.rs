@@ -23,7 +23,6 @@ struct Row {
     token: Option<LeaseToken>,
     attempts: u32,
     crashes: u32,
-    deliveries: u64,
     received: Instant,
     due: Instant,
     renewed: Instant,
@@ -39,7 +38,6 @@ impl Row {
             self.state,
             self.attempts,
             self.crashes,
-            self.deliveries,
             now.saturating_duration_since(self.received),
             (self.state == EntryState::Queued).then(|| self.due.saturating_duration_since(now)),
             (self.state == EntryState::Running)
@@ -77,8 +75,7 @@ impl InboxStore for MemoryStore {
         request: &StoredRequest,
     ) -> Result<Enqueued, StoreError> {
         let mut rows = self.inner.inbox.lock();
-        if let Some(row) = rows.get_mut(key) {
-            row.deliveries += 1;
+        if let Some(row) = rows.get(key) {
             return Ok(Enqueued::Duplicate(row.state));
         }
         let now = Instant::now();
@@ -89,7 +86,6 @@ impl InboxStore for MemoryStore {
                 token: None,
                 attempts: 0,
                 crashes: 0,
-                deliveries: 1,
                 received: now,
                 due: now,
                 renewed: now,
