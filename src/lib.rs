@@ -12,6 +12,7 @@ pub mod body;
 pub mod conformance;
 mod engine;
 mod future;
+pub mod inbox;
 pub mod journal;
 pub mod key;
 mod layer;

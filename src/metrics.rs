@@ -10,6 +10,14 @@
 //! | `idempotency_claims_in_flight` | gauge | | deliveries claiming or holding a claim in this process |
 //! | `idempotency_lease_lost_total` | counter | `operation` | renewals and settlements that found their claim taken over |
 //! | `idempotency_settle_retries_total` | counter | `action` | commits and releases tried again after a store failure |
+//! | `idempotency_inbox_attempts_total` | counter | `namespace`, `result` | [inbox](crate::inbox) attempts, by how they ended: `done`, `retry`, `dead`, `lease-lost` |
+//! | `idempotency_inbox_depth` | gauge | | inbox entries queued (due or not) |
+//! | `idempotency_inbox_running` | gauge | | inbox entries a worker runs |
+//! | `idempotency_inbox_dead` | gauge | | dead inbox entries, waiting for a person |
+//! | `idempotency_inbox_oldest_due_seconds` | gauge | | how long the oldest due entry has waited |
+//!
+//! The inbox gauges are the whole inbox's, as its workers last counted them (every
+//! [`stats_every`](crate::inbox::Workers::stats_every)).
 //!
 //! `namespace` is the extractor's namespace (`stripe`, `github`, …) without the route's scope,
 //! so that the labels stay few whatever the paths and clients.
@@ -76,4 +84,27 @@ pub(crate) fn lease_lost(operation: &'static str) {
 pub(crate) fn settle_retry(action: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("idempotency_settle_retries_total", "action" => action).increment(1);
+}
+
+/// An inbox attempt ended.
+pub(crate) fn inbox_attempt(namespace: &str, result: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idempotency_inbox_attempts_total",
+        "namespace" => base(namespace).to_owned(),
+        "result" => result,
+    )
+    .increment(1);
+}
+
+/// The inbox's counts, as the workers last read them.
+pub(crate) fn inbox_stats(stats: &crate::store::inbox::InboxStats) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::gauge!("idempotency_inbox_depth").set(stats.queued as f64);
+        metrics::gauge!("idempotency_inbox_running").set(stats.running as f64);
+        metrics::gauge!("idempotency_inbox_dead").set(stats.dead as f64);
+        metrics::gauge!("idempotency_inbox_oldest_due_seconds")
+            .set(stats.oldest_due.map_or(0.0, |d| d.as_secs_f64()));
+    }
 }

@@ -80,6 +80,9 @@ pub enum Outcome {
     /// (the claim went unrenewed for the stale limit, or a person resolved it): its commit or
     /// release changed nothing, and the handler's own answer went out. A warning says so.
     LeaseLost,
+    /// The [inbox](crate::inbox) stored the delivery durably for its workers: answered 202
+    /// (or the status the inbox was given); the handler runs later, off the request path.
+    Queued,
 }
 
 impl Outcome {
@@ -100,6 +103,7 @@ impl Outcome {
             Self::Replayed => "replayed",
             Self::KeyReused => "key-reused",
             Self::LeaseLost => "lease-lost",
+            Self::Queued => "queued",
         }
     }
 }

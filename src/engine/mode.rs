@@ -42,6 +42,13 @@ where
 
     fn settings(&self) -> &Settings;
 
+    /// Whether this request goes straight to the inner service, before anything else: a
+    /// delivery the [inbox](crate::inbox)'s worker hands back to its route.
+    fn bypass(&self, parts: &Parts) -> bool {
+        let _ = parts;
+        false
+    }
+
     /// Whether finding what to claim reads the body of this request (buffered then).
     fn reads_body(&self, parts: &Parts) -> bool;
 
@@ -183,6 +190,10 @@ where
     ResB: Send + 'static,
 {
     async move {
+        if mode.bypass(&parts) {
+            let request = Request::from_parts(parts, RequestBody::new(body));
+            return Box::pin(pass_through(inner, request)).await;
+        }
         let settings = mode.settings();
         let retry_after = settings.retry_after;
         let reads = mode.reads_body(&parts);

@@ -1,0 +1,177 @@
+//! Inbox mode: answer the sender as soon as its delivery is stored durably, and run the
+//! handler later, exactly once, on workers of any number of instances.
+//!
+//! The [`InboxLayer`] verifies a delivery and finds its key as the inline layer does, then
+//! makes one durable write holding both the claim and the delivery (method, path and query,
+//! headers, body) and answers 202. The handler does not run on the request path. A duplicate
+//! of any event the inbox holds, queued, running, done or dead, is answered 200 without a
+//! write: the delivery is kept, so the sender has nothing left to do.
+//!
+//! [`Workers`] take due entries under a lease with a fencing token and a heartbeat (the same
+//! lease guard as inline mode's claims), rebuild each request from the stored bytes and send
+//! it through the service you give them, usually the whole app. When it reaches the route
+//! behind the inbox layer, the layer hands it straight to the route's handler, so a handler
+//! moves between inline and inbox mode unchanged: its extractors see the original headers and
+//! body. A 2xx settles the entry done; another status, an `Err` or a panic queues it again
+//! after an exponential [`Backoff`] with jitter; after the last attempt it is dead, kept for
+//! a person ([`admin`](crate::admin) lists, retries and discards entries).
+//!
+//! ```
+//! # #[cfg(all(feature = "memory", feature = "axum"))] {
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::time::Duration;
+//!
+//! use axum::{Router, routing::post};
+//! use http::{Request, StatusCode};
+//! use tower::ServiceExt;
+//! use tower_idempotency::{inbox::Inbox, key, store::MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let runs = Arc::new(AtomicUsize::new(0));
+//! let counted = runs.clone();
+//! let inbox = Inbox::new(MemoryStore::new());
+//! let app = Router::new().route(
+//!     "/webhooks/github",
+//!     post(move || async move {
+//!         counted.fetch_add(1, Ordering::SeqCst); // the slow work goes here
+//!         StatusCode::NO_CONTENT
+//!     })
+//!     .layer(inbox.layer().key(key::github())),
+//! );
+//! // Workers send the stored deliveries through the same app.
+//! let workers = inbox.workers(app.clone()).spawn();
+//!
+//! let delivery = || {
+//!     Request::post("/webhooks/github")
+//!         .header("x-github-delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958")
+//!         .body(axum::body::Body::from("{}"))
+//!         .unwrap()
+//! };
+//! let first = app.clone().oneshot(delivery()).await.unwrap();
+//! assert_eq!(first.status(), StatusCode::ACCEPTED);
+//! let again = app.clone().oneshot(delivery()).await.unwrap();
+//! assert_eq!(again.status(), StatusCode::OK); // a duplicate: stored already
+//!
+//! while runs.load(Ordering::SeqCst) == 0 {
+//!     tokio::time::sleep(Duration::from_millis(5)).await;
+//! }
+//! workers.stop().await;
+//! assert_eq!(runs.load(Ordering::SeqCst), 1);
+//! # }
+//! # }
+//! ```
+//!
+//! # What is promised
+//!
+//! - **Acknowledged means stored.** The 2xx goes out only after the store's write returned:
+//!   durable on the SQL stores (PostgreSQL, MySQL/MariaDB, SQLite in WAL mode). Forged → 401
+//!   and nothing stored; no key → 400; body over the limit → 413; store down or draining →
+//!   503 with `Retry-After`, so the sender tries again.
+//! - **Each event's handler completes once.** A worker holds its entry under a lease it
+//!   renews; a worker that dies stops renewing, and after the stale limit the entry is taken
+//!   over (reclaim) or left for a person (hold), as [`Stale`](crate::Stale) says. Crashes are
+//!   counted apart from failures and use up attempts too: an event that kills its worker every
+//!   time ends dead, not in a loop. A handler whose effect must not happen twice even across
+//!   such a crash keeps the effect and the settlement together, as in inline mode.
+//! - **No head-of-line blocking.** Entries run concurrently, up to
+//!   [`Workers::concurrency`]; a slow or failing one holds only its own slot. Order across
+//!   events is not kept; per-entity order is the [version guard](crate::version_guard)'s
+//!   job, and a version-guarded handler works unchanged behind the inbox.
+//! - **Idle workers start at once.** An ingest wakes the workers of its own process at once;
+//!   PostgreSQL's `LISTEN/NOTIFY` wakes those of other instances. Otherwise a worker polls
+//!   every [`Workers::poll_interval`].
+//! - **Retention.** A done entry's stored request (personal data, often) is deleted after
+//!   [`Workers::keep_requests_for`]; the entry itself, which answers duplicates, after
+//!   [`Workers::keep_entries_for`]. Dead entries keep their request until a person acts.
+//!
+//! # What is kept of a request
+//!
+//! The method, the path and query, the body, and the headers but the hop-by-hop ones
+//! (`Connection`, `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`)
+//! and the credentials (`Authorization`, `Cookie`); see [`InboxLayer::keep_header`] and
+//! [`InboxLayer::drop_header`]. Request extensions (a `ConnectInfo`, say) are not kept.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::store::inbox::InboxStore;
+
+mod attempt;
+mod ingest;
+mod worker;
+
+pub use attempt::{Backoff, InboxDelivery};
+pub use ingest::{InboxLayer, InboxService, Ingest};
+pub use worker::{WorkerHandle, Workers};
+
+/// An inbox on a store: makes the [`InboxLayer`]s that fill it and the [`Workers`] that empty
+/// it, which share its store and its wake-ups. Cheap to clone.
+pub struct Inbox<St> {
+    shared: Arc<Shared<St>>,
+}
+
+struct Shared<St> {
+    store: St,
+    /// Wakes this process's idle workers when an ingest stored an entry.
+    wake: Arc<Notify>,
+}
+
+impl<St> Clone for Inbox<St> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<St: fmt::Debug> fmt::Debug for Inbox<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inbox")
+            .field("store", &self.shared.store)
+            .finish()
+    }
+}
+
+impl<St: InboxStore + Clone> Inbox<St> {
+    /// An inbox in `store`: the SQL stores keep it in a table of its own beside the claims
+    /// (made by their `migrate()`), the memory store in memory.
+    pub fn new(store: St) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                store,
+                wake: Arc::new(Notify::new()),
+            }),
+        }
+    }
+
+    /// A layer that stores each delivery of its route in this inbox, finding keys with
+    /// [`key::auto`](crate::key::auto) until [`key`](InboxLayer::key) says otherwise.
+    pub fn layer(&self) -> InboxLayer<St> {
+        InboxLayer::new(self.clone())
+    }
+
+    /// Workers that run this inbox's entries through `service`: the app whose routes carry
+    /// the inbox layers, as a router would be served. Nothing runs until
+    /// [`spawn`](Workers::spawn).
+    pub fn workers<S>(&self, service: S) -> Workers<St, S> {
+        Workers::new(self.clone(), service)
+    }
+}
+
+impl<St> Inbox<St> {
+    /// The store.
+    pub fn store(&self) -> &St {
+        &self.shared.store
+    }
+
+    pub(crate) fn wake(&self) -> &Arc<Notify> {
+        &self.shared.wake
+    }
+}
+
+#[cfg(all(test, feature = "memory"))]
+mod tests;
