@@ -133,7 +133,11 @@ where
         assert!(status.is_success(), "{event} answered {status}");
         *answers.entry(status).or_default() += 1;
     }
-    assert_eq!(answers.get(&StatusCode::ACCEPTED), Some(&events), "{answers:?}");
+    assert_eq!(
+        answers.get(&StatusCode::ACCEPTED),
+        Some(&events),
+        "{answers:?}"
+    );
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let done = runs.lock().unwrap().len();

@@ -18,7 +18,7 @@ use crate::engine::guard::{LeaseGuard, Owner, Settle};
 use crate::engine::settings::Settings;
 use crate::key::IdempotencyKey;
 use crate::response::Outcome;
-use crate::store::inbox::{Attempt, AttemptResult, InboxStore, Settlement, Taken};
+use crate::store::inbox::{Attempt, AttemptResult, InboxStore, Settlement, Settling, Taken};
 use crate::store::{Lease, Receipt, Stale, StoreError};
 
 /// What a worker's request carries in its extensions: which entry it is and which attempt.
@@ -169,8 +169,12 @@ impl<St: InboxStore> Owner for Attempting<St> {
             };
             (settlement, plan.history.clone())
         };
-        let store = self.config.inbox.store();
-        store.settle(lease, &settlement, &history).await
+        let settling = Settling {
+            lease: lease.clone(),
+            settlement,
+            history,
+        };
+        self.config.settler.settle(settling).await
     }
 
     fn report(lease: &Lease, action: Settle, result: &Result<(), StoreError>) {

@@ -102,6 +102,7 @@ use crate::store::inbox::InboxStore;
 
 mod attempt;
 mod ingest;
+mod settle;
 mod worker;
 
 pub use attempt::{Backoff, InboxDelivery};

@@ -14,6 +14,7 @@ use tower_service::Service;
 
 use super::Inbox;
 use super::attempt::{Backoff, attempt};
+use super::settle::Settler;
 use crate::Drain;
 use crate::body::BoxError;
 use crate::engine::settings::Settings;
@@ -27,6 +28,8 @@ pub(crate) struct Config<St> {
     pub(super) settings: Settings,
     pub(super) stale: Stale,
     pub(super) backoff: Backoff,
+    /// Writes the settlements in batches.
+    pub(super) settler: Settler,
 }
 
 /// Runs an [`Inbox`]'s entries through a service: any number of these, on any number of
@@ -229,6 +232,7 @@ where
         settings,
         stale,
         backoff,
+        settler: Settler::spawn(inbox.store().clone()),
     });
     let store = inbox.store().clone();
     let wake = inbox.wake().clone();

@@ -259,6 +259,17 @@ pub enum Settlement {
     GiveBack,
 }
 
+/// One settlement of a batch ([`InboxStore::settle_many`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settling {
+    /// The lease the worker holds.
+    pub lease: Lease,
+    /// How the entry settles.
+    pub settlement: Settlement,
+    /// The attempts so far, this one included.
+    pub history: Vec<Attempt>,
+}
+
 /// An entry as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -397,6 +408,22 @@ pub trait InboxStore: Send + Sync + 'static {
         settlement: &Settlement,
         history: &[Attempt],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Settles several running entries, each as [`settle`](Self::settle) would, and answers
+    /// each one's result in order. A store that can write them in one statement does; the
+    /// default settles them one by one.
+    fn settle_many(
+        &self,
+        batch: &[Settling],
+    ) -> impl Future<Output = Vec<Result<(), StoreError>>> + Send {
+        async move {
+            let mut results = Vec::with_capacity(batch.len());
+            for one in batch {
+                results.push(self.settle(&one.lease, &one.settlement, &one.history).await);
+            }
+            results
+        }
+    }
 
     /// Up to `limit` entries in one of `states` (all states when empty), of `namespace` when
     /// given, the oldest first.
