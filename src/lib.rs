@@ -17,7 +17,6 @@ pub mod key;
 mod layer;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
-mod providers;
 pub mod replay;
 pub mod response;
 mod service;
