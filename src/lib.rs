@@ -35,7 +35,8 @@ pub mod version_guard;
 
 pub use engine::Guarded;
 pub use engine::{
-    DEFAULT_BODY_LIMIT, Drain, DrainReport, LeaseHandle, LeftBehind, MissingKey, Stage,
+    DEFAULT_BODY_LIMIT, Drain, DrainReport, LeaseHandle, LeftBehind, MissingKey, SharedSettings,
+    Stage,
 };
 pub use future::ResponseFuture;
 pub use journal::{Journal, Seen};

@@ -91,9 +91,25 @@ impl Default for Settings {
 }
 
 /// The builder methods of the shared [`Settings`], for a layer with a `settings` field. One
-/// definition, so the three layers cannot drift apart in names or meaning.
+/// definition, so the three layers cannot drift apart in names or meaning. A layer that
+/// journals names the field whose `journal` [`SharedSettings`](super::SharedSettings) sets:
+/// `shared_settings!(journal: claims)`.
 macro_rules! shared_settings {
-    () => {
+    ($(journal: $journaled:ident)?) => {
+        /// Applies settings shared with other layers: each setting `shared` holds is set as
+        /// if this layer's method of the same name were called here, and the others keep
+        /// their values. A later call on this layer overrides one, for this layer alone. See
+        /// [`SharedSettings`](crate::SharedSettings).
+        pub fn with(mut self, shared: &$crate::engine::SharedSettings) -> Self {
+            shared.apply(&mut self.settings);
+            $(
+                if let Some(journal) = shared.journal_given() {
+                    self.$journaled.journal = Some(journal.clone());
+                }
+            )?
+            self
+        }
+
         /// The largest body buffered to read a key, in bytes; larger bodies get 413. Only body
         /// extractors buffer (and transactional mode, which reads every body before it
         /// begins). Default: 1 MiB.
@@ -207,6 +223,28 @@ macro_rules! shared_settings {
                 ::std::sync::Arc::new(verify),
             ));
             self
+        }
+
+        /// [`verify`](Self::verify) when `verify` is `Some`; `None` leaves the layer as it
+        /// was, so that a route without a check takes unsigned deliveries. For a route whose
+        /// secret is optional configuration, as in a demo; a real receiver sets every secret.
+        ///
+        /// ```
+        /// use tower_idempotency::{IdempotencyLayer, key, store::MemoryStore, verify};
+        ///
+        /// let secret = std::env::var("GITHUB_WEBHOOK_SECRET").ok().filter(|s| !s.is_empty());
+        /// let layer = IdempotencyLayer::new(MemoryStore::new())
+        ///     .key(key::github())
+        ///     .maybe_verify(secret.map(verify::github));
+        /// # let _ = layer;
+        /// ```
+        #[cfg(feature = "verify")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
+        pub fn maybe_verify(self, verify: Option<impl $crate::verify::Verify>) -> Self {
+            match verify {
+                Some(verify) => self.verify(verify),
+                None => self,
+            }
         }
 
         /// Tracks this layer's deliveries in `drain`, so that a shutdown can stop new claims
