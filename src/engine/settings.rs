@@ -39,7 +39,7 @@ pub(crate) struct Settings {
 
 /// Called when a delivery meets a stale claim that the hold policy keeps.
 pub(crate) type HeldHook =
-    std::sync::Arc<dyn Fn(&crate::IdempotencyKey, &crate::store::Pending) + Send + Sync>;
+    std::sync::Arc<dyn Fn(&crate::key::IdempotencyKey, &crate::store::Pending) + Send + Sync>;
 
 /// Which inner responses commit: a predicate on the status.
 #[derive(Clone)]
@@ -177,7 +177,7 @@ macro_rules! shared_settings {
 
         /// What to do with requests that carry no key (for the version guard: no entity id or
         /// no version). Default: [`MissingKey::Reject`](crate::MissingKey::Reject).
-        pub fn missing_key(mut self, policy: $crate::MissingKey) -> Self {
+        pub fn missing_key(mut self, policy: $crate::engine::MissingKey) -> Self {
             self.settings.missing_key = policy;
             self
         }
@@ -253,7 +253,7 @@ macro_rules! shared_settings {
         /// (one per route, say): the handle you keep is the drain the layers use, whatever
         /// order they were built in. A layer given no drain tracks its deliveries in one of
         /// its own, which nothing closes; a second call replaces the first.
-        pub fn drain(mut self, drain: &$crate::Drain) -> Self {
+        pub fn drain(mut self, drain: &$crate::engine::Drain) -> Self {
             self.settings.drain = drain.clone();
             self
         }
