@@ -52,7 +52,8 @@ use tower_idempotency::journal::Journal as DeliveryJournal;
 use tower_idempotency::store::{AnyStore, SqliteStore, Store};
 use tower_idempotency::transactional::{TransactionalLayer, TransactionalStore, Tx};
 use tower_idempotency::{
-    Drain, IdempotencyKey, IdempotencyLayer, LeaseHandle, Outcome, Stale, key, verify,
+    Drain, IdempotencyKey, IdempotencyLayer, LeaseHandle, Outcome, SharedSettings, Stale, key,
+    verify,
 };
 
 #[tokio::main]
@@ -136,25 +137,24 @@ where
     S::Database: Journal,
 {
     S::Database::create_table(pool).await?;
+    // What every route shares: the drain that stops them all at shutdown, and the journal
+    // the admin page reads (transactional mode journals nothing). Each route adds its own key
+    // and stale policy, and its signature check where its secret is set.
+    let shared = SharedSettings::new().drain(drain).journal(&ops.journal);
     // Stripe: the work is a database write (the order is paid), so it runs in the marker's
     // transaction: all or nothing, and a crash leaves no stale claim to decide.
-    let stripe_layer = TransactionalLayer::new(sql).key(key::stripe()).drain(drain);
-    let stripe_layer = match secret("STRIPE_WEBHOOK_SECRET") {
-        Some(secret) => stripe_layer.verify(verify::stripe(secret)),
-        None => stripe_layer,
-    };
+    let stripe_layer = TransactionalLayer::new(sql)
+        .key(key::stripe())
+        .with(&shared)
+        .maybe_verify(secret("STRIPE_WEBHOOK_SECRET").map(verify::stripe));
     // GitHub: a notification goes out, which no transaction can take back. A claim whose
     // process died (no heartbeat for 30 s) is reclaimed: a possible duplicate message beats a
     // missing one.
     let github_layer = IdempotencyLayer::new(store.clone())
         .key(key::github())
         .stale(Stale::reclaim_after(Duration::from_secs(30)))
-        .journal(&ops.journal)
-        .drain(drain);
-    let github_layer = match secret("GITHUB_WEBHOOK_SECRET") {
-        Some(secret) => github_layer.verify(verify::github(secret)),
-        None => github_layer,
-    };
+        .with(&shared)
+        .maybe_verify(secret("GITHUB_WEBHOOK_SECRET").map(verify::github));
     // Shopify: a fulfilment ships goods. A claim whose process died is held for a person (see
     // GET /stuck); shipping twice costs more than a late shipment.
     let shopify_layer = IdempotencyLayer::new(store.clone())
@@ -166,27 +166,17 @@ where
                 pending.since_renewal
             );
         })
-        .journal(&ops.journal)
-        .drain(drain);
-    let shopify_layer = match secret("SHOPIFY_WEBHOOK_SECRET") {
-        Some(secret) => shopify_layer.verify(verify::shopify(secret)),
-        None => shopify_layer,
-    };
+        .with(&shared)
+        .maybe_verify(secret("SHOPIFY_WEBHOOK_SECRET").map(verify::shopify));
     // A Standard Webhooks sender: a cache refresh, harmless to repeat: reclaim soon.
     let standard_layer = IdempotencyLayer::new(store.clone())
         .key(key::standard_webhooks())
         .stale(Stale::reclaim_after(Duration::from_secs(10)))
-        .journal(&ops.journal)
-        .drain(drain);
-    let standard_layer = match secret("STANDARD_WEBHOOK_SECRET") {
-        Some(secret) => standard_layer.verify(verify::standard_webhooks(secret)),
-        None => standard_layer,
-    };
+        .with(&shared)
+        .maybe_verify(secret("STANDARD_WEBHOOK_SECRET").map(verify::standard_webhooks));
     // An API for clients that send `Idempotency-Key`: a retried payment gets the answer the
     // first one got (replayed), and the key reused for another payment gets 422.
-    let payments_layer = IdempotencyLayer::for_api(store.clone())
-        .journal(&ops.journal)
-        .drain(drain);
+    let payments_layer = IdempotencyLayer::for_api(store.clone()).with(&shared);
     // The operators' page and its JSON, behind a token: it settles claims. Its stale policy
     // is the Shopify route's, whose claims wait for a person; it refuses to settle a claim
     // renewed within those 30 s (a running handler) unless told to force it.

@@ -189,7 +189,7 @@ impl<St, K> IdempotencyLayer<St, K> {
         self
     }
 
-    shared_settings!();
+    shared_settings!(journal: claims);
 
     /// The store this layer uses.
     pub fn store(&self) -> &St {

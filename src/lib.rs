@@ -18,7 +18,6 @@ pub mod key;
 mod layer;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
-mod providers;
 pub mod replay;
 pub mod response;
 mod service;
@@ -37,7 +36,8 @@ pub mod version_guard;
 
 pub use engine::Guarded;
 pub use engine::{
-    DEFAULT_BODY_LIMIT, Drain, DrainReport, LeaseHandle, LeftBehind, MissingKey, Stage,
+    DEFAULT_BODY_LIMIT, Drain, DrainReport, LeaseHandle, LeftBehind, MissingKey, SharedSettings,
+    Stage,
 };
 pub use future::ResponseFuture;
 pub use journal::{Journal, Seen};

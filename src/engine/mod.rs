@@ -26,6 +26,7 @@ pub(crate) mod prepare;
 pub(crate) mod refusal;
 pub(crate) mod run;
 pub(crate) mod settings;
+pub(crate) mod shared;
 pub(crate) mod wait;
 
 pub use drain::{Drain, DrainReport, LeftBehind, Stage};
@@ -34,3 +35,4 @@ pub use mode::Guarded;
 pub(crate) use crate::body::later;
 pub use guard::LeaseHandle;
 pub use settings::{DEFAULT_BODY_LIMIT, MissingKey};
+pub use shared::SharedSettings;

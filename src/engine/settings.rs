@@ -39,7 +39,7 @@ pub(crate) struct Settings {
 
 /// Called when a delivery meets a stale claim that the hold policy keeps.
 pub(crate) type HeldHook =
-    std::sync::Arc<dyn Fn(&crate::IdempotencyKey, &crate::store::Pending) + Send + Sync>;
+    std::sync::Arc<dyn Fn(&crate::key::IdempotencyKey, &crate::store::Pending) + Send + Sync>;
 
 /// Which inner responses commit: a predicate on the status.
 #[derive(Clone)]
@@ -91,9 +91,25 @@ impl Default for Settings {
 }
 
 /// The builder methods of the shared [`Settings`], for a layer with a `settings` field. One
-/// definition, so the three layers cannot drift apart in names or meaning.
+/// definition, so the three layers cannot drift apart in names or meaning. A layer that
+/// journals names the field whose `journal` [`SharedSettings`](super::SharedSettings) sets:
+/// `shared_settings!(journal: claims)`.
 macro_rules! shared_settings {
-    () => {
+    ($(journal: $journaled:ident)?) => {
+        /// Applies settings shared with other layers: each setting `shared` holds is set as
+        /// if this layer's method of the same name were called here, and the others keep
+        /// their values. A later call on this layer overrides one, for this layer alone. See
+        /// [`SharedSettings`](crate::SharedSettings).
+        pub fn with(mut self, shared: &$crate::engine::SharedSettings) -> Self {
+            shared.apply(&mut self.settings);
+            $(
+                if let Some(journal) = shared.journal_given() {
+                    self.$journaled.journal = Some(journal.clone());
+                }
+            )?
+            self
+        }
+
         /// The largest body buffered to read a key, in bytes; larger bodies get 413. Only body
         /// extractors buffer (and transactional mode, which reads every body before it
         /// begins). Default: 1 MiB.
@@ -161,7 +177,7 @@ macro_rules! shared_settings {
 
         /// What to do with requests that carry no key (for the version guard: no entity id or
         /// no version). Default: [`MissingKey::Reject`](crate::MissingKey::Reject).
-        pub fn missing_key(mut self, policy: $crate::MissingKey) -> Self {
+        pub fn missing_key(mut self, policy: $crate::engine::MissingKey) -> Self {
             self.settings.missing_key = policy;
             self
         }
@@ -209,13 +225,35 @@ macro_rules! shared_settings {
             self
         }
 
+        /// [`verify`](Self::verify) when `verify` is `Some`; `None` leaves the layer as it
+        /// was, so that a route without a check takes unsigned deliveries. For a route whose
+        /// secret is optional configuration, as in a demo; a real receiver sets every secret.
+        ///
+        /// ```
+        /// use tower_idempotency::{IdempotencyLayer, key, store::MemoryStore, verify};
+        ///
+        /// let secret = std::env::var("GITHUB_WEBHOOK_SECRET").ok().filter(|s| !s.is_empty());
+        /// let layer = IdempotencyLayer::new(MemoryStore::new())
+        ///     .key(key::github())
+        ///     .maybe_verify(secret.map(verify::github));
+        /// # let _ = layer;
+        /// ```
+        #[cfg(feature = "verify")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
+        pub fn maybe_verify(self, verify: Option<impl $crate::verify::Verify>) -> Self {
+            match verify {
+                Some(verify) => self.verify(verify),
+                None => self,
+            }
+        }
+
         /// Tracks this layer's deliveries in `drain`, so that a shutdown can stop new claims
         /// and wait for the running ones (see [`Drain`](crate::Drain)). Create the drain
         /// first, keep a clone for the shutdown, and pass it to every layer it should stop
         /// (one per route, say): the handle you keep is the drain the layers use, whatever
         /// order they were built in. A layer given no drain tracks its deliveries in one of
         /// its own, which nothing closes; a second call replaces the first.
-        pub fn drain(mut self, drain: &$crate::Drain) -> Self {
+        pub fn drain(mut self, drain: &$crate::engine::Drain) -> Self {
             self.settings.drain = drain.clone();
             self
         }

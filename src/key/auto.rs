@@ -1,11 +1,11 @@
 //! [`Auto`], which recognises the sender by its headers, and the generic `Idempotency-Key`
-//! header it falls back to. The senders themselves are the crate's provider records, which
+//! header it falls back to. The senders themselves are the records of [`senders`], which
 //! signature verification reads too.
 
 use http::request::Parts;
 
+use super::senders::{self, ALL, Id, Sender};
 use super::{ExtractKey, Header, IdempotencyKey, Json, KeyError};
-use crate::providers::{self, ALL, Id, Provider};
 
 /// A client-chosen `Idempotency-Key` header (IETF draft-ietf-httpapi-idempotency-key-header),
 /// namespace `idempotency-key`, read as the draft defines it: an RFC 8941 String (`"abc"`),
@@ -19,14 +19,14 @@ pub fn idempotency_key() -> Header {
 /// [`auto`].
 #[derive(Debug, Clone)]
 pub struct Auto {
-    /// Each sender's key, in the order of the provider list.
+    /// Each sender's key, in the order of the sender records.
     senders: Box<[SenderKey]>,
     generic: Header,
 }
 
 #[derive(Debug, Clone)]
 struct SenderKey {
-    provider: &'static Provider,
+    sender: &'static Sender,
     key: Key,
 }
 
@@ -55,23 +55,23 @@ enum Key {
 pub fn auto() -> Auto {
     let senders = ALL
         .iter()
-        .map(|&provider| {
-            let key = match provider.id {
+        .map(|&sender| {
+            let key = match sender.id {
                 Id::Headers(names) => Key::Headers(
                     names
                         .iter()
-                        .map(|name| Header::preset(name, provider.namespace))
+                        .map(|name| Header::preset(name, sender.namespace))
                         .collect(),
                 ),
                 Id::Body {
                     pointer,
                     if_not_json,
                 } => Key::Body {
-                    json: Json::preset(pointer, provider.namespace),
+                    json: Json::preset(pointer, sender.namespace),
                     if_not_json,
                 },
             };
-            SenderKey { provider, key }
+            SenderKey { sender, key }
         })
         .collect();
     Auto {
@@ -88,8 +88,8 @@ enum Detected<'a> {
 
 impl Auto {
     fn detect(&self, parts: &Parts) -> Detected<'_> {
-        let sender = providers::detect(parts)
-            .and_then(|provider| self.senders.iter().find(|s| s.provider == provider));
+        let sender = senders::detect(parts)
+            .and_then(|sender| self.senders.iter().find(|s| s.sender == sender));
         match sender.map(|sender| &sender.key) {
             Some(Key::Headers(headers)) => headers
                 .iter()
@@ -198,15 +198,15 @@ mod tests {
     #[test]
     fn a_request_naming_no_sender_is_told_every_sender() {
         let message = NOTHING.to_ascii_lowercase();
-        for provider in ALL {
-            match provider.id {
+        for sender in ALL {
+            match sender.id {
                 Id::Headers(names) => {
                     for name in names {
                         assert!(message.contains(name), "{name}: {NOTHING}");
                     }
                 }
                 Id::Body { .. } => {
-                    let name = provider.name.to_ascii_lowercase();
+                    let name = sender.name.to_ascii_lowercase();
                     assert!(message.contains(&name), "{name}: {NOTHING}");
                 }
             }

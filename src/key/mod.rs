@@ -48,19 +48,20 @@ mod extract;
 mod header;
 pub(crate) mod json;
 mod scope;
+pub(crate) mod senders;
 
-pub use crate::providers::github::key as github;
-pub use crate::providers::shopify::key as shopify;
-pub use crate::providers::slack::key as slack;
-pub use crate::providers::standard_webhooks::key as standard_webhooks;
-pub use crate::providers::stripe::key as stripe;
-pub use crate::providers::twilio::key as twilio;
-pub use crate::providers::twitch::key as twitch;
 pub use auto::{Auto, auto, idempotency_key};
 pub use extract::{ExtractKey, FromBodyFn, FromFn, Namespaced, Or, from_body_fn, from_fn};
 pub use header::{Header, header};
 pub use json::{Json, JsonFields, json, json_fields};
 pub use scope::Scope;
+pub use senders::github::key as github;
+pub use senders::shopify::key as shopify;
+pub use senders::slack::key as slack;
+pub use senders::standard_webhooks::key as standard_webhooks;
+pub use senders::stripe::key as stripe;
+pub use senders::twilio::key as twilio;
+pub use senders::twitch::key as twitch;
 
 /// The longest key value accepted, in bytes. Every store's column is sized for it.
 pub const MAX_KEY_LEN: usize = 255;

@@ -187,6 +187,13 @@ impl Scope {
         }
     }
 
+    /// The same scope with a cache of its own, for another layer: layers whose keys have
+    /// different namespaces, sharing one cache, would keep replacing each other's joined
+    /// namespace.
+    pub(crate) fn for_another_layer(&self) -> Self {
+        Self::of(self.kind.clone())
+    }
+
     /// Joins this scope to the namespace of `key`.
     pub(crate) fn apply(
         &self,

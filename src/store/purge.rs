@@ -113,7 +113,7 @@ mod tests {
     use tokio::time::sleep;
 
     use super::spawn_purge;
-    use crate::IdempotencyKey;
+    use crate::key::IdempotencyKey;
     use crate::store::{Claim, MemoryStore, Stale, Store};
 
     const MINUTE: Duration = Duration::from_secs(60);

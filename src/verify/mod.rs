@@ -126,6 +126,7 @@
 pub(crate) mod clock;
 pub(crate) mod mac;
 pub(crate) mod parse;
+mod senders;
 mod verifier;
 
 use std::borrow::Cow;
@@ -133,13 +134,13 @@ use std::fmt;
 
 use http::request::Parts;
 
-pub use crate::providers::github::verifier as github;
-pub use crate::providers::shopify::verifier as shopify;
-pub use crate::providers::slack::verifier as slack;
-pub use crate::providers::standard_webhooks::verifier as standard_webhooks;
-pub use crate::providers::stripe::verifier as stripe;
-pub use crate::providers::twilio::verifier as twilio;
-pub use crate::providers::twitch::verifier as twitch;
+pub use senders::github::verifier as github;
+pub use senders::shopify::verifier as shopify;
+pub use senders::slack::verifier as slack;
+pub use senders::standard_webhooks::verifier as standard_webhooks;
+pub use senders::stripe::verifier as stripe;
+pub use senders::twilio::verifier as twilio;
+pub use senders::twitch::verifier as twitch;
 pub(crate) use verifier::Check;
 pub use verifier::{Secrets, Verifier};
 

@@ -7,8 +7,9 @@ use std::time::{Duration, SystemTime};
 
 use http::request::Parts;
 
+use super::senders::{Scheme, twilio};
 use super::{Verify, VerifyError};
-use crate::providers::{self, Provider};
+use crate::key::senders;
 
 /// One or more secrets of a sender: several while one is rotated.
 ///
@@ -17,11 +18,11 @@ use crate::providers::{self, Provider};
 pub struct Secrets(pub(crate) Vec<Box<[u8]>>);
 
 impl Secrets {
-    fn into_keys(self, provider: &Provider) -> Arc<[Box<[u8]>]> {
+    fn into_keys(self, scheme: &Scheme) -> Arc<[Box<[u8]>]> {
         assert!(
             !self.0.is_empty() && self.0.iter().all(|s| !s.is_empty()),
             "{} verification needs at least one secret, and no empty one",
-            provider.name
+            scheme.sender.name
         );
         self.0.into()
     }
@@ -81,10 +82,10 @@ pub struct Verifier {
     checks: Vec<Check>,
 }
 
-/// One configured sender: what its [signature check](Provider::check) is given.
+/// One configured sender: what its [signature check](Scheme::check) is given.
 #[derive(Clone)]
 pub(crate) struct Check {
-    provider: &'static Provider,
+    scheme: &'static Scheme,
     /// Its secrets, as the keys of its MAC.
     pub(crate) keys: Arc<[Box<[u8]>]>,
     /// How far a signed timestamp may be from now.
@@ -94,17 +95,17 @@ pub(crate) struct Check {
 }
 
 impl Verifier {
-    /// Checks `provider`'s deliveries with `secrets`, under its tolerance.
+    /// Checks the deliveries of `scheme`'s sender with `secrets`, under its tolerance.
     ///
     /// # Panics
     ///
     /// If no secret, or an empty one, is given.
-    pub(crate) fn of(provider: &'static Provider, secrets: Secrets) -> Self {
+    pub(crate) fn of(scheme: &'static Scheme, secrets: Secrets) -> Self {
         Self {
             checks: vec![Check {
-                provider,
-                keys: secrets.into_keys(provider),
-                tolerance: provider.tolerance,
+                scheme,
+                keys: secrets.into_keys(scheme),
+                tolerance: scheme.tolerance,
                 public_url: None,
             }],
         }
@@ -115,11 +116,7 @@ impl Verifier {
     /// secrets of both configurations, under the first one's tolerance and public URL.
     pub fn or(mut self, other: Verifier) -> Self {
         for check in other.checks {
-            match self
-                .checks
-                .iter_mut()
-                .find(|c| c.provider == check.provider)
-            {
+            match self.checks.iter_mut().find(|c| c.scheme == check.scheme) {
                 // The same sender again (`stripe(old).or(stripe(new))`): one check with the
                 // secrets of both, the first one's tolerance and URL.
                 Some(same) => {
@@ -156,7 +153,7 @@ impl Verifier {
         );
         let base: Arc<str> = base.trim_end_matches('/').into();
         for check in &mut self.checks {
-            if *check.provider == providers::twilio::PROVIDER {
+            if *check.scheme == twilio::SCHEME {
                 check.public_url = Some(base.clone());
             }
         }
@@ -171,22 +168,22 @@ impl Verifier {
         body: &[u8],
         now: SystemTime,
     ) -> Result<(), VerifyError> {
-        let Some(provider) = providers::detect(parts) else {
+        let Some(sender) = senders::detect(parts) else {
             let expected: Vec<_> = self
                 .checks
                 .iter()
-                .map(|c| format!("header `{}`", c.provider.signature[0]))
+                .map(|c| format!("header `{}`", c.scheme.sender.signature[0]))
                 .collect();
             return Err(VerifyError::missing(expected.join(" or ")));
         };
         let check = self
             .checks
             .iter()
-            .find(|check| check.provider == provider)
+            .find(|check| check.scheme.sender == sender)
             .ok_or(VerifyError::NoSecret {
-                sender: provider.name,
+                sender: sender.name,
             })?;
-        (provider.check)(check, parts, body, now)
+        (check.scheme.check)(check, parts, body, now)
     }
 }
 
@@ -213,7 +210,7 @@ impl fmt::Debug for Verifier {
         for check in &self.checks {
             list.entry(&format_args!(
                 "{} ({} secrets, tolerance {:?}, public URL {:?})",
-                check.provider.name,
+                check.scheme.sender.name,
                 check.keys.len(),
                 check.tolerance,
                 check.public_url

@@ -1,15 +1,12 @@
-//! Twitch EventSub: the `Twitch-Eventsub-Message-Id`, the `-Signature` of the id, timestamp
-//! and body.
+//! Twitch EventSub's signature: `Twitch-Eventsub-Message-Signature`, of the id, timestamp and
+//! body.
 
-#[cfg(feature = "verify")]
 use std::time::{Duration, SystemTime};
 
-#[cfg(feature = "verify")]
 use http::request::Parts;
 
-use super::{Id, Provider};
-use crate::key::Header;
-#[cfg(feature = "verify")]
+use super::Scheme;
+use crate::key::senders::twitch::{ID, SENDER, SIGNATURE};
 use crate::verify::{
     Check, Secrets, Verifier, VerifyError,
     clock::fresh,
@@ -17,30 +14,13 @@ use crate::verify::{
     parse::{from_hex, header},
 };
 
-const ID: &str = "twitch-eventsub-message-id";
-const SIGNATURE: &str = "twitch-eventsub-message-signature";
-#[cfg(feature = "verify")]
 const TIMESTAMP: &str = "twitch-eventsub-message-timestamp";
 
-pub(crate) static PROVIDER: Provider = Provider {
-    name: "Twitch",
-    namespace: "twitch",
-    id: Id::Headers(&[ID]),
-    signature: &[SIGNATURE],
-    signature_precedence: 4,
-    #[cfg(feature = "verify")]
+pub(crate) static SCHEME: Scheme = Scheme {
+    sender: &SENDER,
     tolerance: Duration::from_secs(10 * 60),
-    #[cfg(feature = "verify")]
     check,
 };
-
-/// Twitch EventSub: the `Twitch-Eventsub-Message-Id` header, namespace `twitch`.
-///
-/// Source: dev.twitch.tv/docs/eventsub/handling-webhook-events ("if you receive a message
-/// with the same ID, … you've already processed it").
-pub fn key() -> Header {
-    Header::preset(ID, PROVIDER.namespace)
-}
 
 /// Twitch EventSub: `Twitch-Eventsub-Message-Signature: sha256=<hex>`, HMAC-SHA256 of the
 /// message id, the timestamp (RFC 3339, as sent) and the body, keyed with the subscription's
@@ -53,12 +33,10 @@ pub fn key() -> Header {
 /// # Panics
 ///
 /// If no secret, or an empty one, is given.
-#[cfg(feature = "verify")]
 pub fn verifier(secrets: impl Into<Secrets>) -> Verifier {
-    Verifier::of(&PROVIDER, secrets.into())
+    Verifier::of(&SCHEME, secrets.into())
 }
 
-#[cfg(feature = "verify")]
 fn check(check: &Check, parts: &Parts, body: &[u8], now: SystemTime) -> Result<(), VerifyError> {
     let id = header(parts, ID)?;
     let timestamp = header(parts, TIMESTAMP)?;

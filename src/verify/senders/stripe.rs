@@ -1,14 +1,11 @@
-//! Stripe: the event id in the body's `/id`, the `Stripe-Signature` of the timestamp and body.
+//! Stripe's signature: `Stripe-Signature`, of the timestamp and body (the event id is in it).
 
-#[cfg(feature = "verify")]
 use std::time::{Duration, SystemTime};
 
-#[cfg(feature = "verify")]
 use http::request::Parts;
 
-use super::{Id, Provider};
-use crate::key::Json;
-#[cfg(feature = "verify")]
+use super::Scheme;
+use crate::key::senders::stripe::{SENDER, SIGNATURE};
 use crate::verify::{
     Check, Secrets, Verifier, VerifyError,
     clock::{fresh, seconds},
@@ -16,32 +13,11 @@ use crate::verify::{
     parse::{from_hex, header},
 };
 
-const POINTER: &str = "/id";
-const SIGNATURE: &str = "stripe-signature";
-
-pub(crate) static PROVIDER: Provider = Provider {
-    name: "Stripe",
-    namespace: "stripe",
-    id: Id::Body {
-        pointer: POINTER,
-        if_not_json: None,
-    },
-    signature: &[SIGNATURE],
-    signature_precedence: 0,
-    #[cfg(feature = "verify")]
+pub(crate) static SCHEME: Scheme = Scheme {
+    sender: &SENDER,
     tolerance: Duration::from_secs(5 * 60),
-    #[cfg(feature = "verify")]
     check,
 };
-
-/// Stripe: the event id (`evt_…`) in the body field `/id`, namespace `stripe`.
-///
-/// Stripe: "Webhook endpoints might occasionally receive the same event more than once. You
-/// can guard against duplicated event receipts by logging the event IDs you've processed"
-/// (docs.stripe.com/webhooks, "Handle duplicate events").
-pub fn key() -> Json {
-    Json::preset(POINTER, PROVIDER.namespace)
-}
 
 /// Stripe: `Stripe-Signature: t=<unix seconds>,v1=<hex>[,v1=<hex>…]`, HMAC-SHA256 of
 /// `<t>.<body>` keyed with the endpoint's signing secret (`whsec_…`, used as it is). Any `v1`
@@ -53,12 +29,10 @@ pub fn key() -> Json {
 /// # Panics
 ///
 /// If no secret, or an empty one, is given.
-#[cfg(feature = "verify")]
 pub fn verifier(secrets: impl Into<Secrets>) -> Verifier {
-    Verifier::of(&PROVIDER, secrets.into())
+    Verifier::of(&SCHEME, secrets.into())
 }
 
-#[cfg(feature = "verify")]
 fn check(check: &Check, parts: &Parts, body: &[u8], now: SystemTime) -> Result<(), VerifyError> {
     let header = header(parts, SIGNATURE)?;
     let mut timestamp = None;

@@ -1,4 +1,4 @@
-//! The provider records agree with each other and with everything that reads them.
+//! The sender records agree with each other and with the key extractors that read them.
 
 use http::request::Parts;
 
@@ -13,8 +13,8 @@ fn parts(headers: &[&str]) -> Parts {
     builder.body(()).unwrap().into_parts().0
 }
 
-fn id_headers(provider: &Provider) -> &'static [&'static str] {
-    match provider.id {
+fn id_headers(sender: &Sender) -> &'static [&'static str] {
+    match sender.id {
         Id::Headers(names) => names,
         Id::Body { .. } => &[],
     }
@@ -45,9 +45,9 @@ fn the_records_are_distinct_and_complete() {
 /// Detection by a sender's id header and by its signature header names that same sender.
 #[test]
 fn each_sender_is_detected_by_its_id_and_by_its_signature() {
-    for &provider in ALL {
-        for name in id_headers(provider).iter().chain(provider.signature) {
-            assert_eq!(detect(&parts(&[name])), Some(provider), "{name}");
+    for &sender in ALL {
+        for name in id_headers(sender).iter().chain(sender.signature) {
+            assert_eq!(detect(&parts(&[name])), Some(sender), "{name}");
         }
     }
     assert_eq!(detect(&parts(&["idempotency-key"])), None);
@@ -94,23 +94,23 @@ fn detection_keeps_its_precedence() {
 /// Each sender's key preset finds what [`key::auto`] finds for that sender.
 #[test]
 fn the_presets_and_auto_read_the_same_id() {
-    let presets: [(&Provider, Box<dyn ExtractKey>); 7] = [
-        (&github::PROVIDER, Box::new(key::github())),
-        (&shopify::PROVIDER, Box::new(key::shopify())),
+    let presets: [(&Sender, Box<dyn ExtractKey>); 7] = [
+        (&github::SENDER, Box::new(key::github())),
+        (&shopify::SENDER, Box::new(key::shopify())),
         (
-            &standard_webhooks::PROVIDER,
+            &standard_webhooks::SENDER,
             Box::new(key::standard_webhooks()),
         ),
-        (&twilio::PROVIDER, Box::new(key::twilio())),
-        (&twitch::PROVIDER, Box::new(key::twitch())),
-        (&stripe::PROVIDER, Box::new(key::stripe())),
-        (&slack::PROVIDER, Box::new(key::slack())),
+        (&twilio::SENDER, Box::new(key::twilio())),
+        (&twitch::SENDER, Box::new(key::twitch())),
+        (&stripe::SENDER, Box::new(key::stripe())),
+        (&slack::SENDER, Box::new(key::slack())),
     ];
     assert!(ALL.iter().all(|p| presets.iter().any(|(q, _)| *p == *q)));
     let auto = key::auto();
-    for (provider, preset) in &presets {
-        let expected = IdempotencyKey::new(provider.namespace, "id-1").unwrap();
-        let cases: Vec<(Parts, Option<Vec<u8>>)> = match provider.id {
+    for (sender, preset) in &presets {
+        let expected = IdempotencyKey::new(sender.namespace, "id-1").unwrap();
+        let cases: Vec<(Parts, Option<Vec<u8>>)> = match sender.id {
             Id::Headers(names) => names
                 .iter()
                 .map(|name| {
@@ -122,61 +122,15 @@ fn the_presets_and_auto_read_the_same_id() {
             Id::Body { pointer, .. } => {
                 let field = pointer.strip_prefix('/').unwrap();
                 let body = format!(r#"{{"{field}":"id-1"}}"#).into_bytes();
-                vec![(parts(&[provider.signature[0]]), Some(body))]
+                vec![(parts(&[sender.signature[0]]), Some(body))]
             }
         };
         for (p, body) in cases {
-            assert_eq!(preset.reads_body(&p), body.is_some(), "{provider:?}");
-            assert_eq!(auto.reads_body(&p), body.is_some(), "{provider:?}");
+            assert_eq!(preset.reads_body(&p), body.is_some(), "{sender:?}");
+            assert_eq!(auto.reads_body(&p), body.is_some(), "{sender:?}");
             let body = body.as_deref();
-            assert_eq!(
-                preset.extract(&p, body),
-                Ok(expected.clone()),
-                "{provider:?}"
-            );
-            assert_eq!(auto.extract(&p, body), Ok(expected.clone()), "{provider:?}");
-        }
-    }
-}
-
-/// Each sender's check reads the signature header that names the sender: asked for one header
-/// after another, it asks for that one. A Standard Webhooks check reads the signature header
-/// of its id's family.
-#[cfg(feature = "verify")]
-#[test]
-fn each_check_reads_the_signature_header_detection_uses() {
-    use crate::verify::{Secrets, Verifier, VerifyError};
-
-    let now = std::time::SystemTime::now();
-    for &provider in ALL {
-        let verifier = Verifier::of(provider, Secrets::from("secret"));
-        let check = verifier.only_check();
-        let seeds: Vec<(Vec<&str>, &str)> = match provider.id {
-            Id::Headers(names) => names
-                .iter()
-                .enumerate()
-                .map(|(k, name)| {
-                    let signature = provider.signature[k.min(provider.signature.len() - 1)];
-                    (vec![*name], signature)
-                })
-                .collect(),
-            Id::Body { .. } => vec![(vec![], provider.signature[0])],
-        };
-        for (mut headers, signature) in seeds {
-            let wanted = format!("header `{signature}`");
-            loop {
-                let asked = match (provider.check)(check, &parts(&headers), b"", now) {
-                    Err(VerifyError::Missing { expected }) if expected == wanted => break,
-                    Err(VerifyError::Missing { expected }) => expected,
-                    other => panic!("{provider:?} never asks for {wanted}: {other:?}"),
-                };
-                let name = asked
-                    .strip_prefix("header `")
-                    .and_then(|rest| rest.strip_suffix('`'))
-                    .unwrap_or_else(|| panic!("{provider:?} asks for {asked}"));
-                assert!(headers.len() < 8, "{provider:?} asks for {headers:?}");
-                headers.push(name.to_owned().leak());
-            }
+            assert_eq!(preset.extract(&p, body), Ok(expected.clone()), "{sender:?}");
+            assert_eq!(auto.extract(&p, body), Ok(expected.clone()), "{sender:?}");
         }
     }
 }

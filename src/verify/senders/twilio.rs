@@ -1,49 +1,26 @@
-//! Twilio: the `I-Twilio-Idempotency-Token` id, the `X-Twilio-Signature` of the URL it
-//! requested and the POST parameters or the body's digest.
+//! Twilio's signature: `X-Twilio-Signature`, of the URL it requested and the POST parameters
+//! or the body's digest.
 
-#[cfg(feature = "verify")]
 use std::time::{Duration, SystemTime};
 
-#[cfg(feature = "verify")]
 use hmac::Hmac;
-#[cfg(feature = "verify")]
 use http::request::Parts;
-#[cfg(feature = "verify")]
 use sha1::Sha1;
-#[cfg(feature = "verify")]
 use sha2::{Digest, Sha256};
 
-use super::{Id, Provider};
-use crate::key::Header;
-#[cfg(feature = "verify")]
+use super::Scheme;
+use crate::key::senders::twilio::{SENDER, SIGNATURE};
 use crate::verify::{
     Check, Secrets, Verifier, VerifyError,
     mac::signed_by,
     parse::{from_base64, from_hex, header},
 };
 
-const ID: &str = "i-twilio-idempotency-token";
-const SIGNATURE: &str = "x-twilio-signature";
-
-pub(crate) static PROVIDER: Provider = Provider {
-    name: "Twilio",
-    namespace: "twilio",
-    id: Id::Headers(&[ID]),
-    signature: &[SIGNATURE],
-    signature_precedence: 5,
-    #[cfg(feature = "verify")]
+pub(crate) static SCHEME: Scheme = Scheme {
+    sender: &SENDER,
     tolerance: Duration::ZERO,
-    #[cfg(feature = "verify")]
     check,
 };
-
-/// Twilio: the `I-Twilio-Idempotency-Token` header, namespace `twilio`.
-///
-/// Twilio retries a webhook for seconds, not days (twilio.com/docs/usage/webhooks/webhooks-connection-overrides);
-/// the IETF Idempotency-Key draft lists this header as Twilio's idempotency token for them.
-pub fn key() -> Header {
-    Header::preset(ID, PROVIDER.namespace)
-}
 
 /// Twilio: `X-Twilio-Signature: <base64>`, HMAC-SHA1 keyed with the account's auth token of
 /// the full URL followed by the POST parameters sorted by name, each name then its value. A
@@ -58,12 +35,10 @@ pub fn key() -> Header {
 /// # Panics
 ///
 /// If no auth token, or an empty one, is given.
-#[cfg(feature = "verify")]
 pub fn verifier(auth_tokens: impl Into<Secrets>) -> Verifier {
-    Verifier::of(&PROVIDER, auth_tokens.into())
+    Verifier::of(&SCHEME, auth_tokens.into())
 }
 
-#[cfg(feature = "verify")]
 fn check(check: &Check, parts: &Parts, body: &[u8], _now: SystemTime) -> Result<(), VerifyError> {
     let signature = from_base64(header(parts, SIGNATURE)?)?;
     let url = url(check, parts)?;
@@ -108,7 +83,6 @@ fn check(check: &Check, parts: &Parts, body: &[u8], _now: SystemTime) -> Result<
     }
 }
 
-#[cfg(feature = "verify")]
 /// The URL Twilio requested: the configured public base, or `https://` and the `Host`
 /// header, followed by the path and query.
 fn url(check: &Check, parts: &Parts) -> Result<String, VerifyError> {
@@ -125,7 +99,6 @@ fn url(check: &Check, parts: &Parts) -> Result<String, VerifyError> {
     Ok(format!("https://{host}{path}"))
 }
 
-#[cfg(feature = "verify")]
 /// The URL as given, and as Twilio's libraries also accept it: without its port, and, when it
 /// names none, with the scheme's default port (Twilio does not always sign the port it used).
 fn variants(url: &str) -> Vec<String> {
@@ -147,7 +120,6 @@ fn variants(url: &str) -> Vec<String> {
     urls
 }
 
-#[cfg(feature = "verify")]
 fn is_form(parts: &Parts) -> bool {
     parts
         .headers
@@ -160,7 +132,6 @@ fn is_form(parts: &Parts) -> bool {
         })
 }
 
-#[cfg(feature = "verify")]
 /// `application/x-www-form-urlencoded` pairs, decoded.
 fn pairs(encoded: &[u8]) -> impl Iterator<Item = (Vec<u8>, Vec<u8>)> + '_ {
     encoded
@@ -174,7 +145,6 @@ fn pairs(encoded: &[u8]) -> impl Iterator<Item = (Vec<u8>, Vec<u8>)> + '_ {
         })
 }
 
-#[cfg(feature = "verify")]
 fn decode(encoded: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(encoded.len());
     let mut i = 0;
@@ -195,12 +165,11 @@ fn decode(encoded: &[u8]) -> Vec<u8> {
     out
 }
 
-#[cfg(feature = "verify")]
 fn hex(b: u8) -> Option<u8> {
     char::from(b).to_digit(16).map(|d| d as u8)
 }
 
-#[cfg(all(test, feature = "verify"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 

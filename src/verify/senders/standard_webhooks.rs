@@ -1,19 +1,14 @@
-//! Standard Webhooks (and Svix): the `webhook-id` (or `svix-id`), the `webhook-signature` (or
-//! `svix-signature`) of the id, timestamp and body.
+//! The signature of Standard Webhooks (and Svix): `webhook-signature` (or `svix-signature`), of
+//! the id, timestamp and body.
 
-#[cfg(feature = "verify")]
 use std::time::{Duration, SystemTime};
 
-#[cfg(feature = "verify")]
 use base64::Engine as _;
-#[cfg(feature = "verify")]
 use base64::engine::general_purpose::STANDARD as BASE64;
-#[cfg(feature = "verify")]
 use http::request::Parts;
 
-use super::{Id, Provider};
-use crate::key::{Header, Or};
-#[cfg(feature = "verify")]
+use super::Scheme;
+use crate::key::senders::standard_webhooks::{ID, SENDER};
 use crate::verify::{
     Check, Secrets, Verifier, VerifyError,
     clock::{fresh, seconds},
@@ -21,32 +16,11 @@ use crate::verify::{
     parse::{from_base64, header},
 };
 
-/// The two header families, each `<family>-id`, `<family>-timestamp`, `<family>-signature`:
-/// the specification's, then Svix's.
-const ID: &[&str] = &["webhook-id", "svix-id"];
-const SIGNATURE: &[&str] = &["webhook-signature", "svix-signature"];
-
-pub(crate) static PROVIDER: Provider = Provider {
-    name: "Standard Webhooks",
-    namespace: "standard-webhooks",
-    id: Id::Headers(ID),
-    signature: SIGNATURE,
-    signature_precedence: 6,
-    #[cfg(feature = "verify")]
+pub(crate) static SCHEME: Scheme = Scheme {
+    sender: &SENDER,
     tolerance: Duration::from_secs(5 * 60),
-    #[cfg(feature = "verify")]
     check,
 };
-
-/// Standard Webhooks senders: the `webhook-id` header, or `svix-id` from senders using the
-/// Svix-branded headers; namespace `standard-webhooks`.
-///
-/// Source: the Standard Webhooks specification (github.com/standard-webhooks,
-/// `spec/standard-webhooks.md`: "webhook-id: the unique webhook identifier. This is the same
-/// on retries"), and docs.svix.com/receiving/verifying-payloads/how-manual.
-pub fn key() -> Or<Header, Header> {
-    Header::preset(ID[0], PROVIDER.namespace).or(Header::preset(ID[1], PROVIDER.namespace))
-}
 
 /// Standard Webhooks and Svix: `webhook-id`, `webhook-timestamp` and `webhook-signature:
 /// v1,<base64> [v1,<base64>…]` (or the same headers with `svix-`), HMAC-SHA256 of
@@ -64,15 +38,13 @@ pub fn key() -> Or<Header, Header> {
 ///
 /// If no secret is given, or one is not base64 after its optional `whsec_` prefix.
 #[doc(alias = "svix")]
-#[cfg(feature = "verify")]
 pub fn verifier(secrets: impl Into<Secrets>) -> Verifier {
     let Secrets(secrets) = secrets.into();
     let decoded = secrets.iter().map(|secret| key_of(secret)).collect();
-    Verifier::of(&PROVIDER, Secrets(decoded))
+    Verifier::of(&SCHEME, Secrets(decoded))
 }
 
 /// The key of a Standard Webhooks secret: the base64 after its optional `whsec_` prefix.
-#[cfg(feature = "verify")]
 fn key_of(secret: &[u8]) -> Box<[u8]> {
     let secret = secret.strip_prefix(b"whsec_").unwrap_or(secret);
     match BASE64.decode(secret) {
@@ -81,7 +53,6 @@ fn key_of(secret: &[u8]) -> Box<[u8]> {
     }
 }
 
-#[cfg(feature = "verify")]
 fn check(check: &Check, parts: &Parts, body: &[u8], now: SystemTime) -> Result<(), VerifyError> {
     // The headers of the family whose id the key presets read: `webhook-id` first. A
     // delivery signed with the other family's headers does not vouch for this id.

@@ -1,11 +1,11 @@
-//! The webhook senders this crate knows: one file per sender, each holding that sender's one
-//! [`Provider`] record, its key preset (`key::github()`) and, with the `verify` feature, its
-//! signature check and verifier (`verify::github(secret)`).
+//! The webhook senders this crate knows, as data: one file per sender, each holding that
+//! sender's [`Sender`] record (its name, its namespace, where its delivery id is, which header
+//! carries its signature) and its key preset (`key::github()`).
 //!
 //! [`key::auto`](crate::key::auto), the [detection](detect) of a sender by its headers, and
-//! signature verification all read the records of [`ALL`], so that the key claimed always
-//! belongs to the sender whose signature is checked. A new sender is a file here and an entry
-//! in [`ALL`].
+//! signature verification (which adds each sender's check on top of its record) all read the
+//! records of [`ALL`], so that the key claimed always belongs to the sender whose signature is
+//! checked. A new sender is a file here, an entry in [`ALL`] and, for verification, its check.
 
 use std::fmt;
 use std::sync::LazyLock;
@@ -21,26 +21,27 @@ pub(crate) mod twilio;
 pub(crate) mod twitch;
 
 /// Every sender, in the order its id header names it (see [`detect`]).
-pub(crate) static ALL: &[&Provider] = &[
-    &github::PROVIDER,
-    &shopify::PROVIDER,
-    &standard_webhooks::PROVIDER,
-    &twilio::PROVIDER,
-    &twitch::PROVIDER,
-    &stripe::PROVIDER,
-    &slack::PROVIDER,
+pub(crate) static ALL: &[&Sender] = &[
+    &github::SENDER,
+    &shopify::SENDER,
+    &standard_webhooks::SENDER,
+    &twilio::SENDER,
+    &twitch::SENDER,
+    &stripe::SENDER,
+    &slack::SENDER,
 ];
 
-/// [`ALL`] in the order of [`Provider::signature_precedence`], sorted once: detection by a
+/// [`ALL`] in the order of [`Sender::signature_precedence`], sorted once: detection by a
 /// signature header stops at the first sender whose header is there.
-static BY_SIGNATURE: LazyLock<Vec<&'static Provider>> = LazyLock::new(|| {
+static BY_SIGNATURE: LazyLock<Vec<&'static Sender>> = LazyLock::new(|| {
     let mut senders = ALL.to_vec();
-    senders.sort_by_key(|provider| provider.signature_precedence);
+    senders.sort_by_key(|sender| sender.signature_precedence);
     senders
 });
 
-/// What the crate knows of one webhook sender.
-pub(crate) struct Provider {
+/// What the crate knows of one webhook sender, whatever it is asked for: its key, or whose
+/// signature a request carries.
+pub(crate) struct Sender {
     /// The sender's name, as in messages: `GitHub`.
     pub(crate) name: &'static str,
     /// The namespace of its keys: `github`.
@@ -54,22 +55,7 @@ pub(crate) struct Provider {
     /// request that carries no sender's id header and two senders' signature headers is the
     /// sender's with the lower number.
     pub(crate) signature_precedence: u8,
-    /// How far its signed timestamp may be from this machine's clock; zero when it signs none.
-    #[cfg(feature = "verify")]
-    pub(crate) tolerance: std::time::Duration,
-    /// Its signature check.
-    #[cfg(feature = "verify")]
-    pub(crate) check: SignatureCheck,
 }
-
-/// A sender's signature check, given the configured secrets and the time it is.
-#[cfg(feature = "verify")]
-pub(crate) type SignatureCheck = fn(
-    &crate::verify::Check,
-    &Parts,
-    &[u8],
-    std::time::SystemTime,
-) -> Result<(), crate::verify::VerifyError>;
 
 /// Where a sender puts the id it keeps the same across its retries.
 #[derive(Debug)]
@@ -87,13 +73,13 @@ pub(crate) enum Id {
     },
 }
 
-impl PartialEq for Provider {
+impl PartialEq for Sender {
     fn eq(&self, other: &Self) -> bool {
         self.namespace == other.namespace
     }
 }
 
-impl fmt::Debug for Provider {
+impl fmt::Debug for Sender {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name)
     }
@@ -104,19 +90,19 @@ impl fmt::Debug for Provider {
 /// verified.
 ///
 /// A sender's id header names it first, in the order of [`ALL`]; then its signature header,
-/// in the order of [`Provider::signature_precedence`]. A request that carries a sender's
+/// in the order of [`Sender::signature_precedence`]. A request that carries a sender's
 /// signature is that sender's, so that a signed delivery stripped of its id header cannot
 /// fall through to the generic `Idempotency-Key`.
-pub(crate) fn detect(parts: &Parts) -> Option<&'static Provider> {
+pub(crate) fn detect(parts: &Parts) -> Option<&'static Sender> {
     let any = |names: &[&str]| names.iter().any(|name| parts.headers.contains_key(*name));
     ALL.iter()
         .copied()
-        .find(|provider| matches!(provider.id, Id::Headers(names) if any(names)))
+        .find(|sender| matches!(sender.id, Id::Headers(names) if any(names)))
         .or_else(|| {
             BY_SIGNATURE
                 .iter()
                 .copied()
-                .find(|provider| any(provider.signature))
+                .find(|sender| any(sender.signature))
         })
 }
 
