@@ -20,6 +20,12 @@
 //! `WORK_MS` makes the Standard Webhooks handler that much slower, like a slow downstream: a
 //! sender that times out sooner retries while it runs, and the work still happens once.
 //!
+//! `POST /webhooks/shopify/fulfilment` goes through the inbox: the receiver stores the delivery
+//! and answers 202 at once, and its workers run the fulfilment (`FULFILMENT_MS`, default 3000 ms
+//! of work) later, exactly once. A fulfilment whose body says `"poison": true` always fails: it
+//! is tried 3 times, a second apart, then it is dead, listed on the admin page, where "Retry
+//! now" runs it again.
+//!
 //! Ctrl-C (or SIGTERM) shuts the receiver down cleanly: new deliveries get 503 with
 //! `Retry-After`, the deliveries in flight finish and commit (handlers whose sender already
 //! hung up included), then the receiver prints what the drain saw and exits.
@@ -48,6 +54,8 @@ use axum::{Extension, Json, Router};
 use http::StatusCode;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 use tower_idempotency::admin::Admin;
+use tower_idempotency::inbox::{Backoff, Inbox, InboxDelivery, WorkerHandle};
+use tower_idempotency::store::inbox::InboxStore;
 use tower_idempotency::journal::Journal as DeliveryJournal;
 use tower_idempotency::store::{AnyStore, SqliteStore, Store};
 use tower_idempotency::transactional::{TransactionalLayer, TransactionalStore, Tx};
@@ -87,7 +95,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // transaction, whose type names the database, and the receiver's own table of side
     // effects is SQL on that database. The claim-then-commit layers and GET /stuck take the
     // `AnyStore` itself.
-    let app = match &store {
+    let (app, workers) = match &store {
         AnyStore::Sqlite(sqlite) => {
             app(&store, sqlite.clone(), sqlite.pool(), &drain, &ops).await?
         }
@@ -98,8 +106,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         AnyStore::Redis(_) => {
             let sqlite = SqliteStore::open(&default_file).await?;
             storage = format!(
-                "{storage}; the Stripe route's transactional claims and the side effects in \
-                 SQLite file {}",
+                "{storage}; the Stripe route's transactional claims, the inbox and the side \
+                 effects in SQLite file {}",
                 default_file.display()
             );
             app(&store, sqlite.clone(), sqlite.pool(), &drain, &ops).await?
@@ -113,7 +121,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .into());
         }
     };
-    serve(app, addr, &storage, drain, &ops.admin_token).await
+    serve(app, addr, &storage, drain, &ops.admin_token).await?;
+    // The drain waited for the running fulfilments; the workers have stopped taking.
+    workers.stop().await;
+    Ok(())
 }
 
 /// A route's signing secret, from the environment.
@@ -123,17 +134,18 @@ fn secret(var: &str) -> Option<String> {
 
 /// Builds the routes, one per sender, each with its own key and stale policy (and, where its
 /// secret is set, its signature check), all tracked by one drain. `sql` is the store inside
-/// `store` (with Redis, a SQLite store beside it), for the transactional route; `pool` its
-/// pool, for the table of side effects.
+/// `store` (with Redis, a SQLite store beside it), for the transactional route and the inbox;
+/// `pool` its pool, for the table of side effects. The inbox's workers run on the app it
+/// answers.
 async fn app<S>(
     store: &AnyStore,
     sql: S,
     pool: &Pool<S::Database>,
     drain: &Drain,
     ops: &Ops,
-) -> Result<Router, Box<dyn std::error::Error>>
+) -> Result<(Router, WorkerHandle), Box<dyn std::error::Error>>
 where
-    S: TransactionalStore,
+    S: TransactionalStore + InboxStore + Clone,
     S::Database: Journal,
 {
     S::Database::create_table(pool).await?;
@@ -143,7 +155,7 @@ where
     let shared = SharedSettings::new().drain(drain).journal(&ops.journal);
     // Stripe: the work is a database write (the order is paid), so it runs in the marker's
     // transaction: all or nothing, and a crash leaves no stale claim to decide.
-    let stripe_layer = TransactionalLayer::new(sql)
+    let stripe_layer = TransactionalLayer::new(sql.clone())
         .key(key::stripe())
         .with(&shared)
         .maybe_verify(secret("STRIPE_WEBHOOK_SECRET").map(verify::stripe));
@@ -174,16 +186,28 @@ where
         .stale(Stale::reclaim_after(Duration::from_secs(10)))
         .with(&shared)
         .maybe_verify(secret("STANDARD_WEBHOOK_SECRET").map(verify::standard_webhooks));
+    // Shopify fulfilments take seconds, longer than Shopify waits (5 s, and 8 failures in a
+    // row cancel the subscription): the inbox stores each and answers 202 at once, and the
+    // workers below run it. The same signature check and key as the route above.
+    let inbox = Inbox::new(sql);
+    let fulfilment_layer = inbox
+        .layer()
+        .key(key::shopify())
+        .with(&shared)
+        .maybe_verify(secret("SHOPIFY_WEBHOOK_SECRET").map(verify::shopify));
     // An API for clients that send `Idempotency-Key`: a retried payment gets the answer the
     // first one got (replayed), and the key reused for another payment gets 422.
     let payments_layer = IdempotencyLayer::for_api(store.clone()).with(&shared);
     // The operators' page and its JSON, behind a token: it settles claims. Its stale policy
     // is the Shopify route's, whose claims wait for a person; it refuses to settle a claim
     // renewed within those 30 s (a running handler) unless told to force it.
+    // It lists the inbox too (with Redis, whose claims it shows, the inbox's entries stay
+    // in the SQLite file and the page says it cannot list them).
     let admin = Admin::new(store.clone())
         .stale(Stale::hold_after(Duration::from_secs(30)))
         .journal(&ops.journal)
         .stuck_after(Duration::from_secs(30))
+        .inbox()
         .router()
         .layer(middleware::from_fn_with_state(
             ops.admin_token.clone(),
@@ -203,7 +227,7 @@ where
             ops.admin_token.clone(),
             require_admin_token,
         ));
-    Ok(Router::new()
+    let app = Router::new()
         .route(
             "/webhooks/stripe",
             post(stripe::<S::Database>).layer(stripe_layer),
@@ -221,6 +245,10 @@ where
             post(standard::<S::Database>).layer(standard_layer),
         )
         .route(
+            "/webhooks/shopify/fulfilment",
+            post(fulfilment::<S::Database>).layer(fulfilment_layer),
+        )
+        .route(
             "/api/payments",
             post(payment::<S::Database>).layer(payments_layer),
         )
@@ -229,7 +257,15 @@ where
         .route("/side-effects", get(side_effects::<S::Database>))
         .with_state(pool.clone())
         .nest_service("/admin", admin)
-        .merge(operators))
+        .merge(operators);
+    // The inbox's workers send each stored fulfilment through the app, to the route above:
+    // a poison one is tried 3 times, a second apart, then left dead for a person.
+    let workers = inbox
+        .workers(app.clone())
+        .backoff(Backoff::new(Duration::from_secs(1), Duration::from_secs(1), 3))
+        .drain(drain)
+        .spawn();
+    Ok((app, workers))
 }
 
 /// What the operators get: the journal the layers write and the page reads, the metrics
@@ -306,6 +342,7 @@ async fn serve(
     println!("  POST /webhooks/github    key: X-GitHub-Delivery       reclaim after 30 s silent");
     println!("  POST /webhooks/shopify   key: X-Shopify-Webhook-Id    hold after 30 s silent");
     println!("  POST /webhooks/standard  key: webhook-id / svix-id    reclaim after 10 s silent");
+    println!("  POST /webhooks/shopify/fulfilment  inbox: 202 now, the work later, once");
     println!("  POST /api/payments       key: Idempotency-Key         answers replayed");
     println!("  GET  /side-effects       every side effect recorded (the demo sender's check)");
     println!("  GET  /admin/             the operators' page: user admin, password {admin_token}");
@@ -345,6 +382,16 @@ async fn serve(
          -H 'Idempotency-Key: \"order-{fresh}\"' -d '{{\"amount\":2500}}'; echo; done"
     );
     println!("  curl -s http://{addr}/side-effects");
+    println!("A fulfilment is answered 202 in milliseconds; its work takes seconds, once:");
+    println!(
+        "  curl -s -o /dev/null -w '%{{http_code}} in %{{time_total}}s\\n' -X POST \
+         http://{addr}/webhooks/shopify/fulfilment -H 'X-Shopify-Webhook-Id: f-{fresh}' -d '{{}}'"
+    );
+    println!("A poison fulfilment fails 3 times, then waits dead on the admin page:");
+    println!(
+        "  curl -s -X POST http://{addr}/webhooks/shopify/fulfilment \
+         -H 'X-Shopify-Webhook-Id: p-{fresh}' -d '{{\"poison\":true}}'"
+    );
     println!();
     let closing = drain.clone();
     let shutdown = async move {
@@ -383,6 +430,14 @@ struct SideEffect(String);
 
 async fn log_delivery(req: Request, next: Next) -> Response {
     let provider = req.uri().path().trim_start_matches("/webhooks/").to_owned();
+    if let Some(delivery) = req.extensions().get::<InboxDelivery>().cloned() {
+        // The inbox's worker runs a stored delivery.
+        let res = next.run(req).await;
+        let effect = res.extensions().get::<SideEffect>().map_or("", |e| e.0.as_str());
+        let ran = format!("run {} -> {}", delivery.attempt(), res.status().as_u16());
+        println!("{provider:<9} {:<40} {ran:<17} {effect}", delivery.key().value());
+        return res;
+    }
     let res = next.run(req).await;
     let outcome = res
         .extensions()
@@ -455,6 +510,29 @@ async fn shopify<DB: Journal>(State(pool): State<Pool<DB>>, headers: http::Heade
     let effect = "fulfilment requested".to_owned();
     record(&pool, "shopify", id, &effect).await?;
     Ok((Extension(SideEffect(effect)), "shipping"))
+}
+
+/// Ships an order, behind the inbox: seconds of work (`FULFILMENT_MS`, default 3000), run
+/// by a worker after the sender got its 202. An order the warehouse refuses (`"poison":
+/// true`) fails every time.
+async fn fulfilment<DB: Journal>(
+    State(pool): State<Pool<DB>>,
+    headers: http::HeaderMap,
+    body: String,
+) -> Answer {
+    let id = headers
+        .get("x-shopify-webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let order: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    if order["poison"] == serde_json::Value::Bool(true) {
+        return Err(failed("the warehouse refuses this order"));
+    }
+    let work = std::env::var("FULFILMENT_MS").ok().and_then(|ms| ms.parse().ok());
+    tokio::time::sleep(Duration::from_millis(work.unwrap_or(3000))).await;
+    let effect = "order shipped".to_owned();
+    record(&pool, "fulfilment", id, &effect).await?;
+    Ok((Extension(SideEffect(effect)), "shipped"))
 }
 
 /// Refreshes a cache; `WORK_MS` makes it slow.
