@@ -112,6 +112,7 @@ macro_rules! each {
 
 mod claims;
 mod connect;
+mod inbox;
 mod versions;
 
 use connect::Backend;
