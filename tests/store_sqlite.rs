@@ -546,3 +546,213 @@ async fn a_burst_on_an_opened_file_queues_its_writes() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The inbox contract, on the table `inbox_conformance` (its inbox `inbox_conformance_inbox`)
+/// of a file of its own: no other test's write lock holds up a take or a renewal, and no
+/// other test's entries meet these. Each call is a new pool with a writer queue of its own,
+/// so the race's four instances share the file as four processes would.
+mod inbox_suite {
+    use tower_idempotency::store::SqliteStore;
+
+    async fn instance() -> Option<SqliteStore> {
+        static FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+        let path = FILE.get_or_init(|| {
+            let unique = super::common::unique_namespace("inbox");
+            std::env::temp_dir().join(format!("tower-idempotency-{unique}.sqlite3"))
+        });
+        let pool = super::common::db::sqlite_file_pool(path).await;
+        let store = SqliteStore::new(pool)
+            .with_table_name("inbox_conformance")
+            .expect("a valid table name");
+        store.migrate().await.expect("migrate");
+        Some(store)
+    }
+
+    tower_idempotency::conformance_suite! {
+        inbox: instance(),
+        inbox_races: instance(),
+    }
+}
+
+/// A database of the release before the inbox (the claims and versions tables, a row in
+/// each) gets the inbox table and its two indexes from `migrate()`, run twice; its rows stay,
+/// and the inbox works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_adds_the_inbox_table_to_a_database_of_the_previous_release() {
+    use tower_idempotency::store::inbox::{Enqueued, EntryState, InboxStore, Settlement, Take};
+    use tower_idempotency::store::{KeyState, VersionStore};
+
+    let pool = file_pool().await;
+    let table = format!("idempotency_pre_inbox_{}", std::process::id());
+    let ns = common::unique_namespace("pre-inbox");
+    let now = "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
+    let old = format!(
+        r#"DROP TABLE IF EXISTS {table};
+DROP TABLE IF EXISTS {table}_versions;
+DROP TABLE IF EXISTS {table}_inbox;
+CREATE TABLE {table} (
+    namespace     TEXT    NOT NULL,
+    "key"         TEXT    NOT NULL,
+    state         TEXT    NOT NULL CHECK (state IN ('processing', 'done', 'released')),
+    token         INTEGER NOT NULL,
+    deliveries    INTEGER NOT NULL,
+    runs          INTEGER NOT NULL DEFAULT 1,
+    reclaimed     INTEGER NOT NULL DEFAULT 0,
+    first_seen_at INTEGER,
+    last_seen_at  INTEGER,
+    claimed_at    INTEGER NOT NULL,
+    renewed_at    INTEGER,
+    completed_at  INTEGER,
+    receipt       BLOB,
+    PRIMARY KEY (namespace, "key")
+);
+CREATE INDEX {table}_stuck_idx ON {table} (claimed_at) WHERE state = 'processing';
+CREATE TABLE {table}_versions (
+    namespace       TEXT    NOT NULL,
+    entity          TEXT    NOT NULL,
+    applied_version INTEGER,
+    pending_version INTEGER,
+    pending_token   INTEGER,
+    pending_since   INTEGER,
+    deliveries      INTEGER NOT NULL,
+    last_seen_at    INTEGER NOT NULL,
+    PRIMARY KEY (namespace, entity)
+);
+INSERT INTO {table} (namespace, "key", state, token, deliveries, claimed_at, completed_at)
+VALUES ('{ns}', 'done', 'done', 1, 2, {now}, {now});
+INSERT INTO {table}_versions (namespace, entity, applied_version, deliveries, last_seen_at)
+VALUES ('{ns}', 'order_1', 7, 1, {now});"#
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(old))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = SqliteStore::new(pool.clone())
+        .with_table_name(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 AND sql IS NOT NULL \
+         ORDER BY name",
+    )
+    .bind(format!("{table}_inbox"))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        [
+            format!("{table}_inbox_due_idx"),
+            format!("{table}_inbox_run_idx")
+        ]
+    );
+    let done = common::key_in(&ns, "done");
+    let record = store
+        .describe(&done)
+        .await
+        .unwrap()
+        .expect("the claims row");
+    assert_eq!((record.state, record.deliveries), (KeyState::Done, 2));
+    let order = common::key_in(&ns, "order_1");
+    assert_eq!(store.applied_version(&order).await.unwrap(), Some(7));
+
+    let key = common::key_in(&ns, "evt_1");
+    let request = tower_idempotency::store::inbox::StoredRequest::new(
+        http::Method::POST,
+        "/hooks",
+        Vec::new(),
+        bytes::Bytes::from_static(b"{}"),
+    );
+    assert_eq!(
+        store.enqueue(&key, &request).await.unwrap(),
+        Enqueued::Stored
+    );
+    let taken = store.take(&Take::default()).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].request, request);
+    store
+        .settle(&taken[0].lease, &Settlement::Done, &[])
+        .await
+        .unwrap();
+    let entry = store.entry(&key).await.unwrap().unwrap();
+    assert_eq!((entry.state, entry.attempts), (EntryState::Done, 1));
+
+    let drop = format!("DROP TABLE {table}; DROP TABLE {table}_versions; DROP TABLE {table}_inbox");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+/// Bytes in an inbox row that no release wrote (a damaged file, a hand edit) give an error,
+/// never a panic: reading the request or the entry, and a take, which then leaves the entry
+/// as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_inbox_row_is_an_error() {
+    use tower_idempotency::store::inbox::{EntryState, InboxStore, Take};
+
+    let pool = file_pool().await;
+    let table = format!("inbox_damaged_{}", std::process::id());
+    let store = SqliteStore::new(pool.clone())
+        .with_table_name(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    let ns = common::unique_namespace("damaged");
+    let key = common::key_in(&ns, "evt_1");
+    let request = tower_idempotency::store::inbox::StoredRequest::new(
+        http::Method::POST,
+        "/hooks",
+        Vec::new(),
+        bytes::Bytes::new(),
+    );
+    store.enqueue(&key, &request).await.unwrap();
+    let damage = |column: &str| {
+        format!(
+            r#"UPDATE {table}_inbox SET {column} = x'00ff' WHERE namespace = ?1 AND "key" = ?2"#
+        )
+    };
+    for column in ["request", "history"] {
+        sqlx::query(sqlx::AssertSqlSafe(damage(column)))
+            .bind(key.namespace())
+            .bind(key.value())
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    assert!(matches!(
+        store.stored_request(&key).await,
+        Err(StoreError::Backend(_))
+    ));
+    assert!(matches!(
+        store.entry(&key).await,
+        Err(StoreError::Backend(_))
+    ));
+    assert!(matches!(
+        store.entries(Some(&ns), &[], 10).await,
+        Err(StoreError::Backend(_))
+    ));
+    assert!(matches!(
+        store.take(&Take::default()).await,
+        Err(StoreError::Backend(_))
+    ));
+    let (state, attempts): (String, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        r#"SELECT state, attempts FROM {table}_inbox WHERE namespace = ?1 AND "key" = ?2"#
+    )))
+    .bind(key.namespace())
+    .bind(key.value())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (state.as_str(), attempts),
+        (EntryState::Queued.as_str(), 0),
+        "the failed take was rolled back"
+    );
+    let drop = format!("DROP TABLE {table}; DROP TABLE {table}_versions; DROP TABLE {table}_inbox");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&pool)
+        .await
+        .unwrap();
+}

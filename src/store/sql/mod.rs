@@ -104,6 +104,14 @@ impl<DB: Database> Table<DB> {
         Self { writer, ..self }
     }
 
+    /// Waits for this table's turn to write (a database with one writer at a time, SQLite,
+    /// queues the writes of the process); the turn lasts as long as what this answers. For
+    /// writes the backend runs itself, a transaction of several statements say.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) async fn turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        self.writer.turn().await
+    }
+
     /// The same table, whose deliveries answered without writing are written every `every`.
     pub(crate) fn count_every(self, every: Duration) -> Self {
         Self {

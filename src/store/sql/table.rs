@@ -27,6 +27,18 @@ const _: () = assert!(
     "the versions table and its primary key's name must fit Postgres' 63-byte identifiers"
 );
 
+/// The suffix of the inbox table of [`InboxStore`](crate::store::inbox::InboxStore), and of its
+/// indexes: due queued entries, and running ones by their last renewal.
+const INBOX_SUFFIX: &str = "_inbox";
+const INBOX_DUE_INDEX_SUFFIX: &str = "_inbox_due_idx";
+const INBOX_RUNNING_INDEX_SUFFIX: &str = "_inbox_run_idx";
+const _: () = assert!(
+    MAX_TABLE_NAME_LEN + INBOX_DUE_INDEX_SUFFIX.len() <= 63
+        && MAX_TABLE_NAME_LEN + INBOX_RUNNING_INDEX_SUFFIX.len() <= 63
+        && MAX_TABLE_NAME_LEN + INBOX_SUFFIX.len() + "_pkey".len() <= 63,
+    "the inbox table, its indexes and its primary key's name must fit Postgres' 63-byte identifiers"
+);
+
 /// A validated table name, optionally schema-qualified (Postgres only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TableName {
@@ -102,6 +114,29 @@ impl TableName {
             schema: self.schema.clone(),
             table: format!("{}{VERSIONS_SUFFIX}", self.table),
         }
+    }
+
+    /// The inbox table: `<table>_inbox`, in the same schema. At most 55 bytes.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) fn inbox(&self) -> Self {
+        Self {
+            schema: self.schema.clone(),
+            table: format!("{}{INBOX_SUFFIX}", self.table),
+        }
+    }
+
+    /// The quoted, unqualified name of the inbox's index of queued entries by due time:
+    /// `<table>_inbox_due_idx`.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) fn inbox_due_index(&self, quote: char) -> String {
+        format!("{quote}{}{INBOX_DUE_INDEX_SUFFIX}{quote}", self.table)
+    }
+
+    /// The quoted, unqualified name of the inbox's index of running entries by last renewal:
+    /// `<table>_inbox_run_idx`.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) fn inbox_running_index(&self, quote: char) -> String {
+        format!("{quote}{}{INBOX_RUNNING_INDEX_SUFFIX}{quote}", self.table)
     }
 
     /// The quoted, unqualified name of the check constraint on `state`: `<table>_state_check`,
@@ -182,5 +217,9 @@ mod tests {
         let long = "a".repeat(MAX_TABLE_NAME_LEN);
         let table = TableName::parse(&long, false).unwrap();
         assert_eq!(table.completed_index('`').len(), 63 + 2);
+        assert_eq!(table.inbox_due_index('"').len(), 63 + 2);
+        assert_eq!(table.inbox_running_index('"').len(), 63 + 2);
+        assert_eq!(table.inbox().bare().len(), 55);
+        assert_eq!(qualified.inbox().quoted('"'), r#""app"."claims_inbox""#);
     }
 }

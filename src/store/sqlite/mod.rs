@@ -41,7 +41,7 @@
 //! the busy handler, waking at intervals, rather than queueing: under a burst, some writers
 //! sleep past the busy timeout while others get the lock again and again. So the store's
 //! writes (claims that insert or take over, renewals, commits, releases, purges, the counts of
-//! duplicates) take turns in a queue of the process, first come first served, and only one at
+//! duplicates, and every write of the [inbox](#the-inbox)) take turns in a queue of the process, first come first served, and only one at
 //! a time asks SQLite for the lock. Every store made by [`open`] on one file shares one queue
 //! (the path made absolute); a store made by [`new`](SqliteStore::new) has a queue of its
 //! own. Reads (a duplicate's claim, `describe`, `stuck_claims`) do not queue, and neither does
@@ -168,8 +168,64 @@
 //! [PostgreSQL store](crate::store::postgres) documents, one each (`advance` adds a `SELECT`
 //! when the version is outdated), with `max(coalesce(…))` for `GREATEST` and SQLite's clock.
 //! As there, only a version older than the applied one is outdated; an equal one runs.
+//!
+//! # The inbox
+//!
+//! [`migrate`](SqliteStore::migrate) also creates, in the same transaction, the table of the
+//! [inbox](crate::store::inbox::InboxStore), `<table>_inbox`, so a database of an earlier
+//! release gets it on its next `migrate()`:
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS "idempotency_keys_inbox" (
+//!     namespace   TEXT    NOT NULL,
+//!     "key"       TEXT    NOT NULL,
+//!     state       TEXT    NOT NULL CHECK (state IN ('queued', 'running', 'done', 'dead')),
+//!     token       INTEGER,          -- the lease's, while running
+//!     attempts    INTEGER NOT NULL DEFAULT 0,
+//!     crashes     INTEGER NOT NULL DEFAULT 0,
+//!     reclaimed   INTEGER NOT NULL DEFAULT 0, -- the last take took over a crashed attempt
+//!     received_at INTEGER NOT NULL, -- microseconds since the Unix epoch, as every time here
+//!     due_at      INTEGER NOT NULL,
+//!     renewed_at  INTEGER NOT NULL,
+//!     settled_at  INTEGER,
+//!     request     BLOB,             -- StoredRequest::encode; NULL once retention deletes it
+//!     history     BLOB,             -- Attempt::encode_history
+//!     PRIMARY KEY (namespace, "key")
+//! );
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_inbox_due_idx"
+//!     ON "idempotency_keys_inbox" (due_at) WHERE state = 'queued';
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_inbox_run_idx"
+//!     ON "idempotency_keys_inbox" (renewed_at) WHERE state = 'running';
+//! ```
+//!
+//! The two partial indexes are a take's: the due queued entries, oldest first, and the running
+//! ones whose worker stopped renewing. Every write below takes its turn in the [writers'
+//! queue](#writers); reads use the pool.
+//!
+//! - `enqueue`: `INSERT … ON CONFLICT (namespace, "key") DO NOTHING`, the one write of a new
+//!   key; a duplicate changes no row, and a `SELECT state` answers it.
+//! - `take`: one `BEGIN IMMEDIATE` transaction, which waits for the write lock under the busy
+//!   timeout rather than failing to upgrade a read: under reclaim, an `UPDATE` turns dead the
+//!   running entries not renewed for the stale limit whose attempts ran out (the crash
+//!   counted); then `UPDATE … SET state = 'running', token = random(), attempts = attempts +
+//!   1, crashes = crashes + (state = 'running'), … WHERE rowid IN (<the oldest due queued
+//!   entries, and under reclaim the stale running ones, by due_at, LIMIT n>) RETURNING …`.
+//!   SQLite's one writer at a time is what keeps two takes, of any pool or process, from
+//!   taking one entry; `random()` draws every row's token anew.
+//! - `renew_entry`, `settle`: `UPDATE … WHERE namespace = ?1 AND "key" = ?2 AND token = ?3
+//!   AND state = 'running'`; no row changed is a lost lease. A settlement clears the token:
+//!   done or dead with `settled_at` and the history, a retry queued again `due_at = now +
+//!   after` with the history, a give-back queued again due now with `attempts - 1`.
+//! - `retry_now`, `retry_dead`, `discard`: one `UPDATE` each, of queued or dead entries (a
+//!   dead one's counts start over).
+//! - `entries`, `entry`, `stored_request`, `inbox_stats`: one `SELECT` each, ages and due
+//!   times computed in SQL from SQLite's clock. The counts read the namespace's rows (all
+//!   rows without one).
+//! - `purge_inbox`: `UPDATE … SET request = NULL`, then `DELETE`, each of at most `limit`
+//!   done entries settled long enough ago (`rowid IN (SELECT … LIMIT ?)`).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Sqlite, SqlitePool};
@@ -178,6 +234,7 @@ use super::sql::{ResultExt as _, Table, TableName, Writer};
 use super::{ConfigError, StoreError};
 
 mod claims;
+mod inbox;
 mod open;
 mod queries;
 mod transactional;
@@ -195,6 +252,8 @@ use queries::{add_receipt, queries, upgrade};
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub struct SqliteStore {
     table: Table<Sqlite>,
+    /// The statements of the [inbox](self#the-inbox), on `<table>_inbox`.
+    inbox: Arc<inbox::InboxQueries>,
 }
 
 impl SqliteStore {
@@ -247,8 +306,10 @@ impl SqliteStore {
     }
 
     fn queued(pool: SqlitePool, writer: Writer) -> Self {
+        let table = TableName::default_table();
         Self {
-            table: Table::new(pool, queries(TableName::default_table())).writing_through(writer),
+            inbox: Arc::new(inbox::inbox_queries(&table)),
+            table: Table::new(pool, queries(table)).writing_through(writer),
         }
     }
 
@@ -256,6 +317,7 @@ impl SqliteStore {
     pub fn with_table_name(self, name: &str) -> Result<Self, ConfigError> {
         let table = TableName::parse(name, false)?;
         Ok(Self {
+            inbox: Arc::new(inbox::inbox_queries(&table)),
             table: self.table.with_queries(queries(table)),
         })
     }
@@ -328,6 +390,10 @@ impl SqliteStore {
             .await
             .store()?;
         sqlx::raw_sql(AssertSqlSafe(self.table.sql.versions.migrate.clone()))
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        sqlx::raw_sql(AssertSqlSafe(self.inbox.migrate.clone()))
             .execute(&mut *tx)
             .await
             .store()?;

@@ -6,7 +6,7 @@ use super::super::sql::{
 };
 
 /// Now, in microseconds since the Unix epoch, from SQLite's clock.
-const NOW_US: &str = "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
+pub(super) const NOW_US: &str = "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
 
 /// The claims table as `CREATE TABLE` makes it (an upgrade rebuilds an older table so).
 fn create_table(table: &TableName) -> String {

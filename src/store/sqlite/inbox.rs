@@ -1,0 +1,333 @@
+//! The inbox on SQLite: [`InboxStore`] for [`SqliteStore`], in the table `<table>_inbox`.
+//!
+//! Every write takes its turn in the store's queue of writers (see the [module
+//! docs](crate::store::sqlite#writers)), as the claims do; reads use the pool directly.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteArguments, SqliteRow};
+use sqlx::{AssertSqlSafe, Row as _, Sqlite};
+
+use super::SqliteStore;
+use crate::key::IdempotencyKey;
+use crate::store::inbox::{
+    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement,
+    StoredRequest, Take, Taken,
+};
+use crate::store::sql::{ResultExt as _, duration_from_micros, micros};
+use crate::store::{Lease, LeaseToken, StalePolicy, StoreError};
+
+mod queries;
+
+pub(super) use queries::{InboxQueries, inbox_queries};
+
+type Query<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments>;
+
+/// A statement of the inbox.
+fn statement<'q>(sql: &Arc<str>) -> Query<'q> {
+    sqlx::query(AssertSqlSafe(sql.clone()))
+}
+
+impl SqliteStore {
+    /// Runs a write in the writer's turn; answers how many rows it changed.
+    async fn inbox_write(&self, query: Query<'_>) -> Result<u64, StoreError> {
+        let _turn = self.table.turn().await;
+        let done = query.execute(&self.table.pool).await.store()?;
+        Ok(done.rows_affected())
+    }
+
+    /// Runs a write fenced by `lease`, whose first three parameters are the lease's.
+    async fn inbox_fenced(
+        &self,
+        sql: &Arc<str>,
+        lease: &Lease,
+        more: impl FnOnce(Query<'_>) -> Query<'_>,
+    ) -> Result<(), StoreError> {
+        let query = statement(sql)
+            .bind(lease.key().namespace())
+            .bind(lease.key().value())
+            .bind(lease.token().to_i64());
+        match self.inbox_write(more(query)).await? {
+            0 => Err(StoreError::LeaseLost),
+            _ => Ok(()),
+        }
+    }
+
+    /// A write on the row of `key`; whether it changed it.
+    async fn inbox_on_key(&self, sql: &Arc<str>, key: &IdempotencyKey) -> Result<bool, StoreError> {
+        let query = statement(sql).bind(key.namespace()).bind(key.value());
+        Ok(self.inbox_write(query).await? > 0)
+    }
+}
+
+/// A count read back from the table.
+fn count(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
+
+fn state(text: &str) -> Result<EntryState, StoreError> {
+    EntryState::parse(text)
+        .ok_or_else(|| StoreError::backend(format!("unexpected state {text:?} in the inbox table")))
+}
+
+fn key(namespace: String, key: String) -> Result<IdempotencyKey, StoreError> {
+    IdempotencyKey::new(namespace, key).map_err(StoreError::backend)
+}
+
+fn history(row: &SqliteRow, index: usize) -> Result<Vec<Attempt>, StoreError> {
+    let bytes: Option<&[u8]> = row.try_get(index).store()?;
+    Attempt::decode_history(bytes.unwrap_or_default())
+}
+
+/// An entry, from the columns of `entries` and `entry`.
+fn entry(row: &SqliteRow) -> Result<Entry, StoreError> {
+    let state = state(row.try_get(2).store()?)?;
+    let micros_at = |i: usize| row.try_get::<i64, _>(i).store().map(duration_from_micros);
+    Ok(Entry::new(
+        key(row.try_get(0).store()?, row.try_get(1).store()?)?,
+        state,
+        count(row.try_get(3).store()?),
+        count(row.try_get(4).store()?),
+        micros_at(5)?,
+        (state == EntryState::Queued)
+            .then(|| micros_at(6))
+            .transpose()?,
+        (state == EntryState::Running)
+            .then(|| micros_at(7))
+            .transpose()?,
+        row.try_get(8).store()?,
+        history(row, 9)?,
+    ))
+}
+
+/// A taken entry, from what `take` returns, and its due time.
+fn taken(row: &SqliteRow) -> Result<(i64, Taken), StoreError> {
+    let key = key(row.try_get(0).store()?, row.try_get(1).store()?)?;
+    let token = LeaseToken::from_i64(row.try_get(2).store()?);
+    let request: Option<&[u8]> = row.try_get(7).store()?;
+    // Retention never deletes the request of an entry that can still run.
+    let request = request.ok_or_else(|| {
+        StoreError::backend(format!("the inbox entry {key} lost its stored request"))
+    })?;
+    let taken = Taken {
+        lease: Lease::new(key, token, row.try_get(5).store()?),
+        request: StoredRequest::decode(request)?,
+        attempt: count(row.try_get(3).store()?),
+        crashes: count(row.try_get(4).store()?),
+        history: history(row, 8)?,
+    };
+    Ok((row.try_get(6).store()?, taken))
+}
+
+/// A limit, bound as SQLite's integer.
+fn int(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The statements of the [module docs](crate::store::sqlite#the-inbox).
+impl InboxStore for SqliteStore {
+    /// The insert; if it inserted nothing, a read of the entry's state. An entry purged in
+    /// between is stored again.
+    async fn enqueue(
+        &self,
+        key: &IdempotencyKey,
+        request: &StoredRequest,
+    ) -> Result<Enqueued, StoreError> {
+        let bytes = request.encode();
+        for _ in 0..3 {
+            let insert = statement(&self.inbox.enqueue)
+                .bind(key.namespace())
+                .bind(key.value())
+                .bind(bytes.as_slice());
+            if self.inbox_write(insert).await? > 0 {
+                return Ok(Enqueued::Stored);
+            }
+            let found: Option<String> = sqlx::query_scalar(AssertSqlSafe(self.inbox.state.clone()))
+                .bind(key.namespace())
+                .bind(key.value())
+                .fetch_optional(&self.table.pool)
+                .await
+                .store()?;
+            if let Some(found) = found {
+                return Ok(Enqueued::Duplicate(state(&found)?));
+            }
+        }
+        Err(StoreError::backend(format!(
+            "the inbox entry {key} was deleted as often as it was stored"
+        )))
+    }
+
+    /// One `BEGIN IMMEDIATE` transaction in the writer's turn: under reclaim, the stale
+    /// entries whose attempts ran out turn dead; then the take's `UPDATE … RETURNING`.
+    async fn take(&self, take: &Take) -> Result<Vec<Taken>, StoreError> {
+        if take.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let reclaims = take.stale.policy() == StalePolicy::Reclaim;
+        let stale = micros(take.stale.after());
+        let max_attempts = i64::from(take.max_attempts);
+        let _turn = self.table.turn().await;
+        let mut tx = self
+            .table
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .store()?;
+        if reclaims {
+            statement(&self.inbox.expire)
+                .bind(stale)
+                .bind(max_attempts)
+                .execute(&mut *tx)
+                .await
+                .store()?;
+        }
+        let rows = statement(&self.inbox.take)
+            .bind(int(take.limit))
+            .bind(reclaims)
+            .bind(stale)
+            .bind(max_attempts)
+            .fetch_all(&mut *tx)
+            .await
+            .store()?;
+        // A row that cannot be read rolls the take back (the transaction is dropped).
+        let mut taken = rows.iter().map(taken).collect::<Result<Vec<_>, _>>()?;
+        tx.commit().await.store()?;
+        // RETURNING's order is SQLite's: oldest due first, then by key.
+        taken.sort_by(|(a, x), (b, y)| (a, x.lease.key()).cmp(&(b, y.lease.key())));
+        Ok(taken.into_iter().map(|(_, taken)| taken).collect())
+    }
+
+    async fn renew_entry(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.inbox_fenced(&self.inbox.renew, lease, |q| q).await
+    }
+
+    async fn settle(
+        &self,
+        lease: &Lease,
+        settlement: &Settlement,
+        history: &[Attempt],
+    ) -> Result<(), StoreError> {
+        let history = Attempt::encode_history(history);
+        match *settlement {
+            Settlement::Done | Settlement::Dead => {
+                let state = if *settlement == Settlement::Done {
+                    EntryState::Done
+                } else {
+                    EntryState::Dead
+                };
+                self.inbox_fenced(&self.inbox.settle, lease, |q| {
+                    q.bind(state.as_str()).bind(history)
+                })
+                .await
+            }
+            Settlement::Retry { after } => {
+                self.inbox_fenced(&self.inbox.retry_later, lease, |q| {
+                    q.bind(micros(after)).bind(history)
+                })
+                .await
+            }
+            Settlement::GiveBack => self.inbox_fenced(&self.inbox.give_back, lease, |q| q).await,
+        }
+    }
+
+    async fn entries(
+        &self,
+        namespace: Option<&str>,
+        states: &[EntryState],
+        limit: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        const ALL: [EntryState; 4] = [
+            EntryState::Queued,
+            EntryState::Running,
+            EntryState::Done,
+            EntryState::Dead,
+        ];
+        let states = if states.is_empty() { &ALL } else { states };
+        let mut query = statement(&self.inbox.entries).bind(namespace);
+        // Four places: the states asked for, the last repeated.
+        for i in 0..4 {
+            query = query.bind(states[i.min(states.len() - 1)].as_str());
+        }
+        let rows = query
+            .bind(int(limit))
+            .fetch_all(&self.table.pool)
+            .await
+            .store()?;
+        rows.iter().map(entry).collect()
+    }
+
+    async fn entry(&self, key: &IdempotencyKey) -> Result<Option<Entry>, StoreError> {
+        let row = statement(&self.inbox.entry)
+            .bind(key.namespace())
+            .bind(key.value())
+            .fetch_optional(&self.table.pool)
+            .await
+            .store()?;
+        row.as_ref().map(entry).transpose()
+    }
+
+    async fn stored_request(
+        &self,
+        key: &IdempotencyKey,
+    ) -> Result<Option<StoredRequest>, StoreError> {
+        let row = statement(&self.inbox.request)
+            .bind(key.namespace())
+            .bind(key.value())
+            .fetch_optional(&self.table.pool)
+            .await
+            .store()?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let bytes: Option<&[u8]> = row.try_get(0).store()?;
+        bytes.map(StoredRequest::decode).transpose()
+    }
+
+    async fn retry_now(&self, key: &IdempotencyKey) -> Result<bool, StoreError> {
+        self.inbox_on_key(&self.inbox.retry_now, key).await
+    }
+
+    async fn retry_dead(&self, namespace: &str) -> Result<u64, StoreError> {
+        let query = statement(&self.inbox.retry_dead).bind(namespace);
+        self.inbox_write(query).await
+    }
+
+    async fn discard(&self, key: &IdempotencyKey) -> Result<bool, StoreError> {
+        self.inbox_on_key(&self.inbox.discard, key).await
+    }
+
+    async fn inbox_stats(&self, namespace: Option<&str>) -> Result<InboxStats, StoreError> {
+        let (queued, running, dead, oldest): (i64, i64, i64, Option<i64>) =
+            sqlx::query_as(AssertSqlSafe(self.inbox.stats.clone()))
+                .bind(namespace)
+                .fetch_one(&self.table.pool)
+                .await
+                .store()?;
+        let n = |n: i64| u64::try_from(n).unwrap_or(0);
+        Ok(InboxStats::new(
+            n(queued),
+            n(running),
+            n(dead),
+            oldest.map(duration_from_micros),
+        ))
+    }
+
+    /// Two statements, each in the writer's turn: the requests, then the entries.
+    async fn purge_inbox(
+        &self,
+        requests_after: Duration,
+        entries_after: Duration,
+        limit: usize,
+    ) -> Result<Purged, StoreError> {
+        let requests = statement(&self.inbox.purge_requests)
+            .bind(micros(requests_after))
+            .bind(int(limit));
+        let requests = self.inbox_write(requests).await?;
+        let entries = statement(&self.inbox.purge_entries)
+            .bind(micros(entries_after))
+            .bind(int(limit));
+        let entries = self.inbox_write(entries).await?;
+        Ok(Purged::new(requests, entries))
+    }
+}
