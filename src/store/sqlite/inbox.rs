@@ -134,15 +134,9 @@ impl InboxStore for SqliteStore {
         key: &IdempotencyKey,
         request: &StoredRequest,
     ) -> Result<Enqueued, StoreError> {
+        // A duplicate is one read, through the pool: it never waits for the writer's turn.
         let bytes = request.encode();
         for _ in 0..3 {
-            let insert = statement(&self.inbox.enqueue)
-                .bind(key.namespace())
-                .bind(key.value())
-                .bind(bytes.as_slice());
-            if self.inbox_write(insert).await? > 0 {
-                return Ok(Enqueued::Stored);
-            }
             let found: Option<String> = sqlx::query_scalar(AssertSqlSafe(self.inbox.state.clone()))
                 .bind(key.namespace())
                 .bind(key.value())
@@ -151,6 +145,13 @@ impl InboxStore for SqliteStore {
                 .store()?;
             if let Some(found) = found {
                 return Ok(Enqueued::Duplicate(state(&found)?));
+            }
+            let insert = statement(&self.inbox.enqueue)
+                .bind(key.namespace())
+                .bind(key.value())
+                .bind(bytes.as_slice());
+            if self.inbox_write(insert).await? > 0 {
+                return Ok(Enqueued::Stored);
             }
         }
         Err(StoreError::backend(format!(

@@ -202,8 +202,9 @@
 //! ones whose worker stopped renewing. Every write below takes its turn in the [writers'
 //! queue](#writers); reads use the pool.
 //!
-//! - `enqueue`: `INSERT … ON CONFLICT (namespace, "key") DO NOTHING`, the one write of a new
-//!   key; a duplicate changes no row, and a `SELECT state` answers it.
+//! - `enqueue`: `SELECT state` through the pool, which answers a duplicate with no write and
+//!   no turn in the queue; for a new key, `INSERT … ON CONFLICT (namespace, "key") DO
+//!   NOTHING`, its one write (an insert that meets a row stored meanwhile reads again).
 //! - `take`: one `BEGIN IMMEDIATE` transaction, which waits for the write lock under the busy
 //!   timeout rather than failing to upgrade a read: under reclaim, an `UPDATE` turns dead the
 //!   running entries not renewed for the stale limit whose attempts ran out (the crash
