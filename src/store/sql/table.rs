@@ -26,6 +26,12 @@ const _: () = assert!(
     MAX_TABLE_NAME_LEN + VERSIONS_SUFFIX.len() + "_pkey".len() <= 63,
     "the versions table and its primary key's name must fit Postgres' 63-byte identifiers"
 );
+/// The suffix of the inbox table ([`InboxStore`](crate::store::inbox::InboxStore)).
+const INBOX_SUFFIX: &str = "_inbox";
+const _: () = assert!(
+    MAX_TABLE_NAME_LEN + INBOX_SUFFIX.len() + "_due_idx".len() <= 63,
+    "the inbox table and the names of its indexes must fit Postgres' 63-byte identifiers"
+);
 
 /// A validated table name, optionally schema-qualified (Postgres only).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +110,16 @@ impl TableName {
         }
     }
 
+    /// The inbox table: `<table>_inbox`, in the same schema. At most 55 bytes, so the names
+    /// of its indexes (`<table>_inbox_due_idx`, `<table>_inbox_run_idx`) fit in 63.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn inbox(&self) -> Self {
+        Self {
+            schema: self.schema.clone(),
+            table: format!("{}{INBOX_SUFFIX}", self.table),
+        }
+    }
+
     /// The quoted, unqualified name of the check constraint on `state`: `<table>_state_check`,
     /// the name PostgreSQL gave the unnamed constraint of earlier releases.
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
@@ -112,7 +128,6 @@ impl TableName {
     }
 
     /// The unqualified table name, unquoted: for catalog lookups.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     pub(crate) fn bare(&self) -> &str {
         &self.table
     }
