@@ -389,3 +389,287 @@ async fn purge_walks_the_table_in_batches() {
     })
     .await;
 }
+
+/// A migrated store on the table `table`, on a pool of its own.
+async fn store_on(table: &str) -> Option<PostgresStore> {
+    let store = PostgresStore::new(pool().await?)
+        .with_table_name(table)
+        .unwrap();
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+/// The inbox contract, on an inbox only these tests use (a worker's take reaches every
+/// namespace of its inbox); each store is an instance of its own, on a pool of its own.
+mod inbox_suite {
+    use super::store_on;
+
+    tower_idempotency::conformance_suite! {
+        inbox: store_on("inbox_conformance"),
+        inbox_races: store_on("inbox_conformance"),
+    }
+}
+
+fn stored_request(n: usize) -> tower_idempotency::store::inbox::StoredRequest {
+    tower_idempotency::store::inbox::StoredRequest::new(
+        http::Method::POST,
+        format!("/hooks?n={n}"),
+        Vec::new(),
+        bytes::Bytes::from(format!("{{\"n\":{n}}}")),
+    )
+}
+
+/// Drops `table` and the tables `migrate()` derives from it.
+async fn drop_tables(pool: &PgPool, table: &str) {
+    let drop = format!("DROP TABLE IF EXISTS {table}, {table}_versions, {table}_inbox");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// A database of the previous release (the claims and versions tables, no inbox) gets the
+/// inbox table and its indexes from `migrate()`, their names whole for a table name of the
+/// longest length; the claims' rows are kept, and a second `migrate()` changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_adds_the_inbox_table_to_a_database_of_the_previous_release() {
+    use tower_idempotency::store::inbox::{Enqueued, InboxStore};
+
+    let Some(pool) = pool().await else { return };
+    let mut table = format!("inbox_prev_{}_", std::process::id());
+    while table.len() < 49 {
+        table.push('x');
+    }
+    let ns = common::unique_namespace("upgrade-inbox");
+    drop_tables(&pool, &table).await;
+    let store = PostgresStore::new(pool.clone())
+        .with_table_name(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    let previous = format!(
+        r#"DROP TABLE {table}_inbox;
+INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, renewed_at, completed_at) VALUES
+    ('{ns}', 'done', 'done', 1, 3, 1, FALSE, now() - interval '1 hour',
+        now() - interval '1 hour', now() - interval '1 hour', NULL, now() - interval '59 minutes'),
+    ('{ns}', 'processing', 'processing', 2, 1, 1, FALSE, now() - interval '1 hour',
+        now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour', NULL);"#
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(previous))
+        .execute(&pool)
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname",
+    )
+    .bind(format!("{table}_inbox"))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        [
+            format!("{table}_inbox_due_idx"),
+            format!("{table}_inbox_pkey"),
+            format!("{table}_inbox_run_idx"),
+        ]
+    );
+    common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
+    let key = common::key_in(&ns, "evt_1");
+    assert_eq!(
+        store.enqueue(&key, &stored_request(1)).await.unwrap(),
+        Enqueued::Stored
+    );
+    assert_eq!(
+        store.stored_request(&key).await.unwrap(),
+        Some(stored_request(1))
+    );
+    drop_tables(&pool, &table).await;
+}
+
+/// An enqueue of a new key notifies the inbox's channel once, and a duplicate not at all;
+/// an operator's retry notifies it too. (Notifications arrive in the order their
+/// transactions committed: the markers sent after each step tell what the step sent.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_entry_notifies_the_channel_and_a_duplicate_does_not() {
+    use tower_idempotency::store::inbox::{Enqueued, EntryState, InboxStore};
+
+    let table = format!("inbox_notify_{}", std::process::id());
+    let Some(store) = store_on(&table).await else {
+        return;
+    };
+    let channel = format!("{table}_inbox");
+    let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
+        .await
+        .unwrap();
+    listener.listen(&channel).await.unwrap();
+    let marker = |text: &'static str| {
+        let (pool, channel) = (store.pool().clone(), channel.clone());
+        async move {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(channel)
+                .bind(text)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    let ns = common::unique_namespace("inbox-notify");
+    let key = common::key_in(&ns, "evt_1");
+    assert_eq!(
+        store.enqueue(&key, &stored_request(1)).await.unwrap(),
+        Enqueued::Stored
+    );
+    assert_eq!(
+        store.enqueue(&key, &stored_request(2)).await.unwrap(),
+        Enqueued::Duplicate(EntryState::Queued)
+    );
+    marker("after the duplicate").await;
+    assert!(
+        !store
+            .retry_now(&common::key_in(&ns, "evt_unknown"))
+            .await
+            .unwrap()
+    );
+    assert!(store.retry_now(&key).await.unwrap());
+    marker("after the retries").await;
+    let mut heard = Vec::new();
+    while heard.last().map(String::as_str) != Some("after the retries") {
+        let notification = listener.recv().await.unwrap();
+        assert_eq!(notification.channel(), channel);
+        heard.push(notification.payload().to_owned());
+    }
+    assert_eq!(heard, ["", "after the duplicate", "", "after the retries"]);
+    drop(listener);
+    drop_tables(store.pool(), &table).await;
+}
+
+/// Enqueues new entries through `store` until `wake` is woken: one notification heard by the
+/// watcher suffices. Each attempt waits a moment; 30 s without a wake fails the test.
+async fn enqueue_until_woken(
+    wake: &tower_idempotency::store::inbox::Wake,
+    store: &PostgresStore,
+    ns: &str,
+    n: &mut usize,
+) {
+    use std::time::Duration;
+    use tower_idempotency::store::inbox::{Enqueued, InboxStore};
+
+    let woken = wake.notified();
+    tokio::pin!(woken);
+    woken.as_mut().enable();
+    let enqueues = async {
+        loop {
+            *n += 1;
+            let key = common::key_in(ns, &format!("evt_{n}"));
+            let stored = store.enqueue(&key, &stored_request(*n)).await.unwrap();
+            assert_eq!(stored, Enqueued::Stored);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::select! {
+        () = &mut woken => {}
+        () = enqueues => {}
+        () = tokio::time::sleep(Duration::from_secs(30)) => panic!("the watcher was never woken"),
+    }
+}
+
+/// A watcher on one instance is woken by entries another instance enqueues, and keeps
+/// listening after its connection is cut. It wakes its workers once more each time it starts
+/// listening (a lost notification is looked for so): two wakes in a row take at least one
+/// notification.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_is_woken_by_another_instances_enqueue_and_outlives_its_connection() {
+    use std::str::FromStr as _;
+    use tower_idempotency::store::inbox::InboxStore;
+
+    let table = format!("inbox_watch_{}", std::process::id());
+    let Some(other) = store_on(&table).await else {
+        return;
+    };
+    let name = common::unique_namespace("watcher");
+    let options = sqlx::postgres::PgConnectOptions::from_str(&url())
+        .unwrap()
+        .application_name(&name);
+    let watcher_pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let watcher = PostgresStore::new(watcher_pool)
+        .with_table_name(&table)
+        .unwrap();
+    let wake = tower_idempotency::store::inbox::Wake::default();
+    let watch = tokio::spawn({
+        let wake = wake.clone();
+        async move { watcher.watch(wake).await }
+    });
+    let ns = common::unique_namespace("inbox-watch");
+    let mut n = 0;
+    for _ in 0..2 {
+        enqueue_until_woken(&wake, &other, &ns, &mut n).await;
+    }
+    let (listening, cut): (i64, i64) = sqlx::query_as(
+        "WITH cut AS (SELECT query, pg_terminate_backend(pid) AS done FROM pg_stat_activity \
+         WHERE application_name = $1) \
+         SELECT count(*) FILTER (WHERE query LIKE 'LISTEN%'), count(*) FILTER (WHERE done) \
+         FROM cut",
+    )
+    .bind(&name)
+    .fetch_one(other.pool())
+    .await
+    .unwrap();
+    assert_eq!(listening, 1, "the watcher's connection listens");
+    assert!(cut >= 1);
+    for _ in 0..2 {
+        enqueue_until_woken(&wake, &other, &ns, &mut n).await;
+    }
+    watch.abort();
+    drop_tables(other.pool(), &table).await;
+}
+
+/// A damaged entry (bytes no release wrote) is an error, never a panic: reading its request
+/// or its history fails, and a take that leased it fails too, giving back the entries it
+/// leased with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_entry_is_an_error() {
+    use tower_idempotency::store::inbox::{EntryState, InboxStore, Take};
+
+    let table = format!("inbox_damaged_{}", std::process::id());
+    let Some(store) = store_on(&table).await else {
+        return;
+    };
+    let ns = common::unique_namespace("inbox-damaged");
+    let (good, damaged) = (common::key_in(&ns, "good"), common::key_in(&ns, "damaged"));
+    store.enqueue(&good, &stored_request(1)).await.unwrap();
+    let insert = format!(
+        r#"INSERT INTO {table}_inbox (namespace, "key", state, received_at, due_at, renewed_at,
+    request) VALUES ($1, $2, 'queued', now(), now() - interval '1 hour', now(), 'junk'::bytea)"#
+    );
+    sqlx::query(sqlx::AssertSqlSafe(insert))
+        .bind(damaged.namespace())
+        .bind(damaged.value())
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert!(store.stored_request(&damaged).await.is_err());
+    assert!(store.take(&Take::default()).await.is_err());
+    let given_back = store.entry(&good).await.unwrap().unwrap();
+    assert_eq!(
+        (given_back.state, given_back.attempts),
+        (EntryState::Queued, 0)
+    );
+    let left = store.entry(&damaged).await.unwrap().unwrap();
+    assert_eq!((left.state, left.attempts), (EntryState::Running, 1));
+    let history = format!(r#"UPDATE {table}_inbox SET history = 'junk'::bytea WHERE "key" = $1"#);
+    sqlx::query(sqlx::AssertSqlSafe(history))
+        .bind(damaged.value())
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert!(store.entry(&damaged).await.is_err());
+    assert!(store.entries(Some(&ns), &[], 10).await.is_err());
+    drop_tables(store.pool(), &table).await;
+}

@@ -177,6 +177,79 @@
 //!   applied_version` (an equal version advances, as the version guard runs it); when it returns
 //!   nothing (outdated: the row is at a newer version), a `SELECT` of the applied version. The
 //!   conflicting row is locked either way until the transaction ends.
+//!
+//! # Inbox
+//!
+//! [`migrate`](PostgresStore::migrate) also creates, in the same transaction, the table of the
+//! [inbox](crate::store::inbox) (`<table>_inbox`: at most 55 bytes, so that the names of its
+//! indexes still fit in 63), which a database of an earlier release gets on its next
+//! `migrate()`:
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS "idempotency_keys_inbox" (
+//!     namespace   TEXT        NOT NULL,
+//!     "key"       TEXT        NOT NULL,
+//!     state       TEXT        NOT NULL CHECK (state IN ('queued', 'running', 'done', 'dead')),
+//!     token       BIGINT,
+//!     attempts    INTEGER     NOT NULL DEFAULT 0,
+//!     crashes     INTEGER     NOT NULL DEFAULT 0,
+//!     received_at TIMESTAMPTZ NOT NULL,
+//!     due_at      TIMESTAMPTZ NOT NULL,
+//!     renewed_at  TIMESTAMPTZ NOT NULL,
+//!     settled_at  TIMESTAMPTZ,
+//!     request     BYTEA,
+//!     history     BYTEA,
+//!     PRIMARY KEY (namespace, "key")
+//! );
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_inbox_due_idx"
+//!     ON "idempotency_keys_inbox" (due_at) WHERE state = 'queued';
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_inbox_run_idx"
+//!     ON "idempotency_keys_inbox" (renewed_at) WHERE state = 'running';
+//! ```
+//!
+//! `request` holds [`StoredRequest::encode`](crate::store::inbox::StoredRequest::encode)'s
+//! bytes (NULL once retention deleted them), `history` those of
+//! [`Attempt::encode_history`](crate::store::inbox::Attempt::encode_history), `token` the
+//! lease of a `running` entry (NULL otherwise). The two partial indexes hold the entries a
+//! worker's take looks for, due ones by their due time and running ones by their last
+//! renewal; done and dead entries are in neither, so the inbox's history costs a take
+//! nothing. Each operation is one statement, one round trip, but where said:
+//!
+//! - `enqueue`: `WITH found AS (SELECT state FROM … WHERE namespace = $1 AND "key" = $2),
+//!   inserted AS (INSERT … SELECT … WHERE NOT EXISTS (SELECT 1 FROM found) ON CONFLICT
+//!   (namespace, "key") DO NOTHING RETURNING state), woken AS (SELECT state,
+//!   pg_notify('<channel>', '') FROM inserted) SELECT … FROM found UNION ALL SELECT … FROM
+//!   woken`: a new key is inserted and notified, a duplicate is the read alone and writes
+//!   nothing. (A key another enqueue stored after the statement's snapshot was taken is in
+//!   neither part: a plain read of its state follows then.)
+//! - `take`: `WITH queued AS (SELECT … WHERE state = 'queued' AND due_at <= now() ORDER BY
+//!   due_at LIMIT $1 FOR UPDATE SKIP LOCKED), stale AS (<the same for running entries not
+//!   renewed for the stale limit, under reclaim>), picked AS (<the oldest due of both, LIMIT
+//!   $1>) UPDATE … SET state = 'running', token = <one of the fresh tokens bound as an array>,
+//!   attempts = attempts + 1, renewed_at = now() … FROM picked … RETURNING …`: workers on any
+//!   number of instances skip each other's rows and never lease one entry twice. A crashed
+//!   entry counts a crash, and one crashed on its last attempt is made `dead` in the same
+//!   `UPDATE` instead, and is not answered.
+//! - `renew_entry`, `settle`: `UPDATE … WHERE namespace = $1 AND "key" = $2 AND token = $3 AND
+//!   state = 'running'`, the lease lost when it changes no row; a settlement clears the token.
+//! - `retry_now`, `retry_dead`, `discard`, `entries`, `entry`, `stored_request`,
+//!   `inbox_stats`: one statement each (the stats count each state on its own, the queued
+//!   and running ones on their indexes); a retry notifies the channel as an enqueue does.
+//! - `purge_inbox`: `WITH old AS (SELECT … WHERE state = 'done' AND settled_at <= <the
+//!   limit> LIMIT $2 FOR UPDATE SKIP LOCKED) UPDATE … SET request = NULL`, then the same
+//!   with `DELETE`: two statements. They read the done entries without an index.
+//!
+//! ## Notifications
+//!
+//! The enqueue's `pg_notify` goes out when its insert commits, on the channel named after the
+//! inbox table: `<table>_inbox` as given (`idempotency_keys_inbox` by default, with its
+//! schema when the table has one, unless that is longer than the 63 bytes a channel's name
+//! can be; then without it). [`watch`](crate::store::inbox::InboxStore::watch) holds a
+//! connection of its own, made with the options of the store's pool (outside it, so it takes
+//! none of its connections), that `LISTEN`s on the channel and wakes the workers at each
+//! notification. It makes the connection again when it is lost, after a pause of 50 ms that
+//! doubles up to 5 s while the database cannot be reached, and wakes the workers once each
+//! time it starts listening: what was stored while nothing listened is found then.
 
 use std::fmt;
 use std::sync::Arc;
@@ -188,10 +261,12 @@ use super::sql::{ResultExt as _, Table, TableName};
 use super::{ConfigError, StoreError};
 
 mod claims;
+mod inbox;
 mod queries;
 mod transactional;
 mod versions;
 
+use inbox::{InboxQueries, inbox_queries};
 use queries::{add_receipt, insert_or_read, queries, upgrade};
 
 /// Claims kept in a PostgreSQL table, shared by every app instance that uses the database.
@@ -205,6 +280,8 @@ pub struct PostgresStore {
     table: Table<Postgres>,
     /// A claim's first statement, which inserts a new key or reads an existing one.
     insert_or_read: Arc<str>,
+    /// The statements on the inbox table.
+    inbox: Arc<InboxQueries>,
 }
 
 impl PostgresStore {
@@ -213,6 +290,7 @@ impl PostgresStore {
         let table = TableName::default_table();
         Self {
             insert_or_read: insert_or_read(&table).into(),
+            inbox: inbox_queries(&table).into(),
             table: Table::new(pool, queries(table)),
         }
     }
@@ -224,6 +302,7 @@ impl PostgresStore {
         let table = TableName::parse(name, true)?;
         Ok(Self {
             insert_or_read: insert_or_read(&table).into(),
+            inbox: inbox_queries(&table).into(),
             table: self.table.with_queries(queries(table)),
         })
     }
@@ -254,9 +333,10 @@ impl PostgresStore {
         &self.table.pool
     }
 
-    /// Creates the table and its indexes if they do not exist, in one transaction, and
-    /// upgrades a table made by an earlier release (new columns added, its rows kept). Safe
-    /// to call at every start-up, from several instances at once.
+    /// Creates the table and its indexes if they do not exist, with the tables of the
+    /// version guard and of the inbox (`<table>_versions`, `<table>_inbox`), in one
+    /// transaction, and upgrades a table made by an earlier release (new columns added, its
+    /// rows kept). Safe to call at every start-up, from several instances at once.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut tx = self.table.pool.begin().await.store()?;
         sqlx::raw_sql(AssertSqlSafe(self.table.sql.migrate.clone()))
@@ -300,6 +380,10 @@ impl PostgresStore {
                 .store()?;
         }
         sqlx::raw_sql(AssertSqlSafe(self.table.sql.versions.migrate.clone()))
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        sqlx::raw_sql(AssertSqlSafe(self.inbox.migrate.clone()))
             .execute(&mut *tx)
             .await
             .store()?;

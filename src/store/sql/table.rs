@@ -117,7 +117,7 @@ impl TableName {
     }
 
     /// The inbox table: `<table>_inbox`, in the same schema. At most 55 bytes.
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn inbox(&self) -> Self {
         Self {
             schema: self.schema.clone(),
@@ -147,7 +147,6 @@ impl TableName {
     }
 
     /// The unqualified table name, unquoted: for catalog lookups.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     pub(crate) fn bare(&self) -> &str {
         &self.table
     }
