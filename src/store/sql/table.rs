@@ -27,6 +27,13 @@ const _: () = assert!(
     "the versions table and its primary key's name must fit Postgres' 63-byte identifiers"
 );
 
+/// The suffix of the inbox table of the [inbox](crate::store::inbox).
+const INBOX_SUFFIX: &str = "_inbox";
+const _: () = assert!(
+    MAX_TABLE_NAME_LEN + INBOX_SUFFIX.len() + "_pkey".len() <= 63,
+    "the inbox table and its primary key's name must fit Postgres' 63-byte identifiers"
+);
+
 /// A validated table name, optionally schema-qualified (Postgres only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TableName {
@@ -101,6 +108,16 @@ impl TableName {
         Self {
             schema: self.schema.clone(),
             table: format!("{}{VERSIONS_SUFFIX}", self.table),
+        }
+    }
+
+    /// The table of the inbox: `<table>_inbox`, in the same schema. At most 55 bytes, so
+    /// Postgres' name for its primary key (`<table>_inbox_pkey`) fits in 63.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) fn inbox(&self) -> Self {
+        Self {
+            schema: self.schema.clone(),
+            table: format!("{}{INBOX_SUFFIX}", self.table),
         }
     }
 
