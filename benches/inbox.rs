@@ -221,7 +221,10 @@ fn time_to_start<St: InboxStore + Clone>(rt: &Runtime, store: St) -> (Duration, 
 /// The hand-written queue on PostgreSQL: its rate, as [`inbox_end_to_end`] measures it.
 fn postgres_queue(rt: &Runtime, pool: PgPool) -> f64 {
     rt.block_on(async {
-        sqlx::query("DROP TABLE IF EXISTS bench_queue").execute(&pool).await.unwrap();
+        sqlx::query("DROP TABLE IF EXISTS bench_queue")
+            .execute(&pool)
+            .await
+            .unwrap();
         sqlx::query(
             "CREATE TABLE bench_queue (id TEXT PRIMARY KEY, payload BYTEA NOT NULL, \
              state TEXT NOT NULL DEFAULT 'queued', created_at TIMESTAMPTZ NOT NULL DEFAULT now())",
@@ -229,10 +232,12 @@ fn postgres_queue(rt: &Runtime, pool: PgPool) -> f64 {
         .execute(&pool)
         .await
         .unwrap();
-        sqlx::query("CREATE INDEX bench_queue_due ON bench_queue (created_at) WHERE state = 'queued'")
-            .execute(&pool)
-            .await
-            .unwrap();
+        sqlx::query(
+            "CREATE INDEX bench_queue_due ON bench_queue (created_at) WHERE state = 'queued'",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
         let wake = Arc::new(Notify::new());
         let ran = Arc::new(AtomicUsize::new(0));
         let app = Router::new()
@@ -310,7 +315,10 @@ fn postgres_queue(rt: &Runtime, pool: PgPool) -> f64 {
 /// The hand-written queue on SQLite: one worker, `BEGIN IMMEDIATE`.
 fn sqlite_queue(rt: &Runtime, pool: SqlitePool) -> f64 {
     rt.block_on(async {
-        sqlx::query("DROP TABLE IF EXISTS bench_queue").execute(&pool).await.unwrap();
+        sqlx::query("DROP TABLE IF EXISTS bench_queue")
+            .execute(&pool)
+            .await
+            .unwrap();
         sqlx::query(
             "CREATE TABLE bench_queue (id TEXT PRIMARY KEY, payload BLOB NOT NULL, \
              state TEXT NOT NULL DEFAULT 'queued', seq INTEGER)",
@@ -356,7 +364,10 @@ fn sqlite_queue(rt: &Runtime, pool: SqlitePool) -> f64 {
                     tokio::pin!(woken);
                     woken.as_mut().enable();
                     let mut conn = pool.acquire().await.unwrap();
-                    sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await.unwrap();
+                    sqlx::query("BEGIN IMMEDIATE")
+                        .execute(&mut *conn)
+                        .await
+                        .unwrap();
                     let ids: Vec<(String,)> = sqlx::query_as(
                         "SELECT id FROM bench_queue WHERE state = 'queued' ORDER BY seq LIMIT 16",
                     )
@@ -463,7 +474,9 @@ fn main() {
 
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!("\nSUMMARY inbox: ingest vs the inline layer (no-op handler), same store");
-    println!("store     conc  throughput ratio (inbox/inline)  inline p50/p99 ms  inbox p50/p99 ms");
+    println!(
+        "store     conc  throughput ratio (inbox/inline)  inline p50/p99 ms  inbox p50/p99 ms"
+    );
     for (name, report) in &reports {
         for (conc, ratio, p50i, p99i, p50, p99) in &report.ingest {
             println!(
@@ -475,7 +488,9 @@ fn main() {
             );
         }
     }
-    println!("\nSUMMARY inbox: end to end, {EVENTS} events (events/s; inbox vs hand-written queue)");
+    println!(
+        "\nSUMMARY inbox: end to end, {EVENTS} events (events/s; inbox vs hand-written queue)"
+    );
     for (name, report) in &reports {
         if let Some((ours, theirs)) = report.end_to_end {
             println!(

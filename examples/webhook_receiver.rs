@@ -55,8 +55,8 @@ use http::StatusCode;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 use tower_idempotency::admin::Admin;
 use tower_idempotency::inbox::{Backoff, Inbox, InboxDelivery, WorkerHandle};
-use tower_idempotency::store::inbox::InboxStore;
 use tower_idempotency::journal::Journal as DeliveryJournal;
+use tower_idempotency::store::inbox::InboxStore;
 use tower_idempotency::store::{AnyStore, SqliteStore, Store};
 use tower_idempotency::transactional::{TransactionalLayer, TransactionalStore, Tx};
 use tower_idempotency::{
@@ -262,7 +262,11 @@ where
     // a poison one is tried 3 times, a second apart, then left dead for a person.
     let workers = inbox
         .workers(app.clone())
-        .backoff(Backoff::new(Duration::from_secs(1), Duration::from_secs(1), 3))
+        .backoff(Backoff::new(
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            3,
+        ))
         .drain(drain)
         .spawn();
     Ok((app, workers))
@@ -433,9 +437,15 @@ async fn log_delivery(req: Request, next: Next) -> Response {
     if let Some(delivery) = req.extensions().get::<InboxDelivery>().cloned() {
         // The inbox's worker runs a stored delivery.
         let res = next.run(req).await;
-        let effect = res.extensions().get::<SideEffect>().map_or("", |e| e.0.as_str());
+        let effect = res
+            .extensions()
+            .get::<SideEffect>()
+            .map_or("", |e| e.0.as_str());
         let ran = format!("run {} -> {}", delivery.attempt(), res.status().as_u16());
-        println!("{provider:<9} {:<40} {ran:<17} {effect}", delivery.key().value());
+        println!(
+            "{provider:<9} {:<40} {ran:<17} {effect}",
+            delivery.key().value()
+        );
         return res;
     }
     let res = next.run(req).await;
@@ -528,7 +538,9 @@ async fn fulfilment<DB: Journal>(
     if order["poison"] == serde_json::Value::Bool(true) {
         return Err(failed("the warehouse refuses this order"));
     }
-    let work = std::env::var("FULFILMENT_MS").ok().and_then(|ms| ms.parse().ok());
+    let work = std::env::var("FULFILMENT_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok());
     tokio::time::sleep(Duration::from_millis(work.unwrap_or(3000))).await;
     let effect = "order shipped".to_owned();
     record(&pool, "fulfilment", id, &effect).await?;

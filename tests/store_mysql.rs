@@ -54,6 +54,44 @@ mod two_statement_claim {
     }
 }
 
+/// The inbox's checks, on a table only they use (a worker's take reaches every namespace).
+mod inbox_suite {
+    use tower_idempotency::store::MySqlStore;
+
+    /// A migrated store on the inbox tests' table, on a pool of its own: one app instance.
+    pub(crate) async fn instance() -> Option<MySqlStore> {
+        let store = MySqlStore::new(crate::common::db::mysql_pool().await?)
+            .with_table_name("inbox_conformance")
+            .unwrap();
+        store.migrate().await.expect("migrate");
+        Some(store)
+    }
+
+    tower_idempotency::conformance_suite! {
+        inbox: instance(),
+        inbox_races: instance(),
+    }
+}
+
+/// The same with the two-statement enqueue of MySQL and of MariaDB before 10.5 (an insert,
+/// and a read of a duplicate's state).
+mod inbox_two_statement_enqueue {
+    use tower_idempotency::store::{MySqlFlavor, MySqlStore};
+
+    async fn instance() -> Option<MySqlStore> {
+        Some(
+            super::inbox_suite::instance()
+                .await?
+                .with_flavor(MySqlFlavor::MySql),
+        )
+    }
+
+    tower_idempotency::conformance_suite! {
+        inbox: instance(),
+        inbox_races: instance(),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_flavor_is_detected() {
     let Some(store) = store().await else { return };
@@ -554,4 +592,227 @@ async fn purge_walks_the_table_in_batches() {
             .unwrap();
     })
     .await;
+}
+
+/// A database of the previous release (the claims and versions tables, no inbox table) gets
+/// the inbox table from `migrate()`, which runs again harmlessly; the inbox then works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_adds_the_inbox_table_to_a_database_of_the_previous_release() {
+    use tower_idempotency::store::inbox::{Enqueued, InboxStore, Settlement, Take};
+    let Some(pool) = common::db::mysql_pool().await else {
+        return;
+    };
+    let table = format!("inbox_prev_{}", std::process::id());
+    let inbox = format!("{table}_inbox");
+    let drop = format!("DROP TABLE IF EXISTS {table}, {table}_versions, {inbox}");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop.clone()))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = MySqlStore::new(pool.clone())
+        .with_table_name(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    // The previous release's database: the same, without the inbox table.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE {inbox}")))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let ns = common::unique_namespace("inbox-prev");
+    let key = common::key_in(&ns, "evt_1");
+    let lease = common::acquire(&store, &key, common::LONG).await;
+    store.commit(&lease).await.unwrap();
+    let tables = || async {
+        let mut names = sqlx::query_scalar::<_, String>(
+            "SELECT CAST(TABLE_NAME AS CHAR) FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE ?",
+        )
+        .bind(format!("{table}%"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        names.sort();
+        names
+    };
+    assert_eq!(tables().await, [table.clone(), format!("{table}_versions")]);
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    assert_eq!(
+        tables().await,
+        [table.clone(), inbox.clone(), format!("{table}_versions")]
+    );
+    assert!(
+        matches!(
+            store.claim(&key, common::LONG).await,
+            Ok(tower_idempotency::store::Claim::Done(_))
+        ),
+        "the claims kept"
+    );
+    let mut indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT CAST(INDEX_NAME AS CHAR) FROM information_schema.STATISTICS \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+    )
+    .bind(&inbox)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    indexes.sort();
+    assert_eq!(indexes, ["PRIMARY", "due_idx", "stale_idx"]);
+    let request = tower_idempotency::store::inbox::StoredRequest::new(
+        http::Method::POST,
+        "/hook",
+        Vec::new(),
+        bytes::Bytes::from_static(b"{}"),
+    );
+    assert_eq!(
+        store.enqueue(&key, &request).await.unwrap(),
+        Enqueued::Stored
+    );
+    let taken = store.take(&Take::default()).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].request, request);
+    store
+        .settle(&taken[0].lease, &Settlement::Done, &[])
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+/// The state column refuses a state the inbox does not know.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inbox_table_checks_its_states() {
+    let _inbox = tower_idempotency::conformance::INBOX_TABLE.lock().await;
+    let Some(store) = inbox_suite::instance().await else {
+        return;
+    };
+    let ns = common::unique_namespace("inbox-check");
+    let insert = sqlx::query(
+        "INSERT INTO inbox_conformance_inbox (namespace, `key`, state, attempts, crashes, \
+         received_at, due_at, renewed_at) \
+         VALUES (?, 'evt_1', 'processing', 0, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
+         UTC_TIMESTAMP(6))",
+    )
+    .bind(&ns)
+    .execute(store.pool())
+    .await;
+    assert!(insert.is_err(), "{insert:?}");
+}
+
+/// An entry whose stored bytes are damaged reads as an error, never a panic: its request, its
+/// history, and a take that meets it (which then changes nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_inbox_entry_is_an_error() {
+    use tower_idempotency::store::inbox::{EntryState, InboxStore, Take};
+    let Some(pool) = common::db::mysql_pool().await else {
+        return;
+    };
+    // A table of its own: the damaged entry must not stop the other tests' takes.
+    let table = format!("inbox_damaged_{}", std::process::id());
+    let store = MySqlStore::new(pool.clone())
+        .with_table_name(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    let ns = common::unique_namespace("inbox-damaged");
+    let key = common::key_in(&ns, "evt_1");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {table}_inbox (namespace, `key`, state, attempts, crashes, received_at, \
+         due_at, renewed_at, request, history) \
+         VALUES (?, ?, 'queued', 0, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
+         'TIR1 not a request', 'TIH1')"
+    )))
+    .bind(key.namespace())
+    .bind(key.value())
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert!(matches!(
+        store.stored_request(&key).await,
+        Err(StoreError::Backend(_))
+    ));
+    assert!(matches!(
+        store.entry(&key).await,
+        Err(StoreError::Backend(_))
+    ));
+    assert!(matches!(
+        store.take(&Take::default()).await,
+        Err(StoreError::Backend(_))
+    ));
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {table}_inbox SET history = NULL"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let entry = store.entry(&key).await.unwrap().unwrap();
+    assert_eq!(
+        (entry.state, entry.attempts),
+        (EntryState::Queued, 0),
+        "the failed take changed nothing"
+    );
+    let drop = format!("DROP TABLE {table}, {table}_versions, {table}_inbox");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+/// Duplicates of an inbox entry leave InnoDB's redo log where it was: they write nothing (on
+/// MariaDB the insert returns the existing row, assigning a column to itself; on MySQL it
+/// fails on the key and the state is read). A new entry moves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbox_duplicate_writes_nothing() {
+    use tower_idempotency::store::inbox::{Enqueued, EntryState, InboxStore, StoredRequest};
+    // Alone: the other tests' writes would move the log.
+    let _alone = common::SHARED_TABLE.write().await;
+    let _inbox = tower_idempotency::conformance::INBOX_TABLE.lock().await;
+    let Some(store) = inbox_suite::instance().await else {
+        return;
+    };
+    let pool = store.pool().clone();
+    let request = StoredRequest::new(
+        http::Method::POST,
+        "/hook",
+        Vec::new(),
+        bytes::Bytes::from_static(b"{}"),
+    );
+    for store in [store.clone(), store.with_flavor(MySqlFlavor::MySql)] {
+        let ns = common::unique_namespace("inbox-log-alone");
+        let key = common::key_in(&ns, "evt_1");
+        assert_eq!(
+            store.enqueue(&key, &request).await.unwrap(),
+            Enqueued::Stored
+        );
+        let mut still = false;
+        for _ in 0..40 {
+            let before = log_position(&pool).await;
+            for _ in 0..3 {
+                assert_eq!(
+                    store.enqueue(&key, &request).await.unwrap(),
+                    Enqueued::Duplicate(EntryState::Queued)
+                );
+            }
+            if log_position(&pool).await == before {
+                still = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(still, "every round of duplicates moved the log");
+        let before = log_position(&pool).await;
+        let other = common::key_in(&ns, "evt_2");
+        assert_eq!(
+            store.enqueue(&other, &request).await.unwrap(),
+            Enqueued::Stored
+        );
+        assert_ne!(
+            log_position(&pool).await,
+            before,
+            "an enqueue that stores moves the log"
+        );
+        store.discard(&key).await.unwrap();
+        store.discard(&other).await.unwrap();
+    }
 }

@@ -109,7 +109,7 @@ pub use inbox::{
     enqueue_once_then_duplicates, entries_and_stats, give_back_takes_the_attempt_back,
     hold_leaves_a_crashed_entry_running, instances_enqueue_and_take_each_once,
     purge_keeps_dead_requests, reclaim_counts_crashes_and_ends_dead,
-    retry_then_dead_then_retry_now, take_ours,
+    retry_then_dead_then_retry_now, settle_many_answers_each, take_ours,
 };
 pub use races::{concurrent_claims_have_one_winner, race_many_events, race_one_event};
 pub use receipts::{

@@ -61,7 +61,7 @@ impl<S: Store> StoreOrSkip for Option<S> {
 ///   implements it (2 tests);
 /// - `inbox: $make` — module `inbox`: the [`InboxStore`](crate::store::inbox::InboxStore)
 ///   contract, from [`enqueue_once_then_duplicates`](crate::conformance::enqueue_once_then_duplicates)
-///   to [`purge_keeps_dead_requests`](crate::conformance::purge_keeps_dead_requests) (7 tests);
+///   to [`settle_many_answers_each`](crate::conformance::settle_many_answers_each) (8 tests);
 /// - `inbox_races: $instance` — module `inbox_races`: four instances enqueueing and taking at
 ///   once ([`instances_enqueue_and_take_each_once`](crate::conformance::instances_enqueue_and_take_each_once)).
 ///
@@ -197,6 +197,7 @@ macro_rules! conformance_suite {
                 $crate::conformance_suite!(@inbox $inbox, give_back_takes_the_attempt_back);
                 $crate::conformance_suite!(@inbox $inbox, entries_and_stats);
                 $crate::conformance_suite!(@inbox $inbox, purge_keeps_dead_requests);
+                $crate::conformance_suite!(@inbox $inbox, settle_many_answers_each);
             }
         )?
         $(

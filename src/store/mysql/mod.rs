@@ -199,6 +199,65 @@
 //!   row (ours: `Applied`) or left it at a newer version (`Outdated`), whatever the versions
 //!   compare. MariaDB returns the row (one round trip); MySQL reads it with `SELECT … FOR
 //!   UPDATE` unless it was new (one or two).
+//!
+//! # Inbox
+//!
+//! [`migrate`](MySqlStore::migrate) also creates the table of the
+//! [inbox](crate::store::inbox), `<table>_inbox` (`IF NOT EXISTS`: a database of an earlier
+//! release gets it on its next `migrate()`). Its timestamps are the server's
+//! `UTC_TIMESTAMP(6)`, as the claims' are.
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS `idempotency_keys_inbox` (
+//!     namespace   VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+//!     `key`       VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+//!     state       VARCHAR(10)  CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+//!     token       BIGINT       NULL,
+//!     attempts    INT          NOT NULL,
+//!     crashes     INT          NOT NULL,
+//!     received_at DATETIME(6)  NOT NULL,
+//!     due_at      DATETIME(6)  NOT NULL,
+//!     renewed_at  DATETIME(6)  NOT NULL,
+//!     settled_at  DATETIME(6)  NULL,
+//!     request     LONGBLOB     NULL,
+//!     history     BLOB         NULL,
+//!     PRIMARY KEY (namespace, `key`),
+//!     KEY due_idx (state, due_at),
+//!     KEY stale_idx (state, renewed_at),
+//!     CONSTRAINT `idempotency_keys_inbox_check`
+//!         CHECK (state IN ('queued', 'running', 'done', 'dead'))
+//! ) ENGINE = InnoDB
+//! ```
+//!
+//! `request` is [`StoredRequest::encode`](crate::store::inbox::StoredRequest::encode)'s bytes
+//! (NULL once retention deleted it), `history`
+//! [`Attempt::encode_history`](crate::store::inbox::Attempt::encode_history)'s. `token` is the
+//! lease's while the entry runs, NULL once settled; a new entry keeps the random mark its
+//! insert wrote there.
+//!
+//! - `enqueue`: on MariaDB 10.5+, one `INSERT … ON DUPLICATE KEY UPDATE token = token
+//!   RETURNING state, token`: the returned mark says whether it inserted; a duplicate assigns a
+//!   column to itself, which InnoDB skips, writing nothing. On MySQL and older MariaDB, a plain
+//!   `INSERT` (one round trip for a new key); a duplicate fails on the primary key (error 1062,
+//!   nothing written) and its state is read (a second).
+//! - `take`: one transaction at READ COMMITTED (so InnoDB locks no gaps, and keeps no lock on a
+//!   row it passes over): `SELECT … FORCE INDEX (due_idx) WHERE state = 'queued' AND due_at <=
+//!   now ORDER BY due_at LIMIT n FOR UPDATE SKIP LOCKED` and, under reclaim, the same of the
+//!   running entries not renewed for the stale limit (by `stale_idx`); the rows are merged in
+//!   due order, and one `UPDATE … JOIN (SELECT ? … UNION ALL …)` gives each taken row its new
+//!   token (made in the process) and counts its attempt, and makes dead a crashed one with no
+//!   attempt left; then `COMMIT`. A take never waits for an entry another worker holds, and
+//!   workers on every instance take each entry once. It needs `SKIP LOCKED`: MySQL 8.0.1 or
+//!   MariaDB 10.6 and later. InnoDB's deadlock victim (error 1213) runs again, up to three
+//!   times.
+//! - `renew_entry`, `settle`: one `UPDATE` each of the entry's row, fenced by `token = ? AND
+//!   state = 'running'`; no row matched is a lost lease.
+//! - `entries`, `entry`, `stored_request`, `retry_now`, `retry_dead`, `discard`: one statement
+//!   each, ages by the server's clock. `inbox_stats`: one `GROUP BY state` over `due_idx`,
+//!   which holds the key too, so no row is read and done entries are skipped.
+//! - `purge_inbox`: an `UPDATE … SET request = NULL … LIMIT ?` and a `DELETE … LIMIT ?`, each
+//!   at READ COMMITTED, walking `due_idx` over the done entries due before the age (a done entry
+//!   was due before it was settled: `discard` moves a due time still ahead back to now).
 
 use std::fmt;
 use std::sync::Arc;
@@ -211,11 +270,13 @@ use super::sql::{ResultExt as _, Table, TableName};
 use super::{ConfigError, StoreError};
 
 mod claims;
+mod inbox;
 mod queries;
 mod server;
 mod transactional;
 mod versions;
 
+use inbox::InboxQueries;
 use queries::{ClaimQueries, add_receipt, queries, upgrade};
 use server::{check_sql_mode, flavor_of, is_mariadb};
 
@@ -247,6 +308,8 @@ pub struct MySqlStore {
     table: Table<MySql>,
     /// The statements only this backend has.
     claims: Arc<ClaimQueries>,
+    /// The statements of the inbox table.
+    inbox: Arc<InboxQueries>,
     flavor: Arc<OnceCell<MySqlFlavor>>,
 }
 
@@ -254,17 +317,22 @@ impl MySqlStore {
     /// A store on `pool`, in the table `idempotency_keys`. It finds out on first use whether
     /// the server is MariaDB or MySQL.
     pub fn new(pool: MySqlPool) -> Self {
-        let (sql, claims) = queries(TableName::default_table());
+        let table = TableName::default_table();
+        let inbox = InboxQueries::new(&table);
+        let (sql, claims) = queries(table);
         Self {
             table: Table::new(pool, sql),
             claims: Arc::new(claims),
+            inbox: Arc::new(inbox),
             flavor: Arc::default(),
         }
     }
 
     /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes.
     pub fn with_table_name(mut self, name: &str) -> Result<Self, ConfigError> {
-        let (sql, claims) = queries(TableName::parse(name, false)?);
+        let table = TableName::parse(name, false)?;
+        self.inbox = Arc::new(InboxQueries::new(&table));
+        let (sql, claims) = queries(table);
         self.table = self.table.with_queries(sql);
         self.claims = Arc::new(claims);
         Ok(self)
@@ -322,10 +390,12 @@ impl MySqlStore {
         &self.table.pool
     }
 
-    /// Creates the table with its indexes if it does not exist (one `CREATE TABLE`), and
-    /// upgrades a table made by an earlier release (one `ALTER TABLE`, its rows kept). Safe
-    /// to call at every start-up, from several instances at once: a named lock (`GET_LOCK`)
-    /// lets one of them at a time in.
+    /// Creates the table with its indexes if it does not exist (one `CREATE TABLE`, and one
+    /// more each for the [versions](crate::store::mysql#entity-versions-the-version-guard)
+    /// and the [inbox](crate::store::mysql#inbox) tables), and upgrades a table made by an
+    /// earlier release (one `ALTER TABLE`, its rows kept). Safe to call at every start-up,
+    /// from several instances at once: a named lock (`GET_LOCK`) lets one of them at a time
+    /// in.
     ///
     /// Fails, changing nothing, when the server's SQL mode (its default, or this connection's)
     /// includes MariaDB's `SIMULTANEOUS_ASSIGNMENT`, under which claims are not safe (see the
@@ -444,6 +514,10 @@ impl MySqlStore {
         }
         self.drop_old_indexes(conn).await?;
         sqlx::raw_sql(AssertSqlSafe(self.table.sql.versions.migrate.clone()))
+            .execute(&mut *conn)
+            .await
+            .store()?;
+        sqlx::raw_sql(AssertSqlSafe(self.inbox.migrate.clone()))
             .execute(&mut *conn)
             .await
             .store()?;

@@ -61,6 +61,8 @@ pub(super) fn check_sql_mode(session: &str, global: &str) -> Result<(), StoreErr
     )))
 }
 
+/// ER_DUP_ENTRY.
+pub(super) const DUPLICATE_KEY: u16 = 1062;
 /// ER_LOCK_WAIT_TIMEOUT.
 pub(super) const LOCK_WAIT_TIMEOUT: u16 = 1205;
 /// ER_LOCK_DEADLOCK.

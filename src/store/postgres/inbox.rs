@@ -10,7 +10,7 @@ use sqlx::{AssertSqlSafe, Row as _};
 use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
 use crate::store::inbox::{
-    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement,
+    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement, Settling,
     StoredRequest, Take, Taken, Wake,
 };
 use crate::store::sql::{
@@ -220,14 +220,7 @@ impl InboxStore for PostgresStore {
         settlement: &Settlement,
         history: &[Attempt],
     ) -> Result<(), StoreError> {
-        let (state, due_in, taken_back, history) = match *settlement {
-            Settlement::Done => (EntryState::Done, None, 0, Some(history)),
-            Settlement::Dead => (EntryState::Dead, None, 0, Some(history)),
-            Settlement::Retry { after } => {
-                (EntryState::Queued, Some(micros(after)), 0, Some(history))
-            }
-            Settlement::GiveBack => (EntryState::Queued, Some(0), 1, None),
-        };
+        let (state, due_in, taken_back, history) = settled(settlement, history);
         let done = sqlx::query(AssertSqlSafe(self.inbox.settle.clone()))
             .bind(lease.key().namespace())
             .bind(lease.key().value())
@@ -235,11 +228,71 @@ impl InboxStore for PostgresStore {
             .bind(state.as_str())
             .bind(due_in)
             .bind(taken_back)
-            .bind(history.map(Attempt::encode_history))
+            .bind(history)
             .execute(self.pool())
             .await
             .store()?;
         held(done.rows_affected())
+    }
+
+    async fn settle_many(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
+        if batch.len() < 2 {
+            let mut results = Vec::with_capacity(batch.len());
+            for one in batch {
+                results.push(self.settle(&one.lease, &one.settlement, &one.history).await);
+            }
+            return results;
+        }
+        let mut columns = SettleColumns::default();
+        for one in batch {
+            let (state, due_in, taken_back, history) = settled(&one.settlement, &one.history);
+            columns.namespaces.push(one.lease.key().namespace());
+            columns.keys.push(one.lease.key().value());
+            columns.tokens.push(one.lease.token().to_i64());
+            columns.states.push(state.as_str());
+            columns.due.push(due_in);
+            columns.taken_back.push(taken_back);
+            columns.histories.push(history);
+        }
+        let rows = sqlx::query(AssertSqlSafe(self.inbox.settle_many.clone()))
+            .bind(columns.namespaces)
+            .bind(columns.keys)
+            .bind(columns.tokens)
+            .bind(columns.states)
+            .bind(columns.due)
+            .bind(columns.taken_back)
+            .bind(columns.histories)
+            .fetch_all(self.pool())
+            .await;
+        let settled: std::collections::HashSet<(String, String, i64)> = match rows {
+            Ok(rows) => rows
+                .iter()
+                .map(|row| (row.get(0), row.get(1), row.get(2)))
+                .collect(),
+            Err(error) => {
+                let error = std::sync::Arc::new(error);
+                return batch
+                    .iter()
+                    .map(|_| Err(StoreError::backend(SharedError(error.clone()))))
+                    .collect();
+            }
+        };
+        batch
+            .iter()
+            .map(|one| {
+                let key = one.lease.key();
+                let row = (
+                    key.namespace().to_owned(),
+                    key.value().to_owned(),
+                    one.lease.token().to_i64(),
+                );
+                if settled.contains(&row) {
+                    Ok(())
+                } else {
+                    Err(StoreError::LeaseLost)
+                }
+            })
+            .collect()
     }
 
     async fn entries(
@@ -360,5 +413,48 @@ fn held(changed: u64) -> Result<(), StoreError> {
     match changed {
         0 => Err(StoreError::LeaseLost),
         _ => Ok(()),
+    }
+}
+
+/// What a settlement writes: the state, the next due time (microseconds from now), the
+/// attempt taken back, and the encoded history (none for a give-back, which keeps it).
+fn settled(
+    settlement: &Settlement,
+    history: &[Attempt],
+) -> (EntryState, Option<i64>, i32, Option<Vec<u8>>) {
+    let encoded = || Some(Attempt::encode_history(history));
+    match *settlement {
+        Settlement::Done => (EntryState::Done, None, 0, encoded()),
+        Settlement::Dead => (EntryState::Dead, None, 0, encoded()),
+        Settlement::Retry { after } => (EntryState::Queued, Some(micros(after)), 0, encoded()),
+        Settlement::GiveBack => (EntryState::Queued, Some(0), 1, None),
+    }
+}
+
+/// The columns of a batch of settlements, one array each.
+#[derive(Default)]
+struct SettleColumns<'a> {
+    namespaces: Vec<&'a str>,
+    keys: Vec<&'a str>,
+    tokens: Vec<i64>,
+    states: Vec<&'static str>,
+    due: Vec<Option<i64>>,
+    taken_back: Vec<i32>,
+    histories: Vec<Option<Vec<u8>>>,
+}
+
+/// One database error, told to every settlement of the batch it failed.
+#[derive(Debug)]
+struct SharedError(std::sync::Arc<sqlx::Error>);
+
+impl std::fmt::Display for SharedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
     }
 }

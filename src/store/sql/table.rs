@@ -117,7 +117,10 @@ impl TableName {
     }
 
     /// The inbox table: `<table>_inbox`, in the same schema. At most 55 bytes.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fn inbox(&self) -> Self {
         Self {
             schema: self.schema.clone(),

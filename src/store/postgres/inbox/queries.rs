@@ -19,6 +19,7 @@ pub(crate) struct InboxQueries {
     pub(crate) take: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) settle: Arc<str>,
+    pub(crate) settle_many: Arc<str>,
     pub(crate) entries: Arc<str>,
     pub(crate) entry: Arc<str>,
     pub(crate) request: Arc<str>,
@@ -152,6 +153,21 @@ FROM leased WHERE state = 'running' ORDER BY n"#
     history = COALESCE($7::bytea, history)
 WHERE {held}"#
     );
+    // Several settlements in one statement: the arrays hold one element per lease, as the
+    // parameters of `settle` do; answers the (namespace, key, token) of each row settled.
+    let settle_many = format!(
+        r#"UPDATE {t} AS t SET state = v.state, token = NULL,
+    settled_at = CASE WHEN v.state IN ('done', 'dead') THEN now() ELSE t.settled_at END,
+    due_at = CASE WHEN v.due_us IS NULL THEN t.due_at
+        ELSE now() + v.due_us * interval '1 microsecond' END,
+    attempts = GREATEST(t.attempts - v.taken_back, 0),
+    history = COALESCE(v.history, t.history)
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::integer[],
+    $7::bytea[]) AS v(namespace, "key", token, state, due_us, taken_back, history)
+WHERE t.namespace = v.namespace AND t."key" = v."key" AND t.token = v.token
+    AND t.state = 'running'
+RETURNING t.namespace, t."key", v.token"#
+    );
     let described = format!(
         r#"namespace, "key", state, attempts, crashes, {age} AS age_us,
     CASE WHEN state = 'queued' THEN {due} END AS due_us,
@@ -237,6 +253,7 @@ WHERE t.namespace = old.namespace AND t."key" = old."key""#,
         take: take.into(),
         renew: renew.into(),
         settle: settle.into(),
+        settle_many: settle_many.into(),
         entries: entries.into(),
         entry: entry.into(),
         request: request.into(),
