@@ -172,3 +172,158 @@ mod memory {
         .await;
     }
 }
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn thousand_events_three_copies_four_instances() {
+        let path = super::common::db::sqlite_file("inbox-load");
+        let first = super::common::inbox::sqlite(path, "inbox_load").await;
+        super::common::inbox::emptied(&first).await;
+        super::thousand_events_three_copies_four_instances("sqlite", || async {
+            Some(super::common::inbox::sqlite(path, "inbox_load").await)
+        })
+        .await;
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::common::inbox::{emptied, postgres};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn thousand_events_three_copies_four_instances() {
+        let Some(first) = postgres("inbox_load").await else {
+            return;
+        };
+        emptied(&first).await;
+        super::thousand_events_three_copies_four_instances("postgres", || postgres("inbox_load"))
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_transaction_neither_stalls_the_workers_nor_doubles_a_run() {
+        let Some(store) = postgres("inbox_idle").await else {
+            return;
+        };
+        emptied(&store).await;
+        let locker = store.pool().clone();
+        super::idle_transaction(store, |event| async move {
+            let mut tx = locker.begin().await.unwrap();
+            sqlx::query(
+                r#"SELECT 1 FROM "inbox_idle_inbox" WHERE namespace = 'default@/hooks' AND "key" = $1 FOR UPDATE"#,
+            )
+                .bind(event)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            let release: super::Release =
+                Box::new(move || Box::pin(async move { tx.commit().await.unwrap() }));
+            release
+        })
+        .await;
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::common::inbox::{emptied, mysql};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn thousand_events_three_copies_four_instances() {
+        let Some(first) = mysql("inbox_load").await else {
+            return;
+        };
+        emptied(&first).await;
+        super::thousand_events_three_copies_four_instances("mysql", || mysql("inbox_load")).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_transaction_neither_stalls_the_workers_nor_doubles_a_run() {
+        let Some(store) = mysql("inbox_idle").await else {
+            return;
+        };
+        emptied(&store).await;
+        let locker = store.pool().clone();
+        super::idle_transaction(store, |event| async move {
+            let mut tx = locker.begin().await.unwrap();
+            sqlx::query(
+                "SELECT 1 FROM `inbox_idle_inbox` WHERE namespace = 'default@/hooks' AND `key` = ? FOR UPDATE",
+            )
+                .bind(event)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            let release: super::Release =
+                Box::new(move || Box::pin(async move { tx.commit().await.unwrap() }));
+            release
+        })
+        .await;
+    }
+}
+
+/// Ends a transaction held elsewhere on the database.
+type Release =
+    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send>;
+
+/// 20 events stored; another connection locks one entry's row in a transaction it leaves
+/// idle (`lock(event)` answers how to end it). The workers run the other 19 meanwhile, the
+/// locked one not at all; once the transaction ends, it runs, and each event ran once.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn idle_transaction<St, F, Fut>(store: St, lock: F)
+where
+    St: InboxStore + Clone,
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Release>,
+{
+    let runs: Runs = Arc::default();
+    let inbox = Inbox::new(store);
+    let counted = runs.clone();
+    let app = Router::new().route(
+        "/hooks",
+        post(move |body: String| async move {
+            *counted.lock().unwrap().entry(body).or_default() += 1;
+            StatusCode::NO_CONTENT
+        })
+        .layer(inbox.layer().key(key::header("x-event-id"))),
+    );
+    let ns = common::unique_namespace("idle");
+    for n in 0..20 {
+        let event = format!("{ns}-{n}");
+        let req = Request::post("/hooks")
+            .header("x-event-id", &event)
+            .body(axum::body::Body::from(event.clone()))
+            .unwrap();
+        let res = tower::ServiceExt::oneshot(app.clone(), req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::ACCEPTED);
+    }
+    let locked = format!("{ns}-7");
+    let release = lock(locked.clone()).await;
+    let workers = inbox
+        .workers(app.clone())
+        .poll_interval(Duration::from_millis(50))
+        .spawn();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while runs.lock().unwrap().len() < 19 {
+        assert!(
+            Instant::now() < deadline,
+            "the workers stalled behind a locked row"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !runs.lock().unwrap().contains_key(&locked),
+        "the locked entry ran while its row was locked"
+    );
+    release().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !runs.lock().unwrap().contains_key(&locked) {
+        assert!(Instant::now() < deadline, "the locked entry never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    workers.stop().await;
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.len(), 20);
+    assert!(runs.values().all(|n| *n == 1), "{runs:?}");
+}

@@ -34,7 +34,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tower_idempotency::inbox::{Backoff, Inbox};
-use tower_idempotency::store::inbox::{EntryState, InboxStore, Settlement, Take};
+use tower_idempotency::store::inbox::{EntryState, InboxStore};
 use tower_idempotency::{IdempotencyKey, Stale, key};
 
 const CHILD_VAR: &str = "TOWER_IDEMPOTENCY_INBOX_CHILD";
@@ -151,34 +151,15 @@ async fn play<St: InboxStore + Clone>(mode: &str, policy: &str, store: St) {
 // The stores
 // ---------------------------------------------------------------------------------------
 
-#[cfg(feature = "postgres")]
-async fn postgres(table: &str) -> Option<tower_idempotency::store::PostgresStore> {
-    let pool = common::db::postgres_pool().await?;
-    let store = tower_idempotency::store::PostgresStore::new(pool)
-        .with_table_name(table)
-        .unwrap();
-    store.migrate().await.expect("migrate");
-    Some(store)
-}
-
+use common::inbox::emptied;
 #[cfg(feature = "mysql")]
-async fn mysql(table: &str) -> Option<tower_idempotency::store::MySqlStore> {
-    let pool = common::db::mysql_pool().await?;
-    let store = tower_idempotency::store::MySqlStore::new(pool)
-        .with_table_name(table)
-        .unwrap();
-    store.migrate().await.expect("migrate");
-    Some(store)
-}
+use common::inbox::mysql;
+#[cfg(feature = "postgres")]
+use common::inbox::postgres;
 
 #[cfg(feature = "sqlite")]
 async fn sqlite(path: &str, table: &str) -> tower_idempotency::store::SqliteStore {
-    let pool = common::db::sqlite_file_pool(std::path::Path::new(path)).await;
-    let store = tower_idempotency::store::SqliteStore::new(pool)
-        .with_table_name(table)
-        .unwrap();
-    store.migrate().await.expect("migrate");
-    store
+    common::inbox::sqlite(std::path::Path::new(path), table).await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -208,7 +189,11 @@ impl Child {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if line.starts_with("TOWER-IDEMPOTENCY-INBOX-CHILD") && tx.send(line).is_err() {
+                // The harness may print the test's name on the same line first.
+                let Some(at) = line.find("TOWER-IDEMPOTENCY-INBOX-CHILD") else {
+                    continue;
+                };
+                if tx.send(line[at..].to_owned()).is_err() {
                     break;
                 }
             }
@@ -268,38 +253,6 @@ async fn until(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// Empties the test's table of what an earlier run left, running entries included.
-async fn emptied<St: InboxStore>(store: &St) {
-    let everything = Take {
-        limit: 1000,
-        stale: Stale::reclaim_after(Duration::ZERO),
-        max_attempts: u32::MAX,
-    };
-    loop {
-        let taken = store.take(&everything).await.unwrap();
-        if taken.is_empty() {
-            break;
-        }
-        for entry in taken {
-            store
-                .settle(&entry.lease, &Settlement::Done, &[])
-                .await
-                .unwrap();
-        }
-    }
-    for entry in store
-        .entries(None, &[EntryState::Dead], 100_000)
-        .await
-        .unwrap()
-    {
-        let _ = store.discard(&entry.key).await;
-    }
-    store
-        .purge_inbox(Duration::ZERO, Duration::ZERO, 100_000)
-        .await
-        .unwrap();
 }
 
 /// A worker killed mid-handler, under `policy`; `store` is the parent's handle on the

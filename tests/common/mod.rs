@@ -21,6 +21,7 @@
 pub mod advance;
 pub mod db;
 pub mod hot_path;
+pub mod inbox;
 pub mod proxy;
 pub mod receipts;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]

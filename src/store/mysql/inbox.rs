@@ -370,22 +370,47 @@ impl InboxStore for MySqlStore {
         }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut conn = self.table.pool.acquire().await.store()?;
-        let mut purge = async |sql: &std::sync::Arc<str>, after: Duration| {
-            sqlx::raw_sql(READ_COMMITTED)
-                .execute(&mut *conn)
-                .await
-                .store()?;
-            let done = sqlx::query(AssertSqlSafe(sql.clone()))
-                .bind(micros(after))
-                .bind(micros(after))
-                .bind(limit)
-                .execute(&mut *conn)
-                .await
-                .store()?;
-            Ok::<_, StoreError>(done.rows_affected())
-        };
-        let requests = purge(&self.inbox.purge_requests, requests_after).await?;
-        let entries = purge(&self.inbox.purge_entries, entries_after).await?;
+        // Each part in a transaction of its own: pick with SKIP LOCKED, then change the rows
+        // picked, one statement each (a batch is at most `limit` rows).
+        let mut purge =
+            async |pick: &std::sync::Arc<str>, change: &std::sync::Arc<str>, after: Duration| {
+                sqlx::raw_sql(READ_COMMITTED)
+                    .execute(&mut *conn)
+                    .await
+                    .store()?;
+                let mut tx = sqlx::Connection::begin(&mut *conn).await.store()?;
+                let picked: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(pick.clone()))
+                    .bind(micros(after))
+                    .bind(micros(after))
+                    .bind(limit)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .store()?;
+                let mut changed = 0;
+                for (namespace, key) in &picked {
+                    let done = sqlx::query(AssertSqlSafe(change.clone()))
+                        .bind(namespace)
+                        .bind(key)
+                        .execute(&mut *tx)
+                        .await
+                        .store()?;
+                    changed += done.rows_affected();
+                }
+                tx.commit().await.store()?;
+                Ok::<_, StoreError>(changed)
+            };
+        let requests = purge(
+            &self.inbox.purge_requests,
+            &self.inbox.purge_request_of,
+            requests_after,
+        )
+        .await?;
+        let entries = purge(
+            &self.inbox.purge_entries,
+            &self.inbox.purge_entry_of,
+            entries_after,
+        )
+        .await?;
         Ok(Purged::new(requests, entries))
     }
 }

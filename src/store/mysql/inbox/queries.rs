@@ -70,8 +70,12 @@ pub(crate) struct InboxQueries {
     /// Deletes the stored request of done entries settled at least the age ago (age, age,
     /// limit).
     pub(crate) purge_requests: Arc<str>,
-    /// Deletes done entries settled at least the age ago (age, age, limit).
+    /// Picks done entries settled at least the age ago (age, age, limit).
     pub(crate) purge_entries: Arc<str>,
+    /// Deletes one picked entry's request (namespace, key).
+    pub(crate) purge_request_of: Arc<str>,
+    /// Deletes one picked entry (namespace, key).
+    pub(crate) purge_entry_of: Arc<str>,
     /// The quoted table, for the take's update (whose text depends on how many rows it
     /// changes).
     table: String,
@@ -181,13 +185,23 @@ GROUP BY state"#
             "state = 'done' AND due_at <= {NOW} - INTERVAL ? MICROSECOND \
              AND settled_at <= {NOW} - INTERVAL ? MICROSECOND"
         );
+        // A purge picks its rows first, skipping any a transaction elsewhere holds: a row
+        // locked by someone else never stalls it, nor the workers queued behind it.
         let purge_requests = format!(
-            "UPDATE {t} SET request = NULL WHERE {settled_before} AND request IS NOT NULL \
-             ORDER BY due_at LIMIT ?"
+            "SELECT namespace, `key` FROM {t} FORCE INDEX (due_idx) \
+             WHERE {settled_before} AND request IS NOT NULL \
+             ORDER BY due_at LIMIT ? FOR UPDATE SKIP LOCKED"
         );
-        let purge_entries =
-            format!("DELETE FROM {t} WHERE {settled_before} ORDER BY due_at LIMIT ?");
+        let purge_entries = format!(
+            "SELECT namespace, `key` FROM {t} FORCE INDEX (due_idx) \
+             WHERE {settled_before} ORDER BY due_at LIMIT ? FOR UPDATE SKIP LOCKED"
+        );
         Self {
+            purge_request_of: format!(
+                "UPDATE {t} SET request = NULL WHERE {at_key} AND state = 'done'"
+            )
+            .into(),
+            purge_entry_of: format!("DELETE FROM {t} WHERE {at_key} AND state = 'done'").into(),
             migrate: migrate.into(),
             insert: insert.into(),
             insert_returning: insert_returning.into(),
@@ -214,7 +228,9 @@ GROUP BY state"#
     /// The take's update of `rows` locked entries, in one statement: each row (namespace, key,
     /// its new token or NULL, 1 if it crashed or 0) is taken under its token, or, without one,
     /// made dead. The assignments of a multiple-table `UPDATE` run in no set order: each reads
-    /// only its own column and the bound row.
+    /// only its own column and the bound row. `STRAIGHT_JOIN` reads the bound rows first and
+    /// finds each entry by its primary key: a plan that walked the table instead would wait on
+    /// every row a transaction elsewhere holds, the ones the take skipped included.
     pub(crate) fn take_update(&self, rows: usize) -> String {
         let text = "CAST(? AS CHAR CHARACTER SET utf8mb4) COLLATE utf8mb4_bin";
         let bound = std::iter::once(format!(
@@ -225,9 +241,9 @@ GROUP BY state"#
         .collect::<Vec<_>>()
         .join("\n    UNION ALL ");
         format!(
-            r#"UPDATE {t} AS t JOIN (
+            r#"UPDATE (
     {bound}
-) AS v ON t.namespace = v.namespace AND t.`key` = v.k
+) AS v STRAIGHT_JOIN {t} AS t ON t.namespace = v.namespace AND t.`key` = v.k
 SET t.crashes = t.crashes + v.crashed,
     t.attempts = IF(v.token IS NULL, t.attempts, t.attempts + 1),
     t.renewed_at = IF(v.token IS NULL, t.renewed_at, {NOW}),

@@ -1,0 +1,72 @@
+//! What the inbox's test binaries share: stores on tables of their own, and emptying them.
+
+use std::time::Duration;
+
+use tower_idempotency::Stale;
+use tower_idempotency::store::inbox::{EntryState, InboxStore, Settlement, Take};
+
+/// Empties an inbox of what an earlier run left, running entries included. Only for an inbox
+/// no worker uses: it takes every entry over.
+pub async fn emptied<St: InboxStore>(store: &St) {
+    let everything = Take {
+        limit: 1000,
+        stale: Stale::reclaim_after(Duration::ZERO),
+        max_attempts: u32::MAX,
+    };
+    loop {
+        let taken = store.take(&everything).await.unwrap();
+        if taken.is_empty() {
+            break;
+        }
+        for entry in taken {
+            store
+                .settle(&entry.lease, &Settlement::Done, &[])
+                .await
+                .unwrap();
+        }
+    }
+    for entry in store
+        .entries(None, &[EntryState::Dead], 100_000)
+        .await
+        .unwrap()
+    {
+        let _ = store.discard(&entry.key).await;
+    }
+    store
+        .purge_inbox(Duration::ZERO, Duration::ZERO, 1_000_000)
+        .await
+        .unwrap();
+}
+
+/// A migrated `PostgresStore` on a new pool, its claims and inbox in `table`.
+#[cfg(feature = "postgres")]
+pub async fn postgres(table: &str) -> Option<tower_idempotency::store::PostgresStore> {
+    let pool = super::db::postgres_pool().await?;
+    let store = tower_idempotency::store::PostgresStore::new(pool)
+        .with_table_name(table)
+        .unwrap();
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+/// A migrated `MySqlStore` on a new pool, its claims and inbox in `table`.
+#[cfg(feature = "mysql")]
+pub async fn mysql(table: &str) -> Option<tower_idempotency::store::MySqlStore> {
+    let pool = super::db::mysql_pool().await?;
+    let store = tower_idempotency::store::MySqlStore::new(pool)
+        .with_table_name(table)
+        .unwrap();
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+/// A migrated `SqliteStore` on a new pool on the file `path`, its claims and inbox in `table`.
+#[cfg(feature = "sqlite")]
+pub async fn sqlite(path: &std::path::Path, table: &str) -> tower_idempotency::store::SqliteStore {
+    let pool = super::db::sqlite_file_pool(path).await;
+    let store = tower_idempotency::store::SqliteStore::new(pool)
+        .with_table_name(table)
+        .unwrap();
+    store.migrate().await.expect("migrate");
+    store
+}
