@@ -1,12 +1,13 @@
 //! The operators' router on every store: what it lists and describes, what resolving and
 //! purging do to the next delivery, its errors, its refusal of cross-site requests, and its
-//! place behind the application's authentication.
+//! place behind the application's authentication; and, on the memory store, the inbox's
+//! routes: its entries and their history, their stored requests, retrying and discarding.
 
 mod common;
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -15,10 +16,19 @@ use axum::extract::Request as AxumRequest;
 use axum::http::{HeaderMap, Method, Request, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::Response as AxumResponse;
+use axum::routing::post;
 use bytes::Bytes;
+use http_body_util::Full;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 use tower_idempotency::admin::Admin;
+use tower_idempotency::body::BoxError;
+use tower_idempotency::inbox::{Backoff, Inbox};
+use tower_idempotency::store::MemoryStore;
+use tower_idempotency::store::inbox::{
+    Attempt, AttemptResult, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged,
+    Settlement, StoredRequest, Take, Taken,
+};
 use tower_idempotency::store::{
     Claim, Fingerprint, KeyRecord, Lease, Receipt, Resolution, Store, StoreError, StoredResponse,
     StuckClaim,
@@ -1018,5 +1028,660 @@ async fn a_long_list_of_claims_is_cut_at_its_limit() {
     for limit in ["0", "1001", "two", "-1", ""] {
         let uri = format!("/admin/claims?older_than_s=0&limit={limit}");
         assert_problem(&send(&app, get(&uri)).await, StatusCode::BAD_REQUEST);
+    }
+}
+
+// The inbox's routes, on the memory store (the store that holds an inbox).
+
+/// The admin router with the inbox's routes, at `/admin`.
+fn with_inbox(store: &MemoryStore) -> Router {
+    mounted(Admin::new(store.clone()).inbox())
+}
+
+fn entry_uri(key: &IdempotencyKey) -> String {
+    format!(
+        "/admin/inbox/entry?namespace={}&key={}",
+        encode(key.namespace()),
+        encode(key.value())
+    )
+}
+
+fn key_body(key: &IdempotencyKey) -> String {
+    json!({ "namespace": key.namespace(), "key": key.value() }).to_string()
+}
+
+/// The listed entries' keys, in order.
+fn listed_keys(answer: &Answer) -> Vec<&str> {
+    answer.body["entries"]
+        .as_array()
+        .unwrap_or_else(|| panic!("a list of entries: {}", answer.text))
+        .iter()
+        .map(|entry| entry["key"].as_str().unwrap())
+        .collect()
+}
+
+/// The entry of `key`, as the store describes it now.
+async fn inbox_entry(store: &MemoryStore, key: &IdempotencyKey) -> Entry {
+    store.entry(key).await.unwrap().expect("an entry")
+}
+
+/// Waits until the workers (tasks of their own) brought the entry of `key` to `state`.
+async fn until_state(store: &MemoryStore, key: &IdempotencyKey, state: EntryState) {
+    for _ in 0..12_000 {
+        if store.entry(key).await.unwrap().map(|e| e.state) == Some(state) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("{key} never became {state:?}");
+}
+
+fn stored(body: impl Into<Bytes>) -> StoredRequest {
+    StoredRequest::new(http::Method::POST, "/hooks", Vec::new(), body.into())
+}
+
+/// Stores a delivery of `id` in `ns`, as an inbox layer does.
+async fn enqueue(
+    store: &MemoryStore,
+    ns: &str,
+    id: &str,
+    request: &StoredRequest,
+) -> IdempotencyKey {
+    let key = key_in(ns, id);
+    assert_eq!(
+        store.enqueue(&key, request).await.unwrap(),
+        Enqueued::Stored
+    );
+    key
+}
+
+/// Takes the one due entry, which must be `key`'s.
+async fn take(store: &MemoryStore, key: &IdempotencyKey) -> Taken {
+    let mut taken = store
+        .take(&Take {
+            limit: 1,
+            ..Take::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1, "one entry due");
+    let taken = taken.remove(0);
+    assert_eq!(taken.lease.key(), key);
+    taken
+}
+
+/// A delivery to the inbox app's `/hooks`.
+fn hook(id: &str, body: &'static str) -> Request<Body> {
+    Request::post("/hooks")
+        .header("x-event-id", id)
+        .header(header::AUTHORIZATION, "Bearer sender-secret")
+        .body(Body::from(body))
+        .unwrap()
+}
+
+/// Entries stored by an inbox layer and run by its workers: failed attempts end dead, listed
+/// with their history (a status, an error); retried by hand, they run; the stored request is
+/// shown without the credentials the layer never keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_entry_shows_its_history_is_retried_and_runs() {
+    let store = MemoryStore::new();
+    let inbox = Inbox::new(store.clone());
+    let broken = Arc::new(AtomicBool::new(true));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = {
+        let (broken, runs) = (broken.clone(), runs.clone());
+        Router::new().route(
+            "/hooks",
+            post(move |body: String| async move {
+                if broken.load(Ordering::SeqCst) && body == "fail" {
+                    return StatusCode::INTERNAL_SERVER_ERROR;
+                }
+                runs.fetch_add(1, Ordering::SeqCst);
+                StatusCode::NO_CONTENT
+            })
+            .layer(
+                inbox
+                    .layer()
+                    .key(key::header("x-event-id").namespace("shop")),
+            ),
+        )
+    };
+    // The workers' service fails `evt_err` while broken, as a service whose dependency is down.
+    let service = {
+        let (app, broken) = (app.clone(), broken.clone());
+        tower::service_fn(move |req: Request<Full<Bytes>>| {
+            let (app, broken) = (app.clone(), broken.clone());
+            async move {
+                if broken.load(Ordering::SeqCst) && req.headers()["x-event-id"] == "evt_err" {
+                    return Err::<AxumResponse, BoxError>("the ledger is unreachable".into());
+                }
+                app.oneshot(req).await.map_err(BoxError::from)
+            }
+        })
+    };
+    for (id, body) in [
+        ("evt_err", "{}"),
+        ("evt_500", "fail"),
+        ("evt_ok", "{\"ok\":true}"),
+    ] {
+        let res = app.clone().oneshot(hook(id, body)).await.unwrap();
+        assert_eq!(res.status(), StatusCode::ACCEPTED, "{id}");
+    }
+    let ns = "shop@/hooks";
+    let (err, failing, ok) = (
+        key_in(ns, "evt_err"),
+        key_in(ns, "evt_500"),
+        key_in(ns, "evt_ok"),
+    );
+    let workers = inbox
+        .workers(service)
+        .backoff(Backoff::new(
+            Duration::from_millis(1),
+            Duration::from_millis(1),
+            2,
+        ))
+        .poll_interval(Duration::from_millis(5))
+        .spawn();
+    until_state(&store, &err, EntryState::Dead).await;
+    until_state(&store, &failing, EntryState::Dead).await;
+    until_state(&store, &ok, EntryState::Done).await;
+    let app = with_inbox(&store);
+
+    // Listed by default: the dead, not the done; the oldest first.
+    let listed = send(&app, get("/admin/inbox")).await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.text);
+    assert_eq!(listed.headers[header::CONTENT_TYPE], "application/json");
+    assert_eq!(
+        listed.body["stats"],
+        json!({ "queued": 0, "running": 0, "dead": 2, "oldest_due_s": null })
+    );
+    assert_eq!(listed_keys(&listed), ["evt_err", "evt_500"]);
+    let dead = &listed.body["entries"][0];
+    assert_eq!(dead["namespace"], ns);
+    assert_eq!(dead["state"], "dead");
+    assert_eq!(
+        (&dead["attempts"], &dead["crashes"]),
+        (&json!(2), &json!(0))
+    );
+    assert_eq!(
+        (&dead["due_in_s"], &dead["since_renewal_s"]),
+        (&Value::Null, &Value::Null)
+    );
+    assert_eq!(
+        (&dead["stuck"], &dead["has_request"]),
+        (&json!(false), &json!(true))
+    );
+    assert!(dead["age_s"].is_number(), "{dead}");
+    let history = dead["history"].as_array().unwrap();
+    assert_eq!(history.len(), 2, "{dead}");
+    for attempt in history {
+        assert_eq!(attempt["error"], "the ledger is unreachable", "{attempt}");
+        assert!(attempt["at_ms"].as_u64().unwrap() > 0, "{attempt}");
+        assert!(attempt["duration_ms"].is_u64(), "{attempt}");
+        assert!(attempt.get("status").is_none(), "{attempt}");
+    }
+    assert_eq!(dead["last"], history[1]);
+    let failed = &listed.body["entries"][1];
+    assert_eq!(failed["last"]["status"], 500, "{failed}");
+    let done = send(&app, get("/admin/inbox?state=done")).await;
+    assert_eq!(listed_keys(&done), ["evt_ok"]);
+    assert_eq!(done.body["entries"][0]["history"][0]["status"], 204);
+
+    // The request the workers ran, as the layer stored it: no credentials.
+    let shown = send(&app, get(&entry_uri(&ok))).await;
+    assert_eq!(shown.status, StatusCode::OK, "{}", shown.text);
+    assert_eq!(shown.body["state"], "done");
+    let request = &shown.body["request"];
+    assert_eq!(
+        (&request["method"], &request["uri"]),
+        (&json!("POST"), &json!("/hooks"))
+    );
+    let headers = request["headers"].as_array().unwrap();
+    assert!(
+        headers.contains(&json!(["x-event-id", "evt_ok"])),
+        "{request}"
+    );
+    assert!(
+        headers.iter().all(|pair| pair[0] != "authorization"),
+        "{request}"
+    );
+    assert_eq!(request["body"], "{\"ok\":true}");
+    assert_eq!(request["body_encoding"], "utf-8");
+    assert_eq!(
+        (&request["body_bytes"], &request["truncated"]),
+        (&json!(11), &json!(false))
+    );
+
+    // Retried by hand once its dependency is back: it runs, its attempts counted anew.
+    broken.store(false, Ordering::SeqCst);
+    let retried = send(&app, post_json("/admin/inbox/retry", key_body(&err))).await;
+    assert_eq!(retried.status, StatusCode::OK, "{}", retried.text);
+    assert_eq!(retried.body, json!({ "retried": true }));
+    until_state(&store, &err, EntryState::Done).await;
+    let entry = send(&app, get(&entry_uri(&err))).await;
+    assert_eq!(entry.body["state"], "done", "{}", entry.text);
+    assert_eq!(entry.body["attempts"], 1);
+    assert_eq!(entry.body["history"].as_array().unwrap().len(), 3);
+    assert_eq!(entry.body["last"]["status"], 204);
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "evt_ok, then evt_err");
+
+    // The namespace's dead, all at once: the one left runs.
+    let all = json!({ "namespace": ns }).to_string();
+    let retried = send(&app, post_json("/admin/inbox/retry-dead", all.clone())).await;
+    assert_eq!(retried.body, json!({ "retried": 1 }), "{}", retried.text);
+    until_state(&store, &failing, EntryState::Done).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    let none = send(&app, post_json("/admin/inbox/retry-dead", all)).await;
+    assert_eq!(none.body, json!({ "retried": 0 }));
+
+    // A done entry is neither retried nor discarded.
+    for route in ["/admin/inbox/retry", "/admin/inbox/discard"] {
+        let refused = send(&app, post_json(route, key_body(&err))).await;
+        assert_problem(&refused, StatusCode::NOT_FOUND);
+        let detail = refused.body["detail"].as_str().unwrap();
+        assert!(detail.contains("is done"), "{detail}");
+    }
+    workers.stop().await;
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+/// Discarding marks a queued entry done without running it: no worker takes it, and its
+/// next copy is a duplicate. A running entry is not discarded.
+#[tokio::test]
+async fn discard_marks_an_entry_done() {
+    let store = MemoryStore::new();
+    let inbox = Inbox::new(store.clone());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let hooks = Router::new().route(
+        "/hooks",
+        post(move || async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            StatusCode::NO_CONTENT
+        })
+        .layer(
+            inbox
+                .layer()
+                .key(key::header("x-event-id").namespace("shop")),
+        ),
+    );
+    let res = hooks.clone().oneshot(hook("evt_1", "{}")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    let key = key_in("shop@/hooks", "evt_1");
+    let app = with_inbox(&store);
+
+    let discarded = send(&app, post_json("/admin/inbox/discard", key_body(&key))).await;
+    assert_eq!(discarded.status, StatusCode::OK, "{}", discarded.text);
+    assert_eq!(discarded.body, json!({ "discarded": true }));
+    let entry = send(&app, get(&entry_uri(&key))).await;
+    assert_eq!(entry.body["state"], "done", "{}", entry.text);
+    assert_eq!(entry.body["attempts"], 0);
+    assert_eq!(entry.body["last"], Value::Null);
+    assert!(
+        store.take(&Take::default()).await.unwrap().is_empty(),
+        "nothing to run"
+    );
+    let again = hooks.clone().oneshot(hook("evt_1", "{}")).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK, "a duplicate");
+    let refused = send(&app, post_json("/admin/inbox/discard", key_body(&key))).await;
+    assert_problem(&refused, StatusCode::NOT_FOUND);
+
+    // A running entry: its worker holds it.
+    let running = enqueue(&store, "shop@/hooks", "evt_2", &stored("{}")).await;
+    let _taken = take(&store, &running).await;
+    for route in ["/admin/inbox/discard", "/admin/inbox/retry"] {
+        let refused = send(&app, post_json(route, key_body(&running))).await;
+        assert_problem(&refused, StatusCode::NOT_FOUND);
+        let detail = refused.body["detail"].as_str().unwrap();
+        assert!(detail.contains("is running"), "{detail}");
+    }
+    assert_eq!(
+        inbox_entry(&store, &running).await.state,
+        EntryState::Running
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// The list: its default states, its filters by state and namespace, its limit, the oldest
+/// first; a history of each kind; a queued entry waiting for its retry; a running entry
+/// stuck past the stale limit.
+#[tokio::test]
+async fn the_inbox_is_listed_filtered_and_cut() {
+    let store = MemoryStore::new();
+    let running = enqueue(&store, "beta", "b_running", &stored("{}")).await;
+    let _held = take(&store, &running).await;
+    let dead = enqueue(&store, "alpha", "a_dead", &stored("{}")).await;
+    let taken = take(&store, &dead).await;
+    let history = [
+        Attempt::new(1_000, 40, AttemptResult::Status(503)),
+        Attempt::new(2_000, 7, AttemptResult::Error("boom".into())),
+        Attempt::new(3_000, 0, AttemptResult::Crashed),
+    ];
+    store
+        .settle(&taken.lease, &Settlement::Dead, &history)
+        .await
+        .unwrap();
+    let retrying = enqueue(&store, "alpha", "a_retrying", &stored("{}")).await;
+    let taken = take(&store, &retrying).await;
+    let later = Settlement::Retry {
+        after: Duration::from_secs(3600),
+    };
+    store
+        .settle(&taken.lease, &later, &history[..1])
+        .await
+        .unwrap();
+    for id in ["a_1", "a_2", "a_3"] {
+        enqueue(&store, "alpha", id, &stored("{}")).await;
+    }
+    let app = with_inbox(&store);
+
+    let all = send(&app, get("/admin/inbox")).await;
+    assert_eq!(all.status, StatusCode::OK, "{}", all.text);
+    assert_eq!(
+        listed_keys(&all),
+        ["b_running", "a_dead", "a_retrying", "a_1", "a_2", "a_3"]
+    );
+    let stats = &all.body["stats"];
+    assert_eq!(
+        (&stats["queued"], &stats["running"], &stats["dead"]),
+        (&json!(4), &json!(1), &json!(1))
+    );
+    assert!(stats["oldest_due_s"].is_number(), "{stats}");
+    let entries = all.body["entries"].as_array().unwrap();
+    let (b_running, a_dead, a_retrying) = (&entries[0], &entries[1], &entries[2]);
+    assert_eq!(b_running["state"], "running");
+    assert_eq!(b_running["attempts"], 1);
+    assert!(b_running["since_renewal_s"].is_number(), "{b_running}");
+    assert_eq!(b_running["stuck"], false, "renewed within the default 30 s");
+    assert_eq!(b_running["due_in_s"], Value::Null);
+    assert_eq!(
+        a_dead["history"],
+        json!([
+            { "at_ms": 1000, "duration_ms": 40, "status": 503 },
+            { "at_ms": 2000, "duration_ms": 7, "error": "boom" },
+            { "at_ms": 3000, "duration_ms": 0, "crashed": true },
+        ])
+    );
+    assert_eq!(
+        a_dead["last"],
+        json!({ "at_ms": 3000, "duration_ms": 0, "crashed": true })
+    );
+    assert_eq!(
+        (&a_retrying["state"], &a_retrying["attempts"]),
+        (&json!("queued"), &json!(1))
+    );
+    let due_in = a_retrying["due_in_s"].as_f64().unwrap();
+    assert!(due_in > 3000.0 && due_in <= 3600.0, "{a_retrying}");
+    assert_eq!(entries[3]["due_in_s"], 0.0, "a new entry is due at once");
+
+    // Past the stale limit the router is told: stuck.
+    let strict = mounted(
+        Admin::new(store.clone())
+            .stale(Stale::hold_after(Duration::ZERO))
+            .inbox(),
+    );
+    let listed = send(&strict, get("/admin/inbox?state=running")).await;
+    assert_eq!(listed_keys(&listed), ["b_running"]);
+    assert_eq!(listed.body["entries"][0]["stuck"], true);
+
+    let alpha = send(&app, get("/admin/inbox?namespace=alpha")).await;
+    assert_eq!(
+        listed_keys(&alpha),
+        ["a_dead", "a_retrying", "a_1", "a_2", "a_3"]
+    );
+    assert_eq!(alpha.body["stats"]["running"], 0);
+    assert_eq!(alpha.body["stats"]["queued"], 4);
+    let some = send(&app, get("/admin/inbox?state=dead,running")).await;
+    assert_eq!(listed_keys(&some), ["b_running", "a_dead"]);
+    let queued = send(
+        &app,
+        get("/admin/inbox?state=queued&namespace=alpha&limit=2"),
+    )
+    .await;
+    assert_eq!(listed_keys(&queued), ["a_retrying", "a_1"]);
+    let cut = send(&app, get("/admin/inbox?limit=1")).await;
+    assert_eq!(listed_keys(&cut), ["b_running"]);
+    let most = send(&app, get("/admin/inbox?limit=1000")).await;
+    assert_eq!(listed_keys(&most).len(), 6);
+    let done = send(&app, get("/admin/inbox?state=done")).await;
+    assert_eq!(done.body["entries"], json!([]));
+    let nobody = send(&app, get("/admin/inbox?namespace=gamma")).await;
+    assert_eq!(nobody.body["entries"], json!([]));
+    assert_eq!(nobody.body["stats"]["queued"], 0);
+}
+
+/// A stored request: header values read as UTF-8 whatever their bytes, a body of bytes as
+/// base64, a long body cut at 64 KiB, and none once retention deleted it.
+#[tokio::test]
+async fn the_stored_request_is_shown() {
+    let store = MemoryStore::new();
+    let app = with_inbox(&store);
+    let headers = vec![
+        (
+            http::HeaderName::from_static("x-note"),
+            http::HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+        ),
+        (
+            http::HeaderName::from_static("x-event-id"),
+            http::HeaderValue::from_static("bin"),
+        ),
+    ];
+    let binary = StoredRequest::new(
+        http::Method::PUT,
+        "/hooks?source=test",
+        headers,
+        Bytes::from_static(&[0xff, 0xfe, 0x00, 0x01]),
+    );
+    let key = enqueue(&store, "alpha", "bin", &binary).await;
+    let shown = send(&app, get(&entry_uri(&key))).await;
+    assert_eq!(shown.status, StatusCode::OK, "{}", shown.text);
+    assert_eq!(shown.body["state"], "queued");
+    assert_eq!(
+        shown.body["request"],
+        json!({
+            "method": "PUT",
+            "uri": "/hooks?source=test",
+            "headers": [["x-note", "caf\u{fffd}"], ["x-event-id", "bin"]],
+            "body": "//4AAQ==",
+            "body_encoding": "base64",
+            "body_bytes": 4,
+            "truncated": false,
+        })
+    );
+
+    let long = enqueue(&store, "alpha", "long", &stored("x".repeat(100 * 1024))).await;
+    let shown = send(&app, get(&entry_uri(&long))).await;
+    let request = &shown.body["request"];
+    assert_eq!(request["body"].as_str().unwrap().len(), 64 * 1024);
+    assert_eq!(request["body_encoding"], "utf-8");
+    assert_eq!(
+        (&request["body_bytes"], &request["truncated"]),
+        (&json!(100 * 1024), &json!(true))
+    );
+
+    // Done, and its request deleted by retention: the entry stays, its request is null.
+    let discarded = send(&app, post_json("/admin/inbox/discard", key_body(&key))).await;
+    assert_eq!(discarded.status, StatusCode::OK, "{}", discarded.text);
+    store
+        .purge_inbox(Duration::ZERO, Duration::from_secs(3600), 100)
+        .await
+        .unwrap();
+    let shown = send(&app, get(&entry_uri(&key))).await;
+    assert_eq!(shown.body["state"], "done", "{}", shown.text);
+    assert_eq!(
+        (&shown.body["has_request"], &shown.body["request"]),
+        (&json!(false), &Value::Null)
+    );
+
+    let unknown = send(&app, get(&entry_uri(&key_in("alpha", "never")))).await;
+    assert_problem(&unknown, StatusCode::NOT_FOUND);
+}
+
+/// Bad queries and bodies are 4xx problems, cross-site writes are refused, and the routes are
+/// unknown to a router without the inbox.
+#[tokio::test]
+async fn bad_inbox_input_is_a_problem() {
+    let store = MemoryStore::new();
+    let key = enqueue(&store, "alpha", "evt_1", &stored("{}")).await;
+    let app = with_inbox(&store);
+
+    for uri in [
+        "/admin/inbox?state=bogus",
+        "/admin/inbox?state=",
+        "/admin/inbox?state=dead,",
+        "/admin/inbox?state=retrying",
+        "/admin/inbox?limit=0",
+        "/admin/inbox?limit=1001",
+        "/admin/inbox?limit=ten",
+        "/admin/inbox?namespace=",
+        "/admin/inbox?namespace=%0A",
+        "/admin/inbox/entry",
+        "/admin/inbox/entry?namespace=alpha",
+        "/admin/inbox/entry?key=evt_1",
+        "/admin/inbox/entry?namespace=alpha&key=evt%0A1",
+        "/admin/inbox/entry?namespace=alpha&key=",
+    ] {
+        assert_problem(&send(&app, get(uri)).await, StatusCode::BAD_REQUEST);
+    }
+    for route in ["/admin/inbox/retry", "/admin/inbox/discard"] {
+        for body in [r#"{"namespace": "#, "", "{} {}"] {
+            let answer = send(&app, post_json(route, body)).await;
+            assert_problem(&answer, StatusCode::BAD_REQUEST);
+        }
+        for body in [
+            json!([]),
+            json!({}),
+            json!({ "namespace": "alpha" }),
+            json!({ "namespace": "alpha", "key": 1 }),
+            json!({ "namespace": "alpha", "key": "evt_1", "force": true }),
+            json!({ "namespace": "alpha", "key": "evt\n1" }),
+            json!({ "namespace": "", "key": "evt_1" }),
+        ] {
+            let answer = send(&app, post_json(route, body.to_string())).await;
+            assert_problem(&answer, StatusCode::UNPROCESSABLE_ENTITY);
+        }
+        let unknown = send(&app, post_json(route, key_body(&key_in("alpha", "never")))).await;
+        assert_problem(&unknown, StatusCode::NOT_FOUND);
+        let huge = format!(r#"{{"namespace": "{}"}}"#, "x".repeat(100 * 1024));
+        assert_problem(
+            &send(&app, post_json(route, huge)).await,
+            StatusCode::PAYLOAD_TOO_LARGE,
+        );
+    }
+    for body in [
+        json!({}),
+        json!({ "namespace": "" }),
+        json!({ "namespace": 5 }),
+        json!({ "namespace": "alpha", "key": "evt_1" }),
+    ] {
+        let answer = send(&app, post_json("/admin/inbox/retry-dead", body.to_string())).await;
+        assert_problem(&answer, StatusCode::UNPROCESSABLE_ENTITY);
+    }
+
+    // Wrong methods.
+    assert_problem(
+        &send(&app, get("/admin/inbox/retry")).await,
+        StatusCode::METHOD_NOT_ALLOWED,
+    );
+    assert_problem(
+        &send(&app, post_json("/admin/inbox", "{}")).await,
+        StatusCode::METHOD_NOT_ALLOWED,
+    );
+
+    // Writes another site sent, or a form could.
+    for route in [
+        "/admin/inbox/retry",
+        "/admin/inbox/discard",
+        "/admin/inbox/retry-dead",
+    ] {
+        let cross = Request::post(route)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header("sec-fetch-site", "cross-site")
+            .body(Body::from(key_body(&key)))
+            .unwrap();
+        assert_problem(&send(&app, cross).await, StatusCode::FORBIDDEN);
+        let form = Request::post(route)
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from("namespace=alpha&key=evt_1"))
+            .unwrap();
+        assert_problem(&send(&app, form).await, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    }
+
+    // None of it touched the entry.
+    let entry = inbox_entry(&store, &key).await;
+    assert_eq!((entry.state, entry.attempts), (EntryState::Queued, 0));
+
+    // Without `inbox()`, the routes do not exist, the store's inbox notwithstanding.
+    let plain = mounted(Admin::new(store.clone()));
+    assert_problem(
+        &send(&plain, get("/admin/inbox")).await,
+        StatusCode::NOT_FOUND,
+    );
+    let retry = post_json("/admin/inbox/retry", key_body(&key));
+    assert_problem(&send(&plain, retry).await, StatusCode::NOT_FOUND);
+}
+
+impl InboxStore for Down {
+    async fn enqueue(&self, _: &IdempotencyKey, _: &StoredRequest) -> Result<Enqueued, StoreError> {
+        Err(down())
+    }
+    async fn take(&self, _: &Take) -> Result<Vec<Taken>, StoreError> {
+        Err(down())
+    }
+    async fn renew_entry(&self, _: &Lease) -> Result<(), StoreError> {
+        Err(down())
+    }
+    async fn settle(&self, _: &Lease, _: &Settlement, _: &[Attempt]) -> Result<(), StoreError> {
+        Err(down())
+    }
+    async fn entries(
+        &self,
+        _: Option<&str>,
+        _: &[EntryState],
+        _: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        Err(down())
+    }
+    async fn entry(&self, _: &IdempotencyKey) -> Result<Option<Entry>, StoreError> {
+        Err(down())
+    }
+    async fn stored_request(
+        &self,
+        _: &IdempotencyKey,
+    ) -> Result<Option<StoredRequest>, StoreError> {
+        Err(down())
+    }
+    async fn retry_now(&self, _: &IdempotencyKey) -> Result<bool, StoreError> {
+        Err(down())
+    }
+    async fn retry_dead(&self, _: &str) -> Result<u64, StoreError> {
+        Err(down())
+    }
+    async fn discard(&self, _: &IdempotencyKey) -> Result<bool, StoreError> {
+        Err(down())
+    }
+    async fn inbox_stats(&self, _: Option<&str>) -> Result<InboxStats, StoreError> {
+        Err(down())
+    }
+    async fn purge_inbox(&self, _: Duration, _: Duration, _: usize) -> Result<Purged, StoreError> {
+        Err(down())
+    }
+}
+
+#[tokio::test]
+async fn the_inbox_routes_are_503_when_the_store_fails() {
+    let app = mounted(Admin::new(Down).inbox());
+    let key = key_in("alpha", "evt_1");
+    for req in [
+        get("/admin/inbox"),
+        get(&entry_uri(&key)),
+        post_json("/admin/inbox/retry", key_body(&key)),
+        post_json("/admin/inbox/retry-dead", r#"{"namespace": "alpha"}"#),
+        post_json("/admin/inbox/discard", key_body(&key)),
+    ] {
+        let answer = send(&app, req).await;
+        assert_problem(&answer, StatusCode::SERVICE_UNAVAILABLE);
+        let detail = answer.body["detail"].as_str().unwrap();
+        assert!(detail.contains("connection refused"), "{detail}");
     }
 }

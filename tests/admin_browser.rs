@@ -4,7 +4,8 @@
 //! as an operator may; it lists a held claim, an operator clicks "Mark done" or "Release" and
 //! accepts the confirmation, and the next delivery through the layer is a duplicate, or runs.
 //! A claim whose owner still renews it is shown as running, its buttons disabled; the ages
-//! on the page tick; a line counts the claims.
+//! on the page tick; a line counts the claims. With the inbox, a dead entry is listed with its
+//! last error and its stored request; "Retry now" and the confirmation make the workers run it.
 //!
 //! Needs `chromium` and `chromedriver` (Debian: `apt-get install chromium chromium-driver`).
 //! Without them the tests are skipped, loudly, or fail when `CI` is set.
@@ -15,13 +16,14 @@ use std::io::{Read as _, Write as _};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::Request as AxumRequest;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response as AxumResponse};
+use axum::routing::post;
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -29,6 +31,9 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 use tower_idempotency::admin::Admin;
+use tower_idempotency::body::BoxError;
+use tower_idempotency::inbox::{Backoff, Inbox};
+use tower_idempotency::store::inbox::{EntryState, InboxStore};
 use tower_idempotency::store::{Claim, MemoryStore, Store};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Stale, key};
 
@@ -567,4 +572,152 @@ async fn the_page_tells_running_from_held_and_its_ages_tick() {
     assert!(ticked, "the page never kept its list for 2.5 s");
     drop(driver);
     owner.abort();
+}
+
+/// Waits until the inbox's workers (tasks of their own) brought the entry of `key` to `state`.
+async fn until_state(store: &MemoryStore, key: &IdempotencyKey, state: EntryState) {
+    let deadline = Instant::now() + PATIENCE;
+    while store.entry(key).await.unwrap().map(|entry| entry.state) != Some(state) {
+        assert!(Instant::now() < deadline, "{key} never became {state:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Two deliveries stored by an inbox layer whose workers fail them until they are dead; the
+/// page, opened with credentials in its address, lists them with their last error and shows
+/// one's stored request; the operator clicks "Retry now" on it and accepts the confirmation,
+/// the workers run it, and the page drops it from the list while the other stays dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_entry_is_retried_from_the_page_and_runs() {
+    let Some((driver_path, browser)) = browser_tools() else {
+        return;
+    };
+    let store = MemoryStore::new();
+    let inbox = Inbox::new(store.clone());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let app = Router::new().route(
+        "/hooks",
+        post(move || async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            StatusCode::NO_CONTENT
+        })
+        .layer(
+            inbox
+                .layer()
+                .key(key::header("x-event-id").namespace("shop")),
+        ),
+    );
+    // The workers' service fails every attempt while `broken`, as one whose database is down.
+    let broken = Arc::new(AtomicBool::new(true));
+    let service = {
+        let (app, broken) = (app.clone(), broken.clone());
+        tower::service_fn(move |req: Request<Full<Bytes>>| {
+            let (app, broken) = (app.clone(), broken.clone());
+            async move {
+                if broken.load(Ordering::SeqCst) {
+                    return Err::<AxumResponse, BoxError>("the ledger is unreachable".into());
+                }
+                app.oneshot(req).await.map_err(BoxError::from)
+            }
+        })
+    };
+    let id = "evt_dead";
+    for event in [id, HOSTILE] {
+        let delivery = Request::post("/hooks")
+            .header("x-event-id", event)
+            .body(axum::body::Body::from(r#"{"order":42}"#))
+            .unwrap();
+        let res = app.clone().oneshot(delivery).await.unwrap();
+        assert_eq!(res.status(), StatusCode::ACCEPTED, "{event}");
+    }
+    let key = key_in("shop@/hooks", id);
+    let other = key_in("shop@/hooks", HOSTILE);
+    let workers = inbox
+        .workers(service)
+        .backoff(Backoff::new(
+            Duration::from_millis(1),
+            Duration::from_millis(1),
+            2,
+        ))
+        .poll_interval(Duration::from_millis(20))
+        .spawn();
+    until_state(&store, &key, EntryState::Dead).await;
+    until_state(&store, &other, EntryState::Dead).await;
+    broken.store(false, Ordering::SeqCst);
+
+    let (port, _) = serve_admin(Admin::new(store.clone()).inbox()).await;
+    let mut driver = Driver::start(&driver_path).await;
+    driver.open(&browser).await;
+    driver.navigate(&address(port, "/admin/")).await;
+
+    let row = format!("//table[@id='inbox']//tr[td[normalize-space()='{id}']]");
+    driver
+        .wait_for(&format!(
+            "{row}/td[3][starts-with(normalize-space(), 'Dead')]"
+        ))
+        .await;
+    let attempts = driver.wait_for(&format!("{row}/td[4]")).await;
+    assert_eq!(driver.text(&attempts).await, "2", "the attempts column");
+    driver
+        .wait_for(&format!(
+            "{row}/td[5][normalize-space()='Error: the ledger is unreachable']"
+        ))
+        .await;
+    driver
+        .wait_for("//p[@id='inbox-count'][contains(., '2 of 2 entries listed, the oldest first: 2 dead.')]")
+        .await;
+    driver
+        .wait_for("//p[@id='inbox-dead']/button[normalize-space()='Retry all dead of shop@/hooks']")
+        .await;
+    // The hostile key is text: no element was made of it.
+    driver
+        .wait_for(&format!(
+            "//table[@id='inbox']//td[normalize-space()='{HOSTILE}']"
+        ))
+        .await;
+    assert_eq!(driver.count("//table[@id='inbox']//img").await, 0);
+
+    // Its stored request, as the workers run it.
+    let show = driver
+        .wait_for(&format!("{row}//button[normalize-space()='Show request']"))
+        .await;
+    driver.click(&show).await;
+    driver
+        .wait_for("//pre[@id='request-head'][starts-with(., 'POST /hooks')][contains(., 'x-event-id: evt_dead')]")
+        .await;
+    driver
+        .wait_for("//pre[@id='request-body'][normalize-space()='{\"order\":42}']")
+        .await;
+    driver
+        .wait_for("//p[@id='request-note'][contains(., '12 bytes, as text')]")
+        .await;
+
+    let retry = driver
+        .wait_for(&format!("{row}//button[normalize-space()='Retry now']"))
+        .await;
+    driver.click(&retry).await;
+    driver.accept_confirmation(id).await;
+    driver
+        .wait_for(&format!(
+            "//p[@id='status'][contains(., 'Retried')][contains(., '{id}')]"
+        ))
+        .await;
+    until_state(&store, &key, EntryState::Done).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the retried entry ran once");
+    // The page reads the inbox again: the entry is gone from the list, the other still there.
+    driver
+        .wait_for(&format!(
+            "//table[@id='inbox']/tbody[not(tr[td[normalize-space()='{id}']])][tr/td[normalize-space()='{HOSTILE}']]"
+        ))
+        .await;
+    drop(driver);
+    workers.stop().await;
+    let entry = store.entry(&other).await.unwrap().expect("an entry");
+    assert_eq!(
+        entry.state,
+        EntryState::Dead,
+        "the other entry was not retried"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

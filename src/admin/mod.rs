@@ -1,5 +1,6 @@
-//! An axum router for operators: the claims that are held or stuck, one key's record, and the
-//! two maintenance steps a person takes by hand (resolve a claim, purge settled keys).
+//! An axum router for operators: the claims that are held or stuck, one key's record, the two
+//! maintenance steps a person takes by hand (resolve a claim, purge settled keys), and, with
+//! [`Admin::inbox`], the inbox's entries (list, show the stored request, retry, discard).
 //!
 //! [`Admin::new(store)`](Admin::new)[`.router()`](Admin::router) answers an HTML page at `/`
 //! and the JSON routes it uses. Mount it under a prefix of your application, **behind your
@@ -93,11 +94,21 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /` | the page: held, stale and (with a short time) running claims, how many, why each is listed, ages that keep moving, buttons to resolve them (for running claims only with the force box ticked), a form to look up one key |
+//! | `GET /` | the page: held, stale and (with a short time) running claims, how many, why each is listed, ages that keep moving, buttons to resolve them (for running claims only with the force box ticked), a form to look up one key; with [`Admin::inbox`], the inbox's queued, retrying, running and dead entries, with buttons to retry or discard them, retry a namespace's dead, and show an entry's stored request |
 //! | `GET /claims?older_than_s=N&limit=L` | `processing` claims not renewed for `N` seconds (default [`stuck_after`](Admin::stuck_after)), longest silent first, the first `L` of them (100 unless said, 1 to 1000): `[{namespace, key, age_s, since_renewal_s, deliveries, runs, renewed_ago_s, state, why, stale_in_s}]`; the `x-total-count` header counts them all |
 //! | `GET /keys?namespace=NS&key=K` | one key's record: `{namespace, key, state, deliveries, runs, reclaimed, first_seen_ago_s, last_seen_ago_s, claimed_ago_s, renewed_ago_s, settled_ago_s, receipt}`, 404 if the store does not know it |
 //! | `POST /keys/resolve` `{namespace, key, resolution: "done" \| "release", force?}` | `{resolved}`: whether there was a `processing` claim to settle; 409 for a running claim unless `force` is `true` |
 //! | `POST /purge` `{older_than_s?}` | `{purged}`: `done` and `released` keys settled that long ago (default [`retention`](Admin::retention)) deleted |
+//!
+//! With [`Admin::inbox`], the routes of the [inbox](#the-inbox) too:
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /inbox?state=S1,S2&namespace=NS&limit=L` | `{stats: {queued, running, dead, oldest_due_s}, entries: [..]}`: the counts (of `NS` when given) and the oldest entries in the states listed (`queued`, `running`, `done`, `dead`; all but `done` unless said), of `NS` when given, the first `L` (100 unless said, 1 to 1000); each entry `{namespace, key, state, attempts, crashes, age_s, due_in_s, since_renewal_s, stuck, has_request, last, history}` |
+//! | `GET /inbox/entry?namespace=NS&key=K` | the entry as listed, and its stored `request`: `{method, uri, headers, body, body_encoding, body_bytes, truncated}`, or `null` once retention deleted it; 404 if the inbox has no such entry |
+//! | `POST /inbox/retry` `{namespace, key}` | `{retried: true}`: the queued or dead entry is due now, a dead one with its attempts counted from zero; 404 if the key has no queued or dead entry |
+//! | `POST /inbox/retry-dead` `{namespace}` | `{retried}`: how many dead entries of the namespace were made due now |
+//! | `POST /inbox/discard` `{namespace, key}` | `{discarded: true}`: the queued or dead entry is done without running; 404 if the key has no queued or dead entry |
 //!
 //! `namespace` is the namespace as stored, with the [scope](crate::Scope) joined to it
 //! (`github@/webhooks/github`), as `/claims` lists it. `runs` and `renewed_ago_s` in the list
@@ -117,7 +128,7 @@
 //!
 //! Errors are `application/problem+json` (RFC 9457: `title`, `status`, `detail`): 400 for a
 //! body that is no JSON or a query that does not parse, 422 for JSON of the wrong shape, 404
-//! for an unknown key or route, 405 for a wrong method, 409 for resolving a running claim
+//! for an unknown key, entry or route (the inbox's routes too, without [`Admin::inbox`]), 405 for a wrong method, 409 for resolving a running claim
 //! without `force`, 413 for a body over 64 KiB, 415 and 403 as below, and 503 when the store
 //! fails (the error is logged at `ERROR`).
 //!
@@ -134,6 +145,38 @@
 //! (one paused past the limit, then back) is resolved all the same. Its lease is fenced, so
 //! its later renewal or commit then fails as a lost lease and changes nothing; that is also
 //! what `force` accepts for a claim known to be running.
+//!
+//! # The inbox
+//!
+//! An [inbox](crate::inbox) entry is one acknowledged delivery waiting for, or done by, the
+//! workers. `state` is where it is: `queued` (new, or waiting `due_in_s` for its next attempt
+//! after a failed one: the page calls a queued entry with attempts *retrying*), `running` (a
+//! worker holds it; `since_renewal_s` since its last heartbeat), `done`, or `dead` (its
+//! attempts ran out: it waits for a person). `attempts` counts the attempts started, crashes
+//! included, and `crashes` those whose worker stopped renewing its lease. `stuck` is `true`
+//! for a running entry whose worker has not renewed it for the [stale limit](Admin::stale) or
+//! longer: under the reclaim policy the workers' next take runs it again; under the hold
+//! policy it stays as it is, and no route here changes it. `age_s` is the time since the
+//! first copy was stored.
+//!
+//! `history` lists the recorded attempts, oldest first (the latest
+//! [`HISTORY_LIMIT`](crate::store::inbox::HISTORY_LIMIT)), and `last` repeats the latest or is
+//! `null`: each `{at_ms, duration_ms}`, the start in milliseconds since the Unix epoch by the
+//! worker's clock, with `status` (the service answered with it), `error` (it failed or
+//! panicked, and how) or `crashed: true`.
+//!
+//! The stored request of `GET /inbox/entry` is the one the workers run: `headers` is a list of
+//! `[name, value]` pairs in their order, each value read as UTF-8 with anything else replaced;
+//! `body` is the first 64 KiB of the body, as text when `body_encoding` is `"utf-8"` and as
+//! standard base64 when it is `"base64"` (bytes that are no UTF-8); `body_bytes` is the length
+//! of the whole body and `truncated` whether it is longer than what is shown.
+//!
+//! Retrying makes an entry due now: the workers run it at their next look at the inbox (at
+//! the latest their [poll interval](crate::inbox::Workers::poll_interval)). Retrying a dead
+//! entry gives it its attempts again, from zero; its history stays. Discarding marks an entry
+//! done without running its handler, for an event whose work is done another way or must
+//! never happen: its deliveries are then answered as duplicates. Neither acts on a running
+//! entry, whose worker still holds it.
 //!
 //! # Cross-site requests are refused
 //!
@@ -157,6 +200,7 @@
 //! requests to its own origin.
 
 mod guard;
+mod inbox;
 mod page;
 mod problem;
 mod routes;
@@ -169,6 +213,7 @@ use axum::Router;
 use axum::routing::{get, post};
 
 use crate::journal::Journal;
+use crate::store::inbox::InboxStore;
 use crate::store::{DEFAULT_RETENTION, Stale, Store};
 
 /// The default of [`Admin::stuck_after`]: a claim not renewed for a minute is listed.
@@ -182,7 +227,13 @@ pub struct Admin<St> {
     stuck_after: Duration,
     stale: Stale,
     journal: Option<Journal>,
+    /// Adds the inbox's routes: set by [`Admin::inbox`], where the store is known to hold an
+    /// inbox, so that [`Admin::router`] needs no more than a [`Store`].
+    inbox: Option<fn(Routes<St>) -> Routes<St>>,
 }
+
+/// The router of an [`Admin`] before its state is given.
+type Routes<St> = Router<Arc<Admin<St>>>;
 
 impl<St: Store + Clone> Admin<St> {
     /// The router's settings for `store`: the retention of [`DEFAULT_RETENTION`] for
@@ -195,6 +246,7 @@ impl<St: Store + Clone> Admin<St> {
             stuck_after: DEFAULT_STUCK_AFTER,
             stale: Stale::default(),
             journal: None,
+            inbox: None,
         }
     }
 
@@ -244,17 +296,70 @@ impl<St: Store + Clone> Admin<St> {
             stuck_after: self.stuck_after,
             stale: self.stale,
             journal: self.journal.clone(),
+            inbox: self.inbox,
         });
-        Router::new()
+        let mut router = Router::new()
             .route("/", get(page::page))
             .route("/claims", get(routes::claims::<St>))
             .route("/keys", get(routes::describe::<St>))
             .route("/keys/resolve", post(routes::resolve::<St>))
-            .route("/purge", post(routes::purge::<St>))
+            .route("/purge", post(routes::purge::<St>));
+        if let Some(add_inbox) = self.inbox {
+            router = add_inbox(router);
+        }
+        // After every route: the fallback for a wrong method applies to the routes added so far.
+        router
             .fallback(problem::not_found)
             .method_not_allowed_fallback(problem::method_not_allowed)
             .layer(axum::middleware::from_fn(guard::refuse_cross_site))
             .with_state(state)
+    }
+}
+
+impl<St: Store + InboxStore + Clone> Admin<St> {
+    /// Adds the routes of the store's [inbox](crate::inbox) to the router, and its section to
+    /// the page: the entries queued, retrying, running and dead, their attempts, their stored
+    /// requests, and the buttons to retry or discard them (see the [routes](self#the-inbox)).
+    ///
+    /// The inbox's workers keep the stale limit of [`Workers::stale`](crate::inbox::Workers::stale);
+    /// give [`Admin::stale`] the same, so that the router tells a running entry whose worker
+    /// stopped renewing it (`stuck`).
+    ///
+    /// ```
+    /// use axum::{Router, body::Body};
+    /// use http::StatusCode;
+    /// use tower::ServiceExt;
+    /// use tower_idempotency::IdempotencyKey;
+    /// use tower_idempotency::admin::Admin;
+    /// use tower_idempotency::store::MemoryStore;
+    /// use tower_idempotency::store::inbox::{InboxStore, StoredRequest};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let store = MemoryStore::new();
+    /// let app = Router::new().nest("/admin", Admin::new(store.clone()).inbox().router());
+    ///
+    /// // A delivery waiting for a worker, as an inbox layer stores it.
+    /// let key = IdempotencyKey::new("github@/webhooks/github", "d-1").unwrap();
+    /// let request = StoredRequest::new(http::Method::POST, "/webhooks/github", vec![], "{}".into());
+    /// store.enqueue(&key, &request).await.unwrap();
+    ///
+    /// let listed = app
+    ///     .oneshot(http::Request::get("/admin/inbox").body(Body::empty()).unwrap())
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(listed.status(), StatusCode::OK);
+    /// let body = axum::body::to_bytes(listed.into_body(), 1 << 20).await.unwrap();
+    /// let inbox: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    /// assert_eq!(inbox["stats"]["queued"], 1);
+    /// assert_eq!(inbox["entries"][0]["key"], "d-1");
+    /// assert_eq!(inbox["entries"][0]["state"], "queued");
+    /// assert_eq!(inbox["entries"][0]["attempts"], 0);
+    /// # }
+    /// ```
+    pub fn inbox(mut self) -> Self {
+        self.inbox = Some(inbox::routes::<St>);
+        self
     }
 }
 
@@ -264,6 +369,7 @@ impl<St> fmt::Debug for Admin<St> {
             .field("retention", &self.retention)
             .field("stuck_after", &self.stuck_after)
             .field("stale", &self.stale)
+            .field("inbox", &self.inbox.is_some())
             .finish_non_exhaustive()
     }
 }

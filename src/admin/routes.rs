@@ -23,15 +23,16 @@ const BODY_LIMIT: usize = 64 * 1024;
 /// How many keys `GET /claims` describes at once.
 const DESCRIBE_AT_ONCE: usize = 8;
 
-/// How many claims `GET /claims` lists unless `limit` says otherwise, and the most it lists.
+/// How many claims `GET /claims` (and entries `GET /inbox`) lists unless `limit` says
+/// otherwise, and the most it lists.
 const LIST_DEFAULT: usize = 100;
 const LIST_MAX: usize = 1000;
 
 /// The header of `GET /claims` that counts every stuck claim, listed or not.
 const TOTAL_COUNT: &str = "x-total-count";
 
-type Shared<St> = State<Arc<Admin<St>>>;
-type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
+pub(super) type Shared<St> = State<Arc<Admin<St>>>;
+pub(super) type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
 
 /// `GET /claims?older_than_s=N&limit=L`: the `L` claims stuck longest (100 unless said, at
 /// most 1000), each described; `x-total-count` says how many are stuck in all.
@@ -45,18 +46,7 @@ pub(super) async fn claims<St: Store + Clone>(
             .ok_or_else(|| Problem::bad_request(not_seconds("older_than_s")))?,
         None => admin.stuck_after,
     };
-    let limit = match params.get("limit") {
-        Some(text) => text
-            .parse::<usize>()
-            .ok()
-            .filter(|limit| (1..=LIST_MAX).contains(limit))
-            .ok_or_else(|| {
-                Problem::bad_request(format!(
-                    "`limit` must be a whole number from 1 to {LIST_MAX}"
-                ))
-            })?,
-        None => LIST_DEFAULT,
-    };
+    let limit = limit(params.get("limit"))?;
     let stuck = admin.store.stuck_claims(older_than).await?;
     let total = stuck.len();
     let store = &admin.store;
@@ -277,14 +267,29 @@ fn render(key: &IdempotencyKey, record: &KeyRecord) -> Value {
     })
 }
 
-fn query(params: Params) -> Result<HashMap<String, String>, Problem> {
+/// The `limit` of a list: 100 unless said, 1 to 1000.
+pub(super) fn limit(text: Option<&String>) -> Result<usize, Problem> {
+    let Some(text) = text else {
+        return Ok(LIST_DEFAULT);
+    };
+    text.parse::<usize>()
+        .ok()
+        .filter(|limit| (1..=LIST_MAX).contains(limit))
+        .ok_or_else(|| {
+            Problem::bad_request(format!(
+                "`limit` must be a whole number from 1 to {LIST_MAX}"
+            ))
+        })
+}
+
+pub(super) fn query(params: Params) -> Result<HashMap<String, String>, Problem> {
     params
         .map(|Query(params)| params)
         .map_err(|err| Problem::bad_request(format!("the query does not parse: {err}")))
 }
 
 /// The body as a JSON object: 413 past the limit, 400 if it is no JSON, 422 if no object.
-async fn object(body: Body) -> Result<Map<String, Value>, Problem> {
+pub(super) async fn object(body: Body) -> Result<Map<String, Value>, Problem> {
     let bytes = match Limited::new(body, BODY_LIMIT).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
@@ -303,10 +308,10 @@ async fn object(body: Body) -> Result<Map<String, Value>, Problem> {
 }
 
 /// The fields of a JSON body, taken one by one.
-struct Fields(Map<String, Value>);
+pub(super) struct Fields(pub(super) Map<String, Value>);
 
 impl Fields {
-    fn string(&mut self, name: &str) -> Result<String, Problem> {
+    pub(super) fn string(&mut self, name: &str) -> Result<String, Problem> {
         match self.0.remove(name) {
             Some(Value::String(text)) => Ok(text),
             Some(_) => Err(Problem::unprocessable(format!("`{name}` must be a string"))),
@@ -327,7 +332,7 @@ impl Fields {
 
     /// A field the route does not take is refused rather than ignored: a misspelt
     /// `older_than_s` must not purge with the default.
-    fn no_others(self) -> Result<(), Problem> {
+    pub(super) fn no_others(self) -> Result<(), Problem> {
         match self.0.keys().next() {
             None => Ok(()),
             Some(name) => Err(Problem::unprocessable(format!(
@@ -349,7 +354,7 @@ fn not_seconds(name: &str) -> String {
 }
 
 /// A duration as seconds, to the millisecond.
-fn seconds(duration: Duration) -> f64 {
+pub(super) fn seconds(duration: Duration) -> f64 {
     duration.as_millis() as f64 / 1000.0
 }
 
