@@ -130,7 +130,8 @@ fn ingest<St: InboxStore + Store + Clone>(
                     let started = Instant::now();
                     let times = rt.block_on(send(app, iters as usize, concurrency));
                     let took = started.elapsed();
-                    let mut timed = timed.lock().unwrap();
+                    let mut guard = timed.lock().unwrap();
+                    let timed = &mut *guard;
                     let (spans, lat) = if side == "inline" {
                         (&mut timed.0, &mut timed.1)
                     } else {
@@ -143,7 +144,8 @@ fn ingest<St: InboxStore + Store + Clone>(
             });
         }
         group.finish();
-        let mut timed = timed.lock().unwrap();
+        let mut guard = timed.lock().unwrap();
+        let timed = &mut *guard;
         let median = |v: &mut Vec<f64>| {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]

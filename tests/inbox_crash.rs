@@ -67,7 +67,7 @@ where
 {
     Router::new().route(
         "/hooks",
-        post(move || handle()).layer(inbox.layer().key(key::header("x-event-id"))),
+        post(handle).layer(inbox.layer().key(key::header("x-event-id"))),
     )
 }
 
