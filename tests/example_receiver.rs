@@ -1,4 +1,4 @@
-//! Promise: the example receiver's operators' routes (`/admin/`, `/stuck`, `/metrics`) answer
+//! Promises: the example receiver's fulfilments go through the inbox (below); and its operators' routes (`/admin/`, `/stuck`, `/metrics`) answer
 //! only the admin token, given as the Basic password; a wrong password, one of another length
 //! (a prefix of the token, the token with more after it) or none gets 401 with a Basic
 //! challenge. The webhook routes need no password.
@@ -171,4 +171,123 @@ async fn operators_routes_need_the_admin_token() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let (status, _) = send(addr, &get("/side-effects", None)).await;
     assert_eq!(status, 200, "the demo sender's check stays open");
+}
+
+/// One request with a body on a fresh connection: the status, the head and the body.
+async fn exchange(addr: SocketAddr, request: String) -> (u16, String, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap();
+    (status, head.to_owned(), body.to_owned())
+}
+
+fn fulfilment(id: &str, body: &str) -> String {
+    format!(
+        "POST /webhooks/shopify/fulfilment HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\
+         x-shopify-webhook-id: {id}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+fn admin(method: &str, path: &str, body: &str) -> String {
+    let pair = base64::engine::general_purpose::STANDARD.encode(format!("admin:{TOKEN}"));
+    format!(
+        "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\
+         authorization: Basic {pair}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Polls `check` every 100 ms for up to 60 s.
+async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Promise: the receiver's fulfilments go through the inbox. A delivery is answered 202
+/// (`queued`) and its copy 200 (`duplicate`) while the work runs later, once. A poison one is
+/// tried 3 times, then listed dead on the admin API, and "retry" runs it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fulfilments_go_through_the_inbox() {
+    let (_receiver, addr) = start_receiver().await;
+    let id = common::unique_namespace("f");
+    let (status, head, _) = exchange(addr, fulfilment(&id, "{}")).await;
+    assert_eq!(status, 202, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("idempotency-outcome: queued"),
+        "{head}"
+    );
+    let (status, head, _) = exchange(addr, fulfilment(&id, "{}")).await;
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("idempotency-outcome: duplicate"),
+        "{head}"
+    );
+    let count = eventually("the fulfilment to run", async || {
+        let (_, _, body) = exchange(
+            addr,
+            get("/side-effects", None) + "connection: close\r\n\r\n",
+        )
+        .await;
+        let effects: serde_json::Value = serde_json::from_str(&body).ok()?;
+        effects
+            .as_array()?
+            .iter()
+            .find(|e| e["event"] == id.as_str())
+            .map(|e| e["count"].as_i64().unwrap())
+    })
+    .await;
+    assert_eq!(count, 1);
+
+    let poison = common::unique_namespace("p");
+    let (status, _, _) = exchange(addr, fulfilment(&poison, r#"{"poison":true}"#)).await;
+    assert_eq!(status, 202);
+    let dead = eventually("the poison fulfilment to die", async || {
+        let (status, _, body) = exchange(addr, admin("GET", "/admin/inbox?state=dead", "")).await;
+        assert_eq!(status, 200, "{body}");
+        let listed: serde_json::Value = serde_json::from_str(&body).unwrap();
+        listed["entries"]
+            .as_array()?
+            .iter()
+            .find(|e| e["key"] == poison.as_str())
+            .cloned()
+    })
+    .await;
+    assert_eq!(dead["attempts"], 3, "{dead}");
+    let retry = serde_json::json!({"namespace": dead["namespace"], "key": poison}).to_string();
+    let (status, _, body) = exchange(addr, admin("POST", "/admin/inbox/retry", &retry)).await;
+    assert_eq!(status, 200, "{body}");
+    let retried = eventually("the retried fulfilment to run again", async || {
+        let path = "/admin/inbox?state=dead,queued,running";
+        let (_, _, body) = exchange(addr, admin("GET", path, "")).await;
+        let listed: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let entry = listed["entries"]
+            .as_array()?
+            .iter()
+            .find(|e| e["key"] == poison.as_str())?
+            .clone();
+        // A person's retry starts the attempts over; the entry fails again.
+        (entry["history"].as_array()?.len() > 3).then_some(entry)
+    })
+    .await;
+    assert!(
+        retried["history"].as_array().unwrap().len() > 3,
+        "{retried}"
+    );
 }
