@@ -4,6 +4,8 @@
 //! - 1,000 events × 3 copies, shuffled, sent at once over real sockets to 4 instances (each
 //!   its own store handle, its own pool on a database, its own workers): every delivery is
 //!   answered 2xx, each handler completes exactly once, none is lost;
+//! - a poison event (always 500, or a panic) ends dead after its attempts while 100 others
+//!   complete;
 //! - an open transaction left idle on the database, holding an entry's row, neither stalls
 //!   the workers nor makes them take it twice (PostgreSQL, MariaDB).
 //!
@@ -159,8 +161,91 @@ where
     assert!(twice.is_empty(), "events run more than once: {twice:?}");
 }
 
+/// A poison event (always 500) and one that panics end dead after their 3 attempts, while
+/// 100 others complete once each.
+async fn poison_ends_dead_while_the_others_complete<St: InboxStore + Clone>(store: St) {
+    use tower_idempotency::inbox::Backoff;
+    use tower_idempotency::store::inbox::{AttemptResult, EntryState};
+
+    let runs: Runs = Arc::default();
+    let inbox = Inbox::new(store.clone());
+    let counted = runs.clone();
+    let app = Router::new().route(
+        "/hooks",
+        post(move |body: String| async move {
+            *counted.lock().unwrap().entry(body.clone()).or_default() += 1;
+            if body.ends_with("-panic") {
+                panic!("poison");
+            }
+            if body.ends_with("-fail") {
+                StatusCode::INTERNAL_SERVER_ERROR
+            } else {
+                StatusCode::OK
+            }
+        })
+        .layer(inbox.layer().key(key::header("x-event-id"))),
+    );
+    let ns = common::unique_namespace("poison");
+    let mut events: Vec<String> = (0..100).map(|n| format!("{ns}-{n}")).collect();
+    events.push(format!("{ns}-fail"));
+    events.push(format!("{ns}-panic"));
+    for event in &events {
+        let req = Request::post("/hooks")
+            .header("x-event-id", event)
+            .body(axum::body::Body::from(event.clone()))
+            .unwrap();
+        let res = tower::ServiceExt::oneshot(app.clone(), req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::ACCEPTED);
+    }
+    let workers = inbox
+        .workers(app.clone())
+        .backoff(Backoff::new(
+            Duration::from_millis(20),
+            Duration::from_millis(40),
+            3,
+        ))
+        .poll_interval(Duration::from_millis(20))
+        .concurrency(4)
+        .spawn();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = store.inbox_stats(None).await.unwrap();
+        if stats.dead == 2 && stats.queued == 0 && stats.running == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{stats:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    workers.stop().await;
+    let runs = runs.lock().unwrap();
+    for event in &events[..100] {
+        assert_eq!(runs.get(event), Some(&1), "{event}");
+    }
+    for poison in &events[100..] {
+        assert_eq!(runs.get(poison), Some(&3), "{poison}");
+        let key = tower_idempotency::IdempotencyKey::new("default@/hooks", poison.clone()).unwrap();
+        let entry = store.entry(&key).await.unwrap().unwrap();
+        assert_eq!((entry.state, entry.attempts), (EntryState::Dead, 3));
+        assert_eq!(entry.history.len(), 3);
+        let last = &entry.last_attempt().unwrap().result;
+        if poison.ends_with("-fail") {
+            assert_eq!(last, &AttemptResult::Status(500));
+        } else {
+            assert!(
+                matches!(last, AttemptResult::Error(e) if e.contains("poison")),
+                "{last:?}"
+            );
+        }
+    }
+}
+
 mod memory {
     use tower_idempotency::store::MemoryStore;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_poison_event_ends_dead_while_the_others_complete() {
+        super::poison_ends_dead_while_the_others_complete(MemoryStore::new()).await;
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn thousand_events_three_copies_four_instances() {
@@ -185,6 +270,14 @@ mod sqlite {
         })
         .await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_poison_event_ends_dead_while_the_others_complete() {
+        let path = super::common::db::sqlite_file("inbox-load");
+        let store = super::common::inbox::sqlite(path, "inbox_poison").await;
+        super::common::inbox::emptied(&store).await;
+        super::poison_ends_dead_while_the_others_complete(store).await;
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -199,6 +292,15 @@ mod postgres {
         emptied(&first).await;
         super::thousand_events_three_copies_four_instances("postgres", || postgres("inbox_load"))
             .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_poison_event_ends_dead_while_the_others_complete() {
+        let Some(store) = postgres("inbox_poison").await else {
+            return;
+        };
+        emptied(&store).await;
+        super::poison_ends_dead_while_the_others_complete(store).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,6 +338,15 @@ mod mysql {
         };
         emptied(&first).await;
         super::thousand_events_three_copies_four_instances("mysql", || mysql("inbox_load")).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_poison_event_ends_dead_while_the_others_complete() {
+        let Some(store) = mysql("inbox_poison").await else {
+            return;
+        };
+        emptied(&store).await;
+        super::poison_ends_dead_while_the_others_complete(store).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,7 @@ use tower::ServiceExt;
 
 use super::*;
 use crate::key;
-use crate::store::inbox::{AttemptResult, EntryState, InboxStore, StoredRequest};
+use crate::store::inbox::{EntryState, InboxStore, StoredRequest};
 use crate::store::{MemoryStore, Stale, StoreError};
 use crate::{Drain, IdempotencyKey, Outcome};
 
@@ -110,69 +110,6 @@ async fn an_event_is_acknowledged_then_run_once_and_its_copies_are_duplicates() 
             .all(|(name, _)| name != "authorization")
     );
     assert_eq!(&stored.body[..], b"{}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_poison_event_ends_dead_while_the_others_complete() {
-    let inbox = Inbox::new(MemoryStore::new());
-    let runs = Arc::new(AtomicUsize::new(0));
-    let app = app(&inbox, runs.clone(), |body| {
-        if body == "fail" {
-            StatusCode::INTERNAL_SERVER_ERROR
-        } else {
-            StatusCode::OK
-        }
-    });
-    for (id, body) in [("bad", "fail"), ("boom", "panic")] {
-        let res = app.clone().oneshot(delivery(id, body)).await.unwrap();
-        assert_eq!(res.status(), StatusCode::ACCEPTED);
-    }
-    for n in 0..100 {
-        let res = app
-            .clone()
-            .oneshot(delivery(&format!("ok{n}"), "{}"))
-            .await
-            .unwrap();
-        assert_eq!(res.status(), StatusCode::ACCEPTED);
-    }
-    let backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(20), 3);
-    let workers = inbox
-        .workers(app.clone())
-        .backoff(backoff)
-        .poll_interval(Duration::from_millis(10))
-        .concurrency(4)
-        .spawn();
-    let store = inbox.store().clone();
-    for _ in 0..2000 {
-        let stats = store.inbox_stats(None).await.unwrap();
-        if stats.dead == 2 && stats.queued == 0 && stats.running == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    workers.stop().await;
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        100 + 3,
-        "100 once each, the failing one 3 times"
-    );
-    let bad = store.entry(&key_of("bad")).await.unwrap().unwrap();
-    assert_eq!((bad.state, bad.attempts), (EntryState::Dead, 3));
-    assert_eq!(bad.history.len(), 3);
-    assert!(
-        bad.history
-            .iter()
-            .all(|a| a.result == AttemptResult::Status(500))
-    );
-    let boom = store.entry(&key_of("boom")).await.unwrap().unwrap();
-    assert_eq!(boom.state, EntryState::Dead);
-    assert!(
-        matches!(&boom.last_attempt().unwrap().result, AttemptResult::Error(e) if e.contains("poison")),
-        "{boom:?}"
-    );
-    // A person retries the dead one: it starts over.
-    assert_eq!(store.retry_dead("default@/hooks").await.unwrap(), 2);
-    assert_eq!(state(&store, "bad").await, Some(EntryState::Queued));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -389,4 +326,53 @@ async fn a_forged_delivery_gets_401_and_nothing_is_stored() {
     let res = app.oneshot(forged).await.unwrap();
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(inbox.store().inbox_stats(None).await.unwrap().queued, 0);
+}
+
+/// A body that never arrives: an upload stalled half way.
+struct Stalled;
+
+impl http_body::Body for Stalled {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::task::Poll::Pending
+    }
+}
+
+#[tokio::test]
+async fn stalled_and_malformed_bodies_store_nothing() {
+    let inbox = Inbox::new(MemoryStore::new());
+    let app = Router::new()
+        .route(
+            "/hooks",
+            post(|| async { StatusCode::OK }).layer(
+                inbox
+                    .layer()
+                    .key(key::header("x-event-id"))
+                    .body_timeout(Duration::from_millis(50)),
+            ),
+        )
+        .route(
+            "/json",
+            post(|| async { StatusCode::OK }).layer(inbox.layer().key(key::json("/id"))),
+        );
+    let stalled = Request::post("/hooks")
+        .header("x-event-id", "stalled")
+        .body(Body::new(Stalled))
+        .unwrap();
+    let res = app.clone().oneshot(stalled).await.unwrap();
+    assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    for bad in ["{\"id\":", "not json", "{\"other\":1}", "{\"id\":{}}"] {
+        let req = Request::post("/json").body(Body::from(bad)).unwrap();
+        let res = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(res.headers()["content-type"], "application/problem+json");
+    }
+    let stats = inbox.store().inbox_stats(None).await.unwrap();
+    assert_eq!((stats.queued, stats.running, stats.dead), (0, 0, 0));
 }
