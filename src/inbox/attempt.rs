@@ -11,7 +11,8 @@ use http::{Request, Response, Uri};
 use tower_service::Service;
 use tracing::Instrument;
 
-use super::worker::Config;
+use super::Inbox;
+use super::settle::Settler;
 use crate::body::BoxError;
 use crate::engine::drain::Entry;
 use crate::engine::guard::{LeaseGuard, Owner, Settle};
@@ -118,6 +119,17 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What the workers of one [`Workers::spawn`] share.
+pub(crate) struct Config<St> {
+    pub(super) inbox: Inbox<St>,
+    /// The store timeout, the commit predicate and the drain, as the lease guard reads them.
+    pub(super) settings: Settings,
+    pub(super) stale: Stale,
+    pub(super) backoff: Backoff,
+    /// Writes the settlements in batches.
+    pub(super) settler: Settler,
 }
 
 /// The owner of one entry's lease: the guard renews and settles through it.

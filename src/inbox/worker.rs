@@ -13,24 +13,13 @@ use tokio::task::JoinHandle;
 use tower_service::Service;
 
 use super::Inbox;
-use super::attempt::{Backoff, attempt};
+use super::attempt::{Backoff, Config, attempt};
 use super::settle::Settler;
 use crate::Drain;
 use crate::body::BoxError;
 use crate::engine::settings::Settings;
 use crate::store::inbox::{InboxStore, Settlement, Take, Taken};
 use crate::store::{DEFAULT_RETENTION, Stale};
-
-/// What the workers of one [`Workers::spawn`] share.
-pub(crate) struct Config<St> {
-    pub(super) inbox: Inbox<St>,
-    /// The store timeout, the commit predicate and the drain, as the lease guard reads them.
-    pub(super) settings: Settings,
-    pub(super) stale: Stale,
-    pub(super) backoff: Backoff,
-    /// Writes the settlements in batches.
-    pub(super) settler: Settler,
-}
 
 /// Runs an [`Inbox`]'s entries through a service: any number of these, on any number of
 /// instances, share the work, and each entry runs on one of them at a time. Made by
