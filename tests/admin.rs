@@ -1286,7 +1286,8 @@ async fn a_dead_entry_shows_its_history_is_retried_and_runs() {
 }
 
 /// Discarding marks a queued entry done without running it: no worker takes it, and its
-/// next copy is a duplicate. A running entry is not discarded.
+/// next copy is a duplicate. A running entry whose worker renews it is refused (409) unless
+/// forced; forced, its worker's lease is spent.
 #[tokio::test]
 async fn discard_marks_an_entry_done() {
     let store = MemoryStore::new();
@@ -1326,18 +1327,36 @@ async fn discard_marks_an_entry_done() {
     let refused = send(&app, post_json("/admin/inbox/discard", key_body(&key))).await;
     assert_problem(&refused, StatusCode::NOT_FOUND);
 
-    // A running entry: its worker holds it.
+    // A running entry: its worker holds it, and renews it.
     let running = enqueue(&store, "shop@/hooks", "evt_2", &stored("{}")).await;
-    let _taken = take(&store, &running).await;
+    let taken = take(&store, &running).await;
     for route in ["/admin/inbox/discard", "/admin/inbox/retry"] {
         let refused = send(&app, post_json(route, key_body(&running))).await;
-        assert_problem(&refused, StatusCode::NOT_FOUND);
+        assert_problem(&refused, StatusCode::CONFLICT);
         let detail = refused.body["detail"].as_str().unwrap();
         assert!(detail.contains("is running"), "{detail}");
     }
     assert_eq!(
         inbox_entry(&store, &running).await.state,
         EntryState::Running
+    );
+    let forced = json!({ "namespace": running.namespace(), "key": running.value(), "force": true });
+    let discarded = send(&app, post_json("/admin/inbox/discard", forced.to_string())).await;
+    assert_eq!(discarded.status, StatusCode::OK, "{}", discarded.text);
+    assert_eq!(inbox_entry(&store, &running).await.state, EntryState::Done);
+    let settled = store
+        .settle(
+            &taken.lease,
+            &tower_idempotency::store::inbox::Settlement::Done,
+            &[],
+        )
+        .await;
+    assert!(
+        matches!(
+            settled,
+            Err(tower_idempotency::store::StoreError::LeaseLost)
+        ),
+        "{settled:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
@@ -1553,7 +1572,8 @@ async fn bad_inbox_input_is_a_problem() {
             json!({}),
             json!({ "namespace": "alpha" }),
             json!({ "namespace": "alpha", "key": 1 }),
-            json!({ "namespace": "alpha", "key": "evt_1", "force": true }),
+            json!({ "namespace": "alpha", "key": "evt_1", "force": "yes" }),
+            json!({ "namespace": "alpha", "key": "evt_1", "other": true }),
             json!({ "namespace": "alpha", "key": "evt\n1" }),
             json!({ "namespace": "", "key": "evt_1" }),
         ] {

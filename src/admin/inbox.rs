@@ -103,9 +103,10 @@ async fn entry<St: InboxStore>(
     Ok(json(rendered))
 }
 
-/// `POST /inbox/retry` `{namespace, key}`: a queued or dead entry due now.
+/// `POST /inbox/retry` `{namespace, key, force?}`: a queued, running or dead entry due now (a
+/// running one only once its worker stopped renewing, or with `force`).
 async fn retry<St: InboxStore>(State(admin): Shared<St>, body: Body) -> Result<Response, Problem> {
-    let key = key_in_body(body).await?;
+    let key = unless_running(&admin, body).await?;
     if !admin.store.retry_now(&key).await? {
         return Err(nothing_to(&admin.store, &key, "retried").await);
     }
@@ -131,12 +132,13 @@ async fn retry_dead<St: InboxStore>(
     Ok(json(json!({ "retried": retried })))
 }
 
-/// `POST /inbox/discard` `{namespace, key}`: a queued or dead entry done without running.
+/// `POST /inbox/discard` `{namespace, key, force?}`: a queued, running or dead entry done
+/// without running (a running one only once its worker stopped renewing, or with `force`).
 async fn discard<St: InboxStore>(
     State(admin): Shared<St>,
     body: Body,
 ) -> Result<Response, Problem> {
-    let key = key_in_body(body).await?;
+    let key = unless_running(&admin, body).await?;
     if !admin.store.discard(&key).await? {
         return Err(nothing_to(&admin.store, &key, "discarded").await);
     }
@@ -148,7 +150,7 @@ async fn discard<St: InboxStore>(
 async fn nothing_to<St: InboxStore>(store: &St, key: &IdempotencyKey, done: &str) -> Problem {
     let detail = match store.entry(key).await {
         Ok(Some(entry)) => format!(
-            "the inbox entry {key} is {}: only a queued or dead entry can be {done}",
+            "the inbox entry {key} is {}: only a queued, running or dead entry can be {done}",
             entry.state.as_str()
         ),
         Ok(None) => format!("the inbox has no entry {key} (never stored, or purged)"),
@@ -157,14 +159,38 @@ async fn nothing_to<St: InboxStore>(store: &St, key: &IdempotencyKey, done: &str
     Problem::new(StatusCode::NOT_FOUND, detail)
 }
 
-/// The key of a body `{namespace, key}`.
-async fn key_in_body(body: Body) -> Result<IdempotencyKey, Problem> {
+/// The key of a body `{namespace, key, force?}`, unless its entry runs under a lease its
+/// worker still renews (within the stale limit of [`Admin::stale`]) and `force` is not set:
+/// then 409, since the worker may be about to finish.
+async fn unless_running<St: InboxStore>(
+    admin: &Admin<St>,
+    body: Body,
+) -> Result<IdempotencyKey, Problem> {
     let mut fields = Fields(object(body).await?);
     let namespace = fields.string("namespace")?;
     let value = fields.string("key")?;
+    let force = fields.flag("force")?;
     fields.no_others()?;
-    IdempotencyKey::new(namespace, value)
-        .map_err(|err| Problem::unprocessable(format!("not a key: {err}")))
+    let key = IdempotencyKey::new(namespace, value)
+        .map_err(|err| Problem::unprocessable(format!("not a key: {err}")))?;
+    if force {
+        return Ok(key);
+    }
+    if let Some(entry) = admin.store.entry(&key).await?
+        && entry.state == EntryState::Running
+        && let Some(since) = entry.since_renewal
+        && since < admin.stale.after()
+    {
+        return Err(Problem::new(
+            StatusCode::CONFLICT,
+            format!(
+                "the inbox entry {key} is running, renewed {:.1} s ago: its worker is alive; \
+                 send \"force\": true to take it away all the same",
+                since.as_secs_f64()
+            ),
+        ));
+    }
+    Ok(key)
 }
 
 /// The states of `state=queued,dead`: at least one, each a state the store writes.

@@ -106,9 +106,9 @@
 //! |---|---|
 //! | `GET /inbox?state=S1,S2&namespace=NS&limit=L` | `{stats: {queued, running, dead, oldest_due_s}, entries: [..]}`: the counts (of `NS` when given) and the oldest entries in the states listed (`queued`, `running`, `done`, `dead`; all but `done` unless said), of `NS` when given, the first `L` (100 unless said, 1 to 1000); each entry `{namespace, key, state, attempts, crashes, age_s, due_in_s, since_renewal_s, stuck, has_request, last, history}` |
 //! | `GET /inbox/entry?namespace=NS&key=K` | the entry as listed, and its stored `request`: `{method, uri, headers, body, body_encoding, body_bytes, truncated}`, or `null` once retention deleted it; 404 if the inbox has no such entry |
-//! | `POST /inbox/retry` `{namespace, key}` | `{retried: true}`: the queued or dead entry is due now, a dead one with its attempts counted from zero; 404 if the key has no queued or dead entry |
+//! | `POST /inbox/retry` `{namespace, key, force?}` | `{retried: true}`: the entry is due now, a dead one with its attempts counted from zero, a running one (held after its worker stopped renewing) taken from that worker; 409 for a running entry renewed within the stale limit unless `force`; 404 if the key has no such entry |
 //! | `POST /inbox/retry-dead` `{namespace}` | `{retried}`: how many dead entries of the namespace were made due now |
-//! | `POST /inbox/discard` `{namespace, key}` | `{discarded: true}`: the queued or dead entry is done without running; 404 if the key has no queued or dead entry |
+//! | `POST /inbox/discard` `{namespace, key, force?}` | `{discarded: true}`: the entry is done without running (a running one as for retry: held, or with `force`); 404 if the key has no entry or a done one |
 //!
 //! `namespace` is the namespace as stored, with the [scope](crate::Scope) joined to it
 //! (`github@/webhooks/github`), as `/claims` lists it. `runs` and `renewed_ago_s` in the list

@@ -320,7 +320,7 @@ impl Fields {
     }
 
     /// An optional `true` or `false`, absent (or `null`) as `false`.
-    fn flag(&mut self, name: &str) -> Result<bool, Problem> {
+    pub(super) fn flag(&mut self, name: &str) -> Result<bool, Problem> {
         match self.0.remove(name) {
             None | Some(Value::Null) => Ok(false),
             Some(Value::Bool(flag)) => Ok(flag),

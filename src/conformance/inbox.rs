@@ -215,7 +215,8 @@ pub async fn reclaim_counts_crashes_and_ends_dead<S: InboxStore>(store: S) {
     ));
 }
 
-/// Under hold, an entry whose worker stopped renewing stays running, listed for a person.
+/// Under hold, an entry whose worker stopped renewing stays running, listed for a person,
+/// who runs it again (its first worker, back, is fenced off) or discards it.
 pub async fn hold_leaves_a_crashed_entry_running<S: InboxStore>(store: S) {
     let ns = unique_namespace("inbox-hold");
     let key = key_in(&ns, "evt_1");
@@ -230,11 +231,28 @@ pub async fn hold_leaves_a_crashed_entry_running<S: InboxStore>(store: S) {
         .unwrap();
     assert_eq!(listed.len(), 1);
     assert!(listed[0].since_renewal.unwrap() >= SHORT);
-    // Its worker, back, still holds it.
-    store
-        .settle(&first.lease, &Settlement::Done, &[])
-        .await
-        .unwrap();
+    assert!(
+        store.retry_now(&key).await.unwrap(),
+        "a person runs it again"
+    );
+    assert!(matches!(
+        store.settle(&first.lease, &Settlement::Done, &[]).await,
+        Err(StoreError::LeaseLost)
+    ));
+    let second = take_ours(&store, &policy, &ns).await.remove(0);
+    assert_eq!(second.attempt, 2);
+    assert!(
+        store.discard(&key).await.unwrap(),
+        "or discards it, running"
+    );
+    assert_eq!(
+        store.entry(&key).await.unwrap().unwrap().state,
+        EntryState::Done
+    );
+    assert!(matches!(
+        store.renew_entry(&second.lease).await,
+        Err(StoreError::LeaseLost)
+    ));
 }
 
 /// A give-back queues the entry again at once and takes back the attempt it counted.

@@ -446,8 +446,10 @@ pub trait InboxStore: Send + Sync + 'static {
         key: &IdempotencyKey,
     ) -> impl Future<Output = Result<Option<StoredRequest>, StoreError>> + Send;
 
-    /// Makes a queued or dead entry due now. A dead one starts over with its attempts
-    /// counted from zero. `false` if the key has no such entry.
+    /// Makes a queued, running or dead entry due now. A dead one starts over with its
+    /// attempts counted from zero; a running one's lease is spent (its worker, should it still
+    /// run, settles nothing): for an entry held after a crash, which a person decided to run
+    /// again. `false` if the key has no such entry.
     fn retry_now(
         &self,
         key: &IdempotencyKey,
@@ -456,8 +458,8 @@ pub trait InboxStore: Send + Sync + 'static {
     /// [`retry_now`](Self::retry_now) for every dead entry of `namespace`; answers how many.
     fn retry_dead(&self, namespace: &str) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// Marks a queued or dead entry done without running it. `false` if the key has no such
-    /// entry.
+    /// Marks a queued, running or dead entry done without running it (a running one's lease is
+    /// spent, as for [`retry_now`](Self::retry_now)). `false` if the key has no such entry.
     fn discard(
         &self,
         key: &IdempotencyKey,

@@ -261,10 +261,11 @@ impl InboxStore for MemoryStore {
         let Some(row) = rows.get_mut(key) else {
             return Ok(false);
         };
-        if !matches!(row.state, EntryState::Queued | EntryState::Dead) {
+        if row.state == EntryState::Done {
             return Ok(false);
         }
         row.state = EntryState::Done;
+        row.token = None;
         row.settled = Some(Instant::now());
         Ok(true)
     }
@@ -331,10 +332,15 @@ impl InboxStore for MemoryStore {
     }
 }
 
-/// Makes a queued or dead entry due now; a dead one starts its attempts over.
+/// Makes a queued, running or dead entry due now; a dead one starts its attempts over, a
+/// running one's lease is spent.
 fn retry(row: &mut Row, now: Instant) -> bool {
     match row.state {
         EntryState::Queued => {}
+        EntryState::Running => {
+            row.state = EntryState::Queued;
+            row.token = None;
+        }
         EntryState::Dead => {
             row.state = EntryState::Queued;
             row.attempts = 0;

@@ -9,7 +9,7 @@ use super::server::{DEADLOCK, DUPLICATE_KEY, mysql_error};
 use super::{MySqlFlavor, MySqlStore};
 use crate::key::IdempotencyKey;
 use crate::store::inbox::{
-    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement,
+    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement, Settling,
     StoredRequest, Take, Taken,
 };
 use crate::store::sql::{ResultExt as _, duration_from_micros, micros};
@@ -176,6 +176,35 @@ impl MySqlStore {
     }
 }
 
+impl MySqlStore {
+    /// The fenced statement that settles `lease` as `settlement` says.
+    fn settling<'q>(
+        &'q self,
+        lease: &'q Lease,
+        settlement: &Settlement,
+        history: &[Attempt],
+    ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+        let statement = match *settlement {
+            Settlement::GiveBack => sqlx::query(AssertSqlSafe(self.inbox.give_back.clone())),
+            Settlement::Retry { after } => {
+                sqlx::query(AssertSqlSafe(self.inbox.retry_later.clone()))
+                    .bind(micros(after))
+                    .bind(Attempt::encode_history(history))
+            }
+            Settlement::Dead => sqlx::query(AssertSqlSafe(self.inbox.settle.clone()))
+                .bind(EntryState::Dead.as_str())
+                .bind(Attempt::encode_history(history)),
+            Settlement::Done => sqlx::query(AssertSqlSafe(self.inbox.settle.clone()))
+                .bind(EntryState::Done.as_str())
+                .bind(Attempt::encode_history(history)),
+        };
+        statement
+            .bind(lease.key().namespace())
+            .bind(lease.key().value())
+            .bind(lease.token().to_i64())
+    }
+}
+
 /// A fenced statement that matched no row: the lease is lost.
 fn held(matched: u64) -> Result<(), StoreError> {
     match matched {
@@ -240,31 +269,44 @@ impl InboxStore for MySqlStore {
         settlement: &Settlement,
         history: &[Attempt],
     ) -> Result<(), StoreError> {
-        let statement = match *settlement {
-            Settlement::GiveBack => {
-                let give_back = &self.inbox.give_back;
-                return held(
-                    self.on_entry(give_back, lease.key(), Some(lease.token()))
-                        .await?,
-                );
-            }
-            Settlement::Retry { after } => {
-                sqlx::query(AssertSqlSafe(self.inbox.retry_later.clone())).bind(micros(after))
-            }
-            Settlement::Dead => sqlx::query(AssertSqlSafe(self.inbox.settle.clone()))
-                .bind(EntryState::Dead.as_str()),
-            Settlement::Done => sqlx::query(AssertSqlSafe(self.inbox.settle.clone()))
-                .bind(EntryState::Done.as_str()),
-        };
-        let done = statement
-            .bind(Attempt::encode_history(history))
-            .bind(lease.key().namespace())
-            .bind(lease.key().value())
-            .bind(lease.token().to_i64())
+        let done = self
+            .settling(lease, settlement, history)
             .execute(&self.table.pool)
             .await
             .store()?;
         held(done.rows_affected())
+    }
+
+    /// One transaction, one `UPDATE` per settlement: the batch waits for one flush of the
+    /// redo log, not one each.
+    async fn settle_many(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
+        if batch.len() < 2 {
+            let mut results = Vec::with_capacity(batch.len());
+            for one in batch {
+                results.push(self.settle(&one.lease, &one.settlement, &one.history).await);
+            }
+            return results;
+        }
+        let written = async {
+            let mut tx = self.table.pool.begin().await.store()?;
+            let mut changed = Vec::with_capacity(batch.len());
+            for one in batch {
+                let query = self.settling(&one.lease, &one.settlement, &one.history);
+                changed.push(query.execute(&mut *tx).await.store()?.rows_affected());
+            }
+            tx.commit().await.store()?;
+            Ok::<_, StoreError>(changed)
+        };
+        match written.await {
+            Ok(changed) => changed.into_iter().map(held).collect(),
+            Err(error) => {
+                let said = error.to_string();
+                batch
+                    .iter()
+                    .map(|_| Err(StoreError::backend(said.clone())))
+                    .collect()
+            }
+        }
     }
 
     async fn entries(

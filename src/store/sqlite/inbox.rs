@@ -12,7 +12,7 @@ use sqlx::{AssertSqlSafe, Row as _, Sqlite};
 use super::SqliteStore;
 use crate::key::IdempotencyKey;
 use crate::store::inbox::{
-    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement,
+    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement, Settling,
     StoredRequest, Take, Taken,
 };
 use crate::store::sql::{ResultExt as _, duration_from_micros, micros};
@@ -51,6 +51,34 @@ impl SqliteStore {
         match self.inbox_write(more(query)).await? {
             0 => Err(StoreError::LeaseLost),
             _ => Ok(()),
+        }
+    }
+
+    /// The fenced write that settles `lease` as `settlement` says.
+    fn settling<'q>(
+        &'q self,
+        lease: &'q Lease,
+        settlement: &Settlement,
+        history: &[Attempt],
+    ) -> Query<'q> {
+        let fenced = |sql: &Arc<str>| {
+            statement(sql)
+                .bind(lease.key().namespace())
+                .bind(lease.key().value())
+                .bind(lease.token().to_i64())
+        };
+        let history = Attempt::encode_history(history);
+        match *settlement {
+            Settlement::Done => fenced(&self.inbox.settle)
+                .bind(EntryState::Done.as_str())
+                .bind(history),
+            Settlement::Dead => fenced(&self.inbox.settle)
+                .bind(EntryState::Dead.as_str())
+                .bind(history),
+            Settlement::Retry { after } => fenced(&self.inbox.retry_later)
+                .bind(micros(after))
+                .bind(history),
+            Settlement::GiveBack => fenced(&self.inbox.give_back),
         }
     }
 
@@ -209,26 +237,57 @@ impl InboxStore for SqliteStore {
         settlement: &Settlement,
         history: &[Attempt],
     ) -> Result<(), StoreError> {
-        let history = Attempt::encode_history(history);
-        match *settlement {
-            Settlement::Done | Settlement::Dead => {
-                let state = if *settlement == Settlement::Done {
-                    EntryState::Done
-                } else {
-                    EntryState::Dead
-                };
-                self.inbox_fenced(&self.inbox.settle, lease, |q| {
-                    q.bind(state.as_str()).bind(history)
-                })
-                .await
+        let query = self.settling(lease, settlement, history);
+        match self.inbox_write(query).await? {
+            0 => Err(StoreError::LeaseLost),
+            _ => Ok(()),
+        }
+    }
+
+    /// One `BEGIN IMMEDIATE` transaction in one writer's turn, one `UPDATE` per settlement:
+    /// the batch waits for one sync of the disk, not one each.
+    async fn settle_many(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
+        if batch.len() < 2 {
+            let mut results = Vec::with_capacity(batch.len());
+            for one in batch {
+                results.push(self.settle(&one.lease, &one.settlement, &one.history).await);
             }
-            Settlement::Retry { after } => {
-                self.inbox_fenced(&self.inbox.retry_later, lease, |q| {
-                    q.bind(micros(after)).bind(history)
-                })
+            return results;
+        }
+        let written = async {
+            let _turn = self.table.turn().await;
+            let mut tx = self
+                .table
+                .pool
+                .begin_with("BEGIN IMMEDIATE")
                 .await
+                .store()?;
+            let mut changed = Vec::with_capacity(batch.len());
+            for one in batch {
+                let query = self.settling(&one.lease, &one.settlement, &one.history);
+                changed.push(query.execute(&mut *tx).await.store()?.rows_affected());
             }
-            Settlement::GiveBack => self.inbox_fenced(&self.inbox.give_back, lease, |q| q).await,
+            tx.commit().await.store()?;
+            Ok::<_, StoreError>(changed)
+        };
+        match written.await {
+            Ok(changed) => changed
+                .into_iter()
+                .map(|n| {
+                    if n == 0 {
+                        Err(StoreError::LeaseLost)
+                    } else {
+                        Ok(())
+                    }
+                })
+                .collect(),
+            Err(error) => {
+                let said = error.to_string();
+                batch
+                    .iter()
+                    .map(|_| Err(StoreError::backend(said.clone())))
+                    .collect()
+            }
         }
     }
 

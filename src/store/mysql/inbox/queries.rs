@@ -154,8 +154,8 @@ ORDER BY received_at, namespace, `key` LIMIT ?"#
         let start_over =
             |column: &str, value: &str| format!("{column} = IF(state = 'dead', {value}, {column})");
         let retry_now = format!(
-            "UPDATE {t} SET {attempts}, {crashes}, {settled}, due_at = {NOW}, state = 'queued' \
-             WHERE {at_key} AND state IN ('queued', 'dead')",
+            "UPDATE {t} SET {attempts}, {crashes}, {settled}, due_at = {NOW}, token = NULL, \
+             state = 'queued' WHERE {at_key} AND state IN ('queued', 'running', 'dead')",
             attempts = start_over("attempts", "0"),
             crashes = start_over("crashes", "0"),
             settled = start_over("settled_at", "NULL"),
@@ -168,7 +168,7 @@ ORDER BY received_at, namespace, `key` LIMIT ?"#
         // due before it was settled, which the purge's walk of the due index relies on.
         let discard = format!(
             "UPDATE {t} SET state = 'done', settled_at = {NOW}, due_at = LEAST(due_at, {NOW}), \
-             token = NULL WHERE {at_key} AND state IN ('queued', 'dead')"
+             token = NULL WHERE {at_key} AND state IN ('queued', 'running', 'dead')"
         );
         // The due index holds the state and the primary key: the count reads no row, and skips
         // the done entries.

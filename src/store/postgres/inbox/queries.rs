@@ -190,7 +190,7 @@ ORDER BY received_at, namespace, "key" LIMIT $3"#
     let retry = |which: &str| {
         format!(
             r#"WITH retried AS (
-    UPDATE {t} SET state = 'queued', due_at = now(), settled_at = NULL,
+    UPDATE {t} SET state = 'queued', due_at = now(), settled_at = NULL, token = NULL,
         attempts = CASE WHEN state = 'dead' THEN 0 ELSE attempts END,
         crashes = CASE WHEN state = 'dead' THEN 0 ELSE crashes END
     WHERE {which}
@@ -202,11 +202,11 @@ SELECT (SELECT count(*) FROM retried) AS retried, (SELECT count(*) FROM woken) A
         )
     };
     // $1 namespace, $2 key; or $1 namespace.
-    let retry_now = retry(&format!("{key} AND state IN ('queued', 'dead')"));
+    let retry_now = retry(&format!("{key} AND state IN ('queued', 'running', 'dead')"));
     let retry_dead = retry("namespace = $1 AND state = 'dead'");
     let discard = format!(
         "UPDATE {t} SET state = 'done', token = NULL, settled_at = now() \
-         WHERE {key} AND state IN ('queued', 'dead')"
+         WHERE {key} AND state IN ('queued', 'running', 'dead')"
     );
     // $1 the namespace or NULL. Each count reads the rows of one state alone: the partial
     // indexes hold the queued and the running ones.

@@ -149,15 +149,15 @@ ORDER BY received_at, namespace, "key" LIMIT ?6"#
     let request = format!("SELECT request FROM {t} WHERE {key}");
     // Every SET expression sees the row as it was.
     let retry = format!(
-        "UPDATE {t} SET state = 'queued', due_at = {now}, settled_at = NULL, \
+        "UPDATE {t} SET state = 'queued', due_at = {now}, settled_at = NULL, token = NULL, \
          attempts = CASE WHEN state = 'dead' THEN 0 ELSE attempts END, \
          crashes = CASE WHEN state = 'dead' THEN 0 ELSE crashes END"
     );
-    let retry_now = format!("{retry} WHERE {key} AND state IN ('queued', 'dead')");
+    let retry_now = format!("{retry} WHERE {key} AND state IN ('queued', 'running', 'dead')");
     let retry_dead = format!("{retry} WHERE namespace = ?1 AND state = 'dead'");
     let discard = format!(
         "UPDATE {t} SET state = 'done', token = NULL, settled_at = {now} \
-         WHERE {key} AND state IN ('queued', 'dead')"
+         WHERE {key} AND state IN ('queued', 'running', 'dead')"
     );
     let stats = format!(
         r#"SELECT coalesce(sum(state = 'queued'), 0), coalesce(sum(state = 'running'), 0),
