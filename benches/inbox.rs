@@ -421,7 +421,10 @@ async fn fresh_inbox<St: Store + InboxStore + Migrate>(store: St) -> St {
             break;
         }
         for entry in taken {
-            store.settle(&entry.lease, &Settlement::Done, &[]).await.unwrap();
+            store
+                .settle(&entry.lease, &Settlement::Done, &[])
+                .await
+                .unwrap();
         }
     }
     store
@@ -490,7 +493,9 @@ fn main() {
     let mut sqlite = Report::default();
     let pool = rt.block_on(sqlite_pool());
     let table = |name: &str| {
-        let store = SqliteStore::new(pool.clone()).with_table_name(name).unwrap();
+        let store = SqliteStore::new(pool.clone())
+            .with_table_name(name)
+            .unwrap();
         rt.block_on(fresh_inbox(store))
     };
     ingest(&mut c, &rt, "sqlite", table("bench_ingest"), &mut sqlite);
@@ -505,7 +510,9 @@ fn main() {
         Some(pool) => {
             let mut pg = Report::default();
             let table = |name: &str| {
-                let store = PostgresStore::new(pool.clone()).with_table_name(name).unwrap();
+                let store = PostgresStore::new(pool.clone())
+                    .with_table_name(name)
+                    .unwrap();
                 rt.block_on(fresh_inbox(store))
             };
             ingest(&mut c, &rt, "postgres", table("bench_ingest"), &mut pg);

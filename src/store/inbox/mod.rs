@@ -416,13 +416,7 @@ pub trait InboxStore: Send + Sync + 'static {
         &self,
         batch: &[Settling],
     ) -> impl Future<Output = Vec<Result<(), StoreError>>> + Send {
-        async move {
-            let mut results = Vec::with_capacity(batch.len());
-            for one in batch {
-                results.push(self.settle(&one.lease, &one.settlement, &one.history).await);
-            }
-            results
-        }
+        settle_each(self, batch)
     }
 
     /// Up to `limit` entries in one of `states` (all states when empty), of `namespace` when
@@ -488,6 +482,51 @@ pub trait InboxStore: Send + Sync + 'static {
     fn watch(&self, wake: Wake) -> impl Future<Output = ()> + Send {
         let _ = wake;
         async {}
+    }
+}
+
+/// Settles `batch` one by one: the default of [`InboxStore::settle_many`], and what a store
+/// does with a batch of one.
+pub(crate) async fn settle_each<S: InboxStore + ?Sized>(
+    store: &S,
+    batch: &[Settling],
+) -> Vec<Result<(), StoreError>> {
+    let mut results = Vec::with_capacity(batch.len());
+    for one in batch {
+        results.push(
+            store
+                .settle(&one.lease, &one.settlement, &one.history)
+                .await,
+        );
+    }
+    results
+}
+
+/// The answers of a batch written in one statement or transaction: per settlement, the rows
+/// it changed (none: its lease was lost); or the one failure, told to each.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn batch_results(
+    written: Result<Vec<u64>, StoreError>,
+    batch: &[Settling],
+) -> Vec<Result<(), StoreError>> {
+    match written {
+        Ok(changed) => changed
+            .into_iter()
+            .map(|n| {
+                if n == 0 {
+                    Err(StoreError::LeaseLost)
+                } else {
+                    Ok(())
+                }
+            })
+            .collect(),
+        Err(error) => {
+            let said = error.to_string();
+            batch
+                .iter()
+                .map(|_| Err(StoreError::backend(said.clone())))
+                .collect()
+        }
     }
 }
 

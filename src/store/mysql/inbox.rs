@@ -281,11 +281,7 @@ impl InboxStore for MySqlStore {
     /// redo log, not one each.
     async fn settle_many(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
         if batch.len() < 2 {
-            let mut results = Vec::with_capacity(batch.len());
-            for one in batch {
-                results.push(self.settle(&one.lease, &one.settlement, &one.history).await);
-            }
-            return results;
+            return crate::store::inbox::settle_each(self, batch).await;
         }
         let written = async {
             let mut tx = self.table.pool.begin().await.store()?;
@@ -297,16 +293,7 @@ impl InboxStore for MySqlStore {
             tx.commit().await.store()?;
             Ok::<_, StoreError>(changed)
         };
-        match written.await {
-            Ok(changed) => changed.into_iter().map(held).collect(),
-            Err(error) => {
-                let said = error.to_string();
-                batch
-                    .iter()
-                    .map(|_| Err(StoreError::backend(said.clone())))
-                    .collect()
-            }
-        }
+        crate::store::inbox::batch_results(written.await, batch)
     }
 
     async fn entries(

@@ -237,11 +237,7 @@ impl InboxStore for PostgresStore {
 
     async fn settle_many(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
         if batch.len() < 2 {
-            let mut results = Vec::with_capacity(batch.len());
-            for one in batch {
-                results.push(self.settle(&one.lease, &one.settlement, &one.history).await);
-            }
-            return results;
+            return crate::store::inbox::settle_each(self, batch).await;
         }
         let mut columns = SettleColumns::default();
         for one in batch {

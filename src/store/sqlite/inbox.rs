@@ -248,11 +248,7 @@ impl InboxStore for SqliteStore {
     /// the batch waits for one sync of the disk, not one each.
     async fn settle_many(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
         if batch.len() < 2 {
-            let mut results = Vec::with_capacity(batch.len());
-            for one in batch {
-                results.push(self.settle(&one.lease, &one.settlement, &one.history).await);
-            }
-            return results;
+            return crate::store::inbox::settle_each(self, batch).await;
         }
         let written = async {
             let _turn = self.table.turn().await;
@@ -270,25 +266,7 @@ impl InboxStore for SqliteStore {
             tx.commit().await.store()?;
             Ok::<_, StoreError>(changed)
         };
-        match written.await {
-            Ok(changed) => changed
-                .into_iter()
-                .map(|n| {
-                    if n == 0 {
-                        Err(StoreError::LeaseLost)
-                    } else {
-                        Ok(())
-                    }
-                })
-                .collect(),
-            Err(error) => {
-                let said = error.to_string();
-                batch
-                    .iter()
-                    .map(|_| Err(StoreError::backend(said.clone())))
-                    .collect()
-            }
-        }
+        crate::store::inbox::batch_results(written.await, batch)
     }
 
     async fn entries(
