@@ -5,7 +5,7 @@
 //!    202) against the inline layer with a handler that does nothing, on the same store.
 //!    Throughput ratio and each side's p50/p99 answer time.
 //! 2. **End to end**: 2,000 events sent through the router (16 at a time) with workers
-//!    running (16 at a time), timed until every handler (doing nothing) has run: the inbox
+//!    running (64 entries at once, taken 16 at a time), timed until every handler (doing nothing) has run: the inbox
 //!    against a hand-written queue on the same database (an axum handler that inserts the
 //!    event, then 16 worker tasks looping over `SELECT … FOR UPDATE SKIP LOCKED LIMIT 16`,
 //!    the handler, `UPDATE … SET state = 'done'` in one transaction; on SQLite, which has no
@@ -181,7 +181,7 @@ fn inbox_end_to_end<St: InboxStore + Clone>(rt: &Runtime, store: St) -> f64 {
             })
             .layer(inbox.layer().key(key::header("x-event-id"))),
         );
-        let workers = inbox.workers(app.clone()).concurrency(16).batch(16).spawn();
+        let workers = inbox.workers(app.clone()).concurrency(64).batch(16).spawn();
         let started = Instant::now();
         send(&app, EVENTS, 16).await;
         while ran.load(Ordering::SeqCst) < EVENTS {

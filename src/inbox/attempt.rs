@@ -1,9 +1,11 @@
 //! One attempt at an entry: the request rebuilt, the service called under the entry's lease,
 //! and the entry settled as the answer says.
 
+use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -229,7 +231,7 @@ pub(super) async fn attempt<St, S, B, ResB>(
     St: InboxStore,
     S: Service<Request<B>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
+    S::Error: Into<BoxError> + Send,
     B: From<Bytes> + Send + 'static,
 {
     let Taken {
@@ -283,9 +285,19 @@ pub(super) async fn attempt<St, S, B, ResB>(
         let (result, success) = match rebuilt {
             Ok(req) => {
                 guard.start();
-                guard.start_heartbeat();
                 let started = Instant::now();
-                let ran = crate::engine::run::call(service, req).await;
+                let call = crate::engine::run::call(service, req);
+                let mut call = std::pin::pin!(call);
+                // A handler that answers at once never needs a heartbeat: one starts only
+                // once it has to wait.
+                let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+                let ran = match first {
+                    Poll::Ready(ran) => ran,
+                    Poll::Pending => {
+                        guard.start_heartbeat();
+                        call.await
+                    }
+                };
                 let took = started.elapsed();
                 let (result, success) = match ran {
                     Ok(Ok(res)) => {

@@ -184,7 +184,7 @@ impl<St: InboxStore + Clone, S> Workers<St, S> {
     where
         S: Service<Request<Full<Bytes>>, Response = Response<ResB>> + Clone + Send + 'static,
         S::Future: Send + 'static,
-        S::Error: Into<BoxError>,
+        S::Error: Into<BoxError> + Send,
         ResB: Send + 'static,
     {
         let stop = Arc::new(Notify::new());
@@ -199,7 +199,7 @@ where
     St: InboxStore + Clone,
     S: Service<Request<Full<Bytes>>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
+    S::Error: Into<BoxError> + Send,
     ResB: Send + 'static,
 {
     let Workers {
