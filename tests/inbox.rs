@@ -217,7 +217,7 @@ async fn poison_ends_dead_while_the_others_complete<St: InboxStore + Clone>(stor
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     workers.stop().await;
-    let runs = runs.lock().unwrap();
+    let runs = runs.lock().unwrap().clone();
     for event in &events[..100] {
         assert_eq!(runs.get(event), Some(&1), "{event}");
     }

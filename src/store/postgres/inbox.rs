@@ -18,8 +18,11 @@ use crate::store::sql::{
 };
 use crate::store::{Lease, LeaseToken, StalePolicy, StoreError};
 
+mod herald;
 mod queries;
 mod watch;
+
+pub(crate) use herald::Herald;
 
 pub(super) use queries::{InboxQueries, inbox_queries};
 
@@ -146,7 +149,10 @@ impl InboxStore for PostgresStore {
                 match retry_serialization_failure("enqueue", is_serialization_failure, first)
                     .await?
                 {
-                    Some(row) if row.try_get::<bool, _>(1).store()? => return Ok(Enqueued::Stored),
+                    Some(row) if row.try_get::<bool, _>(1).store()? => {
+                        self.herald.poke(self.pool(), &sql.herald);
+                        return Ok(Enqueued::Stored);
+                    }
                     Some(row) => Some(row.try_get(0).store()?),
                     None => sqlx::query_scalar(AssertSqlSafe(sql.state.clone()))
                         .bind(key.namespace())

@@ -241,8 +241,11 @@
 //!
 //! ## Notifications
 //!
-//! The enqueue's `pg_notify` goes out when its insert commits, on the channel named after the
-//! inbox table: `<table>_inbox` as given (`idempotency_keys_inbox` by default, with its
+//! An enqueue that stored an entry asks for a `pg_notify` after its insert committed, sent by
+//! a task of the store's (`SELECT pg_notify(…)`, which writes nothing), one for every burst of
+//! such asks: a notification committed with the insert would hold PostgreSQL's lock on the
+//! notification queue through the commit's flush, and concurrent enqueues would commit one at
+//! a time. The channel is named after the inbox table: `<table>_inbox` as given (`idempotency_keys_inbox` by default, with its
 //! schema when the table has one, unless that is longer than the 63 bytes a channel's name
 //! can be; then without it). [`watch`](crate::store::inbox::InboxStore::watch) holds a
 //! connection of its own, made with the options of the store's pool (outside it, so it takes
@@ -266,7 +269,7 @@ mod queries;
 mod transactional;
 mod versions;
 
-use inbox::{InboxQueries, inbox_queries};
+use inbox::{Herald, InboxQueries, inbox_queries};
 use queries::{add_receipt, insert_or_read, queries, upgrade};
 
 /// Claims kept in a PostgreSQL table, shared by every app instance that uses the database.
@@ -282,6 +285,8 @@ pub struct PostgresStore {
     insert_or_read: Arc<str>,
     /// The statements on the inbox table.
     inbox: Arc<InboxQueries>,
+    /// Sends the notifications of new inbox entries.
+    herald: Arc<Herald>,
 }
 
 impl PostgresStore {
@@ -291,6 +296,7 @@ impl PostgresStore {
         Self {
             insert_or_read: insert_or_read(&table).into(),
             inbox: inbox_queries(&table).into(),
+            herald: Arc::default(),
             table: Table::new(pool, queries(table)),
         }
     }
@@ -303,6 +309,7 @@ impl PostgresStore {
         Ok(Self {
             insert_or_read: insert_or_read(&table).into(),
             inbox: inbox_queries(&table).into(),
+            herald: Arc::default(),
             table: self.table.with_queries(queries(table)),
         })
     }

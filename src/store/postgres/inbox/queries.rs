@@ -20,6 +20,8 @@ pub(crate) struct InboxQueries {
     pub(crate) renew: Arc<str>,
     pub(crate) settle: Arc<str>,
     pub(crate) settle_many: Arc<str>,
+    /// The notification alone, which [`Herald`](super::herald::Herald) sends.
+    pub(crate) herald: Arc<str>,
     pub(crate) entries: Arc<str>,
     pub(crate) entry: Arc<str>,
     pub(crate) request: Arc<str>,
@@ -80,7 +82,9 @@ CREATE INDEX IF NOT EXISTS {run} ON {t} (renewed_at) WHERE state = 'running';"#,
     // $1 namespace, $2 key, $3 the encoded request. A duplicate is the read alone: the insert
     // does not start. A row another enqueue committed after the statement's snapshot is in
     // neither part (the insert runs into it and does nothing): no row is answered then. The
-    // notification goes out when the insert commits, and only for an inserted row.
+    // insert carries no notification: one committed with it would hold PostgreSQL's lock on
+    // the notification queue through the commit's flush, one commit at a time (see
+    // `herald`).
     let enqueue = format!(
         r#"WITH found AS (
     SELECT state FROM {t} WHERE namespace = $1 AND "key" = $2
@@ -91,13 +95,12 @@ CREATE INDEX IF NOT EXISTS {run} ON {t} (renewed_at) WHERE state = 'running';"#,
     WHERE NOT EXISTS (SELECT 1 FROM found)
     ON CONFLICT (namespace, "key") DO NOTHING
     RETURNING state
-), woken AS (
-    SELECT state, {notify} AS sent FROM inserted
 )
 SELECT state, FALSE AS stored FROM found
 UNION ALL
-SELECT state, TRUE AS stored FROM woken"#
+SELECT state, TRUE AS stored FROM inserted"#
     );
+    let herald = format!("SELECT {notify}");
     let key = r#"namespace = $1 AND "key" = $2"#;
     let state = format!("SELECT state FROM {t} WHERE {key}");
     // $1 the limit, $2 whether the policy reclaims, $3 the stale limit in microseconds, $4 the
@@ -254,6 +257,7 @@ WHERE t.namespace = old.namespace AND t."key" = old."key""#,
         renew: renew.into(),
         settle: settle.into(),
         settle_many: settle_many.into(),
+        herald: herald.into(),
         entries: entries.into(),
         entry: entry.into(),
         request: request.into(),
