@@ -20,7 +20,8 @@
 //! `WORK_MS` makes the Standard Webhooks handler that much slower, like a slow downstream: a
 //! sender that times out sooner retries while it runs, and the work still happens once.
 //!
-//! `POST /webhooks/shopify/fulfilment` goes through the inbox: the receiver stores the delivery
+//! `POST /webhooks/shopify/fulfilment` (and `POST /webhooks/standard/inbox`, for a Standard
+//! Webhooks sender such as Svix, whose handler `WORK_MS` makes slow) goes through the inbox: the receiver stores the delivery
 //! and answers 202 at once, and its workers run the fulfilment (`FULFILMENT_MS`, default 3000 ms
 //! of work) later, exactly once. A fulfilment whose body says `"poison": true` always fails: it
 //! is tried 3 times, a second apart, then it is dead, listed on the admin page, where "Retry
@@ -195,6 +196,13 @@ where
         .key(key::shopify())
         .with(&shared)
         .maybe_verify(secret("SHOPIFY_WEBHOOK_SECRET").map(verify::shopify));
+    // A Standard Webhooks sender (Svix) whose handler is slow (`WORK_MS`) may go through the
+    // inbox too: the same handler as /webhooks/standard, answered 202 at once.
+    let standard_inbox_layer = inbox
+        .layer()
+        .key(key::standard_webhooks())
+        .with(&shared)
+        .maybe_verify(secret("STANDARD_WEBHOOK_SECRET").map(verify::standard_webhooks));
     // An API for clients that send `Idempotency-Key`: a retried payment gets the answer the
     // first one got (replayed), and the key reused for another payment gets 422.
     let payments_layer = IdempotencyLayer::for_api(store.clone()).with(&shared);
@@ -247,6 +255,10 @@ where
         .route(
             "/webhooks/shopify/fulfilment",
             post(fulfilment::<S::Database>).layer(fulfilment_layer),
+        )
+        .route(
+            "/webhooks/standard/inbox",
+            post(standard::<S::Database>).layer(standard_inbox_layer),
         )
         .route(
             "/api/payments",
@@ -347,6 +359,7 @@ async fn serve(
     println!("  POST /webhooks/shopify   key: X-Shopify-Webhook-Id    hold after 30 s silent");
     println!("  POST /webhooks/standard  key: webhook-id / svix-id    reclaim after 10 s silent");
     println!("  POST /webhooks/shopify/fulfilment  inbox: 202 now, the work later, once");
+    println!("  POST /webhooks/standard/inbox      the same for a Standard Webhooks sender");
     println!("  POST /api/payments       key: Idempotency-Key         answers replayed");
     println!("  GET  /side-effects       every side effect recorded (the demo sender's check)");
     println!("  GET  /admin/             the operators' page: user admin, password {admin_token}");

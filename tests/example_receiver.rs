@@ -206,6 +206,18 @@ fn admin(method: &str, path: &str, body: &str) -> String {
     )
 }
 
+/// How many side effects `event` had, once it had one.
+async fn effects_of(addr: SocketAddr, event: &str) -> Option<i64> {
+    let side_effects = get("/side-effects", None) + "connection: close\r\n\r\n";
+    let (_, _, body) = exchange(addr, side_effects).await;
+    let effects: serde_json::Value = serde_json::from_str(&body).ok()?;
+    effects
+        .as_array()?
+        .iter()
+        .find(|e| e["event"] == event)
+        .map(|e| e["count"].as_i64().unwrap())
+}
+
 /// Polls `check` every 100 ms for up to 60 s.
 async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -240,20 +252,24 @@ async fn fulfilments_go_through_the_inbox() {
         "{head}"
     );
     let count = eventually("the fulfilment to run", async || {
-        let (_, _, body) = exchange(
-            addr,
-            get("/side-effects", None) + "connection: close\r\n\r\n",
-        )
-        .await;
-        let effects: serde_json::Value = serde_json::from_str(&body).ok()?;
-        effects
-            .as_array()?
-            .iter()
-            .find(|e| e["event"] == id.as_str())
-            .map(|e| e["count"].as_i64().unwrap())
+        effects_of(addr, &id).await
     })
     .await;
     assert_eq!(count, 1);
+
+    // A Standard Webhooks sender's route behind the inbox answers the same way.
+    let svix = common::unique_namespace("msg");
+    let standard = format!(
+        "POST /webhooks/standard/inbox HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\
+         webhook-id: {svix}\r\nwebhook-timestamp: 1700000000\r\ncontent-length: 2\r\n\r\n{{}}"
+    );
+    let (status, head, _) = exchange(addr, standard).await;
+    assert_eq!(status, 202, "{head}");
+    let ran = eventually("the Standard Webhooks event", async || {
+        effects_of(addr, &svix).await
+    })
+    .await;
+    assert_eq!(ran, 1);
 
     let poison = common::unique_namespace("p");
     let (status, _, _) = exchange(addr, fulfilment(&poison, r#"{"poison":true}"#)).await;

@@ -14,7 +14,7 @@
 //! moves between inline and inbox mode unchanged: its extractors see the original headers and
 //! body. A 2xx settles the entry done; another status, an `Err` or a panic queues it again
 //! after an exponential [`Backoff`] with jitter; after the last attempt it is dead, kept for
-//! a person ([`admin`](crate::admin) lists, retries and discards entries).
+//! a person (the `admin` module, feature `admin`, lists, retries and discards entries).
 //!
 //! ```
 //! # #[cfg(all(feature = "memory", feature = "axum"))] {
