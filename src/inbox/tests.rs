@@ -45,7 +45,7 @@ fn app(
                 panic!("poison");
             }
             if body == "slow" {
-                tokio::time::sleep(Duration::from_millis(1200)).await;
+                tokio::time::sleep(Duration::from_millis(1500)).await;
             }
             runs.fetch_add(1, Ordering::SeqCst);
             answer(&body)
@@ -118,7 +118,7 @@ async fn a_handler_longer_than_the_stale_limit_is_never_taken_over() {
     let runs = Arc::new(AtomicUsize::new(0));
     let app = app(&inbox, runs.clone(), |_| StatusCode::OK);
     app.clone().oneshot(delivery("long", "slow")).await.unwrap();
-    let stale = Stale::reclaim_after(Duration::from_millis(300));
+    let stale = Stale::reclaim_after(Duration::from_millis(600));
     // Two instances' workers on one store: the second would take a stale entry over.
     let one = inbox
         .workers(app.clone())
