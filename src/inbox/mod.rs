@@ -92,6 +92,12 @@
 //! (`Connection`, `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`)
 //! and the credentials (`Authorization`, `Cookie`); see [`InboxLayer::keep_header`] and
 //! [`InboxLayer::drop_header`]. Request extensions (a `ConnectInfo`, say) are not kept.
+//!
+//! A worker's request goes through everything the app puts in front of the route, as a
+//! sender's does: a middleware outside the inbox layer that checks credentials sees the stored
+//! request, without its `Authorization`. Webhook routes are authenticated by their signature
+//! (`verify`, which the inbox layer runs before it stores, and skips for a worker's request);
+//! put any other check inside the inbox layer, or keep the header it needs.
 
 use std::fmt;
 use std::sync::Arc;

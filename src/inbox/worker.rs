@@ -152,7 +152,8 @@ impl<St, S> Workers<St, S> {
     }
 }
 
-/// Running [`Workers`]: [`stop`](Self::stop) them to shut down cleanly.
+/// Running [`Workers`]: [`stop`](Self::stop) them to shut down cleanly. Dropping the handle
+/// leaves them running, detached, until the runtime ends or their drain closes.
 #[derive(Debug)]
 pub struct WorkerHandle {
     stop: Arc<Notify>,
