@@ -361,86 +361,57 @@ async fn ingest_killed_after_its_answer<St: InboxStore + Clone>(store: St, db: &
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-#[cfg(feature = "postgres")]
-mod postgres {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn reclaim_after_a_worker_is_killed_runs_the_event_once() {
-        let Some(store) = super::postgres(super::TABLE_RECLAIM).await else {
-            return;
-        };
-        super::worker_killed_mid_handler(store, "postgres", "reclaim").await;
-    }
+/// The three tests on one database: the child is told `$db`; `$store(table)` opens the
+/// parent's store on that table (`None` skips, or fails under `CI`).
+macro_rules! crash_tests {
+    ($module:ident, $db:expr, $store:expr) => {
+        mod $module {
+            use super::*;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn hold_after_a_worker_is_killed_keeps_the_entry_for_a_person() {
-        let Some(store) = super::postgres(super::TABLE_HOLD).await else {
-            return;
-        };
-        super::worker_killed_mid_handler(store, "postgres", "hold").await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn reclaim_after_a_worker_is_killed_runs_the_event_once() {
+                let Some(store) = $store(TABLE_RECLAIM).await else {
+                    return;
+                };
+                worker_killed_mid_handler(store, &$db, "reclaim").await;
+            }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_ingest_killed_after_its_answer_loses_nothing() {
-        let Some(store) = super::postgres(super::TABLE_INGEST).await else {
-            return;
-        };
-        super::ingest_killed_after_its_answer(store, "postgres").await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn hold_after_a_worker_is_killed_keeps_the_entry_for_a_person() {
+                let Some(store) = $store(TABLE_HOLD).await else {
+                    return;
+                };
+                worker_killed_mid_handler(store, &$db, "hold").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_ingest_killed_after_its_answer_loses_nothing() {
+                let Some(store) = $store(TABLE_INGEST).await else {
+                    return;
+                };
+                ingest_killed_after_its_answer(store, &$db).await;
+            }
+        }
+    };
 }
 
+#[cfg(feature = "postgres")]
+crash_tests!(postgres, String::from("postgres"), postgres);
 #[cfg(feature = "mysql")]
-mod mysql {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn reclaim_after_a_worker_is_killed_runs_the_event_once() {
-        let Some(store) = super::mysql(super::TABLE_RECLAIM).await else {
-            return;
-        };
-        super::worker_killed_mid_handler(store, "mysql", "reclaim").await;
-    }
+crash_tests!(mysql, String::from("mysql"), mysql);
+#[cfg(feature = "sqlite")]
+crash_tests!(sqlite, sqlite_db(), sqlite_store);
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn hold_after_a_worker_is_killed_keeps_the_entry_for_a_person() {
-        let Some(store) = super::mysql(super::TABLE_HOLD).await else {
-            return;
-        };
-        super::worker_killed_mid_handler(store, "mysql", "hold").await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_ingest_killed_after_its_answer_loses_nothing() {
-        let Some(store) = super::mysql(super::TABLE_INGEST).await else {
-            return;
-        };
-        super::ingest_killed_after_its_answer(store, "mysql").await;
-    }
+/// The SQLite file of these tests, as the child is told it.
+#[cfg(feature = "sqlite")]
+fn sqlite_db() -> String {
+    format!(
+        "sqlite:{}",
+        common::db::sqlite_file("inbox-crash").display()
+    )
 }
 
 #[cfg(feature = "sqlite")]
-mod sqlite {
-    fn db() -> String {
-        let path = common_file();
-        format!("sqlite:{}", path.display())
-    }
-
-    fn common_file() -> &'static std::path::Path {
-        super::common::db::sqlite_file("inbox-crash")
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn reclaim_after_a_worker_is_killed_runs_the_event_once() {
-        let store = super::sqlite(&db()["sqlite:".len()..], super::TABLE_RECLAIM).await;
-        super::worker_killed_mid_handler(store, &db(), "reclaim").await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn hold_after_a_worker_is_killed_keeps_the_entry_for_a_person() {
-        let store = super::sqlite(&db()["sqlite:".len()..], super::TABLE_HOLD).await;
-        super::worker_killed_mid_handler(store, &db(), "hold").await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_ingest_killed_after_its_answer_loses_nothing() {
-        let store = super::sqlite(&db()["sqlite:".len()..], super::TABLE_INGEST).await;
-        super::ingest_killed_after_its_answer(store, &db()).await;
-    }
+async fn sqlite_store(table: &str) -> Option<tower_idempotency::store::SqliteStore> {
+    Some(sqlite(&sqlite_db()["sqlite:".len()..], table).await)
 }
