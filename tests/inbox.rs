@@ -280,98 +280,69 @@ mod sqlite {
     }
 }
 
+/// The tests of a database server, `$store(table)` opening an instance on `table`, and
+/// `$lock` the statement that locks one entry's row (`$1`/`?`: its key).
+macro_rules! server_tests {
+    ($module:ident, $store:ident, $lock:expr) => {
+        mod $module {
+            use super::common::inbox::{emptied, $store};
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn thousand_events_three_copies_four_instances() {
+                let Some(first) = $store("inbox_load").await else {
+                    return;
+                };
+                emptied(&first).await;
+                let instances = || $store("inbox_load");
+                super::thousand_events_three_copies_four_instances(stringify!($module), instances)
+                    .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_poison_event_ends_dead_while_the_others_complete() {
+                let Some(store) = $store("inbox_poison").await else {
+                    return;
+                };
+                emptied(&store).await;
+                super::poison_ends_dead_while_the_others_complete(store).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_idle_transaction_neither_stalls_the_workers_nor_doubles_a_run() {
+                let Some(store) = $store("inbox_idle").await else {
+                    return;
+                };
+                emptied(&store).await;
+                let locker = store.pool().clone();
+                super::idle_transaction(store, |event| async move {
+                    let mut tx = locker.begin().await.unwrap();
+                    sqlx::query($lock)
+                        .bind(event)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .unwrap();
+                    let release: super::Release =
+                        Box::new(move || Box::pin(async move { tx.commit().await.unwrap() }));
+                    release
+                })
+                .await;
+            }
+        }
+    };
+}
+
 #[cfg(feature = "postgres")]
-mod postgres {
-    use super::common::inbox::{emptied, postgres};
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn thousand_events_three_copies_four_instances() {
-        let Some(first) = postgres("inbox_load").await else {
-            return;
-        };
-        emptied(&first).await;
-        super::thousand_events_three_copies_four_instances("postgres", || postgres("inbox_load"))
-            .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_poison_event_ends_dead_while_the_others_complete() {
-        let Some(store) = postgres("inbox_poison").await else {
-            return;
-        };
-        emptied(&store).await;
-        super::poison_ends_dead_while_the_others_complete(store).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_idle_transaction_neither_stalls_the_workers_nor_doubles_a_run() {
-        let Some(store) = postgres("inbox_idle").await else {
-            return;
-        };
-        emptied(&store).await;
-        let locker = store.pool().clone();
-        super::idle_transaction(store, |event| async move {
-            let mut tx = locker.begin().await.unwrap();
-            sqlx::query(
-                r#"SELECT 1 FROM "inbox_idle_inbox" WHERE namespace = 'default@/hooks' AND "key" = $1 FOR UPDATE"#,
-            )
-                .bind(event)
-                .fetch_one(&mut *tx)
-                .await
-                .unwrap();
-            let release: super::Release =
-                Box::new(move || Box::pin(async move { tx.commit().await.unwrap() }));
-            release
-        })
-        .await;
-    }
-}
-
+server_tests!(
+    postgres,
+    postgres,
+    r#"SELECT 1 FROM "inbox_idle_inbox" WHERE namespace = 'default@/hooks' AND "key" = $1 FOR UPDATE"#
+);
 #[cfg(feature = "mysql")]
-mod mysql {
-    use super::common::inbox::{emptied, mysql};
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn thousand_events_three_copies_four_instances() {
-        let Some(first) = mysql("inbox_load").await else {
-            return;
-        };
-        emptied(&first).await;
-        super::thousand_events_three_copies_four_instances("mysql", || mysql("inbox_load")).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_poison_event_ends_dead_while_the_others_complete() {
-        let Some(store) = mysql("inbox_poison").await else {
-            return;
-        };
-        emptied(&store).await;
-        super::poison_ends_dead_while_the_others_complete(store).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_idle_transaction_neither_stalls_the_workers_nor_doubles_a_run() {
-        let Some(store) = mysql("inbox_idle").await else {
-            return;
-        };
-        emptied(&store).await;
-        let locker = store.pool().clone();
-        super::idle_transaction(store, |event| async move {
-            let mut tx = locker.begin().await.unwrap();
-            sqlx::query(
-                "SELECT 1 FROM `inbox_idle_inbox` WHERE namespace = 'default@/hooks' AND `key` = ? FOR UPDATE",
-            )
-                .bind(event)
-                .fetch_one(&mut *tx)
-                .await
-                .unwrap();
-            let release: super::Release =
-                Box::new(move || Box::pin(async move { tx.commit().await.unwrap() }));
-            release
-        })
-        .await;
-    }
-}
+server_tests!(
+    mysql,
+    mysql,
+    "SELECT 1 FROM `inbox_idle_inbox` WHERE namespace = 'default@/hooks' AND `key` = ? FOR UPDATE"
+);
 
 /// Ends a transaction held elsewhere on the database.
 type Release =
