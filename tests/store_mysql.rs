@@ -598,7 +598,6 @@ async fn purge_walks_the_table_in_batches() {
 /// the inbox table from `migrate()`, which runs again harmlessly; the inbox then works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_adds_the_inbox_table_to_a_database_of_the_previous_release() {
-    use tower_idempotency::store::inbox::{Enqueued, InboxStore, Settlement, Take};
     let Some(pool) = common::db::mysql_pool().await else {
         return;
     };
@@ -658,23 +657,7 @@ async fn migrate_adds_the_inbox_table_to_a_database_of_the_previous_release() {
     .unwrap();
     indexes.sort();
     assert_eq!(indexes, ["PRIMARY", "due_idx", "stale_idx"]);
-    let request = tower_idempotency::store::inbox::StoredRequest::new(
-        http::Method::POST,
-        "/hook",
-        Vec::new(),
-        bytes::Bytes::from_static(b"{}"),
-    );
-    assert_eq!(
-        store.enqueue(&key, &request).await.unwrap(),
-        Enqueued::Stored
-    );
-    let taken = store.take(&Take::default()).await.unwrap();
-    assert_eq!(taken.len(), 1);
-    assert_eq!(taken[0].request, request);
-    store
-        .settle(&taken[0].lease, &Settlement::Done, &[])
-        .await
-        .unwrap();
+    common::inbox::an_entry_runs(&store, &key).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
         .execute(&pool)
         .await

@@ -579,7 +579,6 @@ mod inbox_suite {
 /// and the inbox works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_adds_the_inbox_table_to_a_database_of_the_previous_release() {
-    use tower_idempotency::store::inbox::{Enqueued, EntryState, InboxStore, Settlement, Take};
     use tower_idempotency::store::{KeyState, VersionStore};
 
     let pool = file_pool().await;
@@ -659,25 +658,7 @@ VALUES ('{ns}', 'order_1', 7, 1, {now});"#
     assert_eq!(store.applied_version(&order).await.unwrap(), Some(7));
 
     let key = common::key_in(&ns, "evt_1");
-    let request = tower_idempotency::store::inbox::StoredRequest::new(
-        http::Method::POST,
-        "/hooks",
-        Vec::new(),
-        bytes::Bytes::from_static(b"{}"),
-    );
-    assert_eq!(
-        store.enqueue(&key, &request).await.unwrap(),
-        Enqueued::Stored
-    );
-    let taken = store.take(&Take::default()).await.unwrap();
-    assert_eq!(taken.len(), 1);
-    assert_eq!(taken[0].request, request);
-    store
-        .settle(&taken[0].lease, &Settlement::Done, &[])
-        .await
-        .unwrap();
-    let entry = store.entry(&key).await.unwrap().unwrap();
-    assert_eq!((entry.state, entry.attempts), (EntryState::Done, 1));
+    common::inbox::an_entry_runs(&store, &key).await;
 
     let drop = format!("DROP TABLE {table}; DROP TABLE {table}_versions; DROP TABLE {table}_inbox");
     sqlx::raw_sql(sqlx::AssertSqlSafe(drop))

@@ -70,3 +70,29 @@ pub async fn sqlite(path: &std::path::Path, table: &str) -> tower_idempotency::s
     store.migrate().await.expect("migrate");
     store
 }
+
+/// One entry through `store`'s inbox, the way a worker takes it: stored under `key`, taken
+/// whole, settled done. What a test checks after `migrate()` made the inbox.
+pub async fn an_entry_runs<St: InboxStore>(store: &St, key: &tower_idempotency::IdempotencyKey) {
+    use tower_idempotency::store::inbox::{Enqueued, StoredRequest};
+
+    let request = StoredRequest::new(
+        http::Method::POST,
+        "/hooks",
+        Vec::new(),
+        bytes::Bytes::from_static(b"{}"),
+    );
+    assert_eq!(
+        store.enqueue(key, &request).await.unwrap(),
+        Enqueued::Stored
+    );
+    let taken = store.take(&Take::default()).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].request, request);
+    store
+        .settle(&taken[0].lease, &Settlement::Done, &[])
+        .await
+        .unwrap();
+    let entry = store.entry(key).await.unwrap().unwrap();
+    assert_eq!((entry.state, entry.attempts), (EntryState::Done, 1));
+}
