@@ -207,7 +207,8 @@ impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for Ingest<St, K> {
 
 pub(crate) struct Found {
     key: IdempotencyKey,
-    request: StoredRequest,
+    /// Shared with the claim's future: the headers are not copied again.
+    request: Arc<StoredRequest>,
 }
 
 impl<St, K> Ingest<St, K> {
@@ -260,7 +261,7 @@ where
         let body = body.cloned().unwrap_or_default();
         Ok(Some(Found {
             key,
-            request: self.stored(parts, body),
+            request: Arc::new(self.stored(parts, body)),
         }))
     }
 
