@@ -122,6 +122,8 @@
     feature = "redis"
 ))]
 pub mod any;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod batch;
 mod claim;
 mod contract;
 mod error;

@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
 
+use super::batch::{ClaimWrite, CommitWrite};
 use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
-use crate::store::sql::{AfterRead, ClaimRow, retry_serialization_failure};
+use crate::store::sql::{AfterRead, ClaimRow, held, retry_serialization_failure};
 use crate::store::{
     Claim, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, Store, StoreError, StuckClaim,
 };
@@ -23,16 +24,9 @@ impl Store for PostgresStore {
         // by a delivery that committed after it was taken), and purged before a second read.
         for _ in 0..3 {
             let token = LeaseToken::generate();
-            let first = || {
-                sqlx::query(AssertSqlSafe(self.insert_or_read.clone()))
-                    .bind(key.namespace())
-                    .bind(key.value())
-                    .bind(token.to_i64())
-                    .fetch_optional(&table.pool)
-            };
-            let row = retry_serialization_failure("claim", is_serialization_failure, first)
+            let row = self
+                .first_statement(key, token)
                 .await
-                .and_then(|row| row.as_ref().map(ClaimRow::read).transpose())
                 .inspect_err(|error| table.unanswered(key, token, error))?;
             let row = match row {
                 Some(row) => Some(row),
@@ -60,11 +54,11 @@ impl Store for PostgresStore {
     }
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.commit(lease, None).await
+        self.commit_batched(lease, None).await
     }
 
     async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
-        self.table.commit(lease, Some(receipt)).await
+        self.commit_batched(lease, Some(receipt)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
@@ -89,5 +83,50 @@ impl Store for PostgresStore {
 
     async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
         self.table.purge_completed(older_than).await
+    }
+}
+
+impl PostgresStore {
+    /// A claim's first statement: the insert-or-read of `key`, writing `token` if it inserts.
+    /// In the next batch of claims when one is in flight (see [`max_batch`](Self::max_batch)).
+    async fn first_statement(
+        &self,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+    ) -> Result<Option<ClaimRow>, StoreError> {
+        if let Some(batches) = &self.batches {
+            let write = ClaimWrite {
+                key: key.clone(),
+                token,
+            };
+            return batches.claims.write(write).await;
+        }
+        let first = || {
+            sqlx::query(AssertSqlSafe(self.insert_or_read.clone()))
+                .bind(key.namespace())
+                .bind(key.value())
+                .bind(token.to_i64())
+                .fetch_optional(&self.table.pool)
+        };
+        retry_serialization_failure("claim", is_serialization_failure, first)
+            .await
+            .and_then(|row| row.as_ref().map(ClaimRow::read).transpose())
+    }
+
+    /// The commit of `lease`, in the next batch of commits when one is in flight.
+    async fn commit_batched(
+        &self,
+        lease: &Lease,
+        receipt: Option<&Receipt>,
+    ) -> Result<(), StoreError> {
+        let Some(batches) = &self.batches else {
+            return self.table.commit(lease, receipt).await;
+        };
+        let write = CommitWrite {
+            key: lease.key().clone(),
+            token: lease.token(),
+            receipt: receipt.map(Receipt::encode),
+        };
+        held(batches.commits.write(write).await?)
     }
 }

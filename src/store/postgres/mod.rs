@@ -122,6 +122,21 @@
 //!   keeps what the first wrote), `release` sets `state = 'released'`, fenced the same way.
 //! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
 //!
+//! # Group commit
+//!
+//! Claims that arrive while the store's previous claim statement is in flight go together in
+//! the next one, and commits likewise: one statement, one transaction and one flush of the
+//! WAL for the lot, each delivery still answered with its own row and fenced by its own token
+//! (the statements are in `batch.rs`: `unnest` of arrays, an insert-or-read for the claims, an
+//! `UPDATE … FROM` for the commits). There is no timer: a claim that finds none in flight is
+//! sent at once, alone, as the statement above, so a lone delivery pays nothing for it.
+//! A batch carries at most [`max_batch`](PostgresStore::max_batch) writes (128 unless set);
+//! two writes on one key never share a batch; the keys of a batch are sorted, so that two
+//! instances' batches take shared keys in one order. A batch that fails to serialize or
+//! deadlocks is sent again write by write; any other failure answers its own deliveries 503,
+//! never another's. Every 2xx still goes out after that delivery's own claim and commit are
+//! durable. `max_batch(1)` turns it off.
+//!
 //! # Delivery counts
 //!
 //! A duplicate (of a done key, or of one in flight or held) is answered from the read alone,
@@ -260,15 +275,18 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, PgPool, Postgres};
 
+use super::batch::DEFAULT_MOST;
 use super::sql::{ResultExt as _, Table, TableName};
 use super::{ConfigError, StoreError};
 
+mod batch;
 mod claims;
 mod inbox;
 mod queries;
 mod transactional;
 mod versions;
 
+use batch::Batches;
 use inbox::{Herald, InboxQueries, inbox_queries};
 use queries::{add_receipt, insert_or_read, queries, upgrade};
 
@@ -287,6 +305,8 @@ pub struct PostgresStore {
     inbox: Arc<InboxQueries>,
     /// Sends the notifications of new inbox entries.
     herald: Arc<Herald>,
+    /// Where concurrent claims and commits meet to go together; none when each goes alone.
+    batches: Option<Batches>,
 }
 
 impl PostgresStore {
@@ -298,7 +318,9 @@ impl PostgresStore {
             inbox: inbox_queries(&table).into(),
             herald: Arc::default(),
             table: Table::new(pool, queries(table)),
+            batches: None,
         }
+        .max_batch(DEFAULT_MOST)
     }
 
     /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes, or
@@ -306,12 +328,45 @@ impl PostgresStore {
     /// case-sensitive.
     pub fn with_table_name(self, name: &str) -> Result<Self, ConfigError> {
         let table = TableName::parse(name, true)?;
+        let most = self.max_batch_size();
         Ok(Self {
             insert_or_read: insert_or_read(&table).into(),
             inbox: inbox_queries(&table).into(),
             herald: Arc::default(),
             table: self.table.with_queries(queries(table)),
-        })
+            batches: None,
+        }
+        .max_batch(most))
+    }
+
+    /// The most claims that go to the database in one statement, and apart the most commits:
+    /// 128 unless set. Claims (and commits) that arrive while the store's previous one is in
+    /// flight go together in the next statement, so that concurrent deliveries share its
+    /// round trip, its transaction and its flush to disk; a lone delivery's is sent at once,
+    /// never held back for company (see [group commit](self#group-commit)). `1` sends each on
+    /// its own, as many at a time as the pool allows. Set it before the store is used; clones
+    /// made earlier keep theirs.
+    ///
+    /// # Panics
+    ///
+    /// If `most` is 0.
+    pub fn max_batch(mut self, most: usize) -> Self {
+        assert!(most > 0, "a batch carries at least one write");
+        self.batches = (most > 1).then(|| {
+            Batches::new(
+                self.table.pool.clone(),
+                &self.table.sql.table,
+                self.insert_or_read.clone(),
+                self.table.sql.commit.clone(),
+                most,
+            )
+        });
+        self
+    }
+
+    /// The most writes of one kind in a batch (see [`max_batch`](Self::max_batch)).
+    fn max_batch_size(&self) -> usize {
+        self.batches.as_ref().map_or(1, |b| b.claims.most())
     }
 
     /// How often the deliveries answered without writing (duplicates, see the [module

@@ -436,7 +436,7 @@ where
 
 /// What a statement fenced by a lease answers: no row changed (or matched) means the lease is
 /// lost.
-fn held(changed: u64) -> Result<(), StoreError> {
+pub(crate) fn held(changed: u64) -> Result<(), StoreError> {
     match changed {
         0 => Err(StoreError::LeaseLost),
         _ => Ok(()),

@@ -2,11 +2,13 @@
 
 use std::time::Duration;
 
+use super::batch::{Write, Wrote};
 use super::{SqliteStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
-use crate::store::sql::AfterRead;
+use crate::store::sql::{AfterRead, held, micros};
 use crate::store::{
-    Claim, KeyRecord, Lease, Receipt, Resolution, Stale, Store, StoreError, StuckClaim,
+    Claim, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, StalePolicy, Store,
+    StoreError, StuckClaim,
 };
 
 /// Every operation is one statement, its round trip the only one (see the [module
@@ -20,11 +22,27 @@ impl Store for SqliteStore {
         match table.after_read(key, row, None, stale)? {
             AfterRead::Answer(claim) => Ok(claim),
             AfterRead::TakeOver | AfterRead::Absent => {
-                let token = crate::store::LeaseToken::generate();
-                table
-                    .claim_upsert(key, token, stale, is_serialization_failure)
-                    .await
-                    .inspect_err(|error| table.unanswered(key, token, error))
+                let token = LeaseToken::generate();
+                let Some(batches) = &self.batches else {
+                    return table
+                        .claim_upsert(key, token, stale, is_serialization_failure)
+                        .await
+                        .inspect_err(|error| table.unanswered(key, token, error));
+                };
+                let write = Write::Claim {
+                    key: key.clone(),
+                    token,
+                    reclaim: stale.policy() == StalePolicy::Reclaim,
+                    stale_us: micros(stale.after()),
+                };
+                match batches.write(write).await {
+                    Ok(Wrote::Row(row)) => row.into_claim(key, token, stale),
+                    Ok(Wrote::Matched(_)) => Err(mixed_up()),
+                    Err(error) => {
+                        table.unanswered(key, token, &error);
+                        Err(error)
+                    }
+                }
             }
         }
     }
@@ -34,11 +52,11 @@ impl Store for SqliteStore {
     }
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.commit(lease, None).await
+        self.commit_batched(lease, None).await
     }
 
     async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
-        self.table.commit(lease, Some(receipt)).await
+        self.commit_batched(lease, Some(receipt)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
@@ -64,4 +82,31 @@ impl Store for SqliteStore {
     async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
         self.table.purge_completed(older_than).await
     }
+}
+
+impl SqliteStore {
+    /// The commit of `lease`, in the next batch of writes when one is in flight.
+    async fn commit_batched(
+        &self,
+        lease: &Lease,
+        receipt: Option<&Receipt>,
+    ) -> Result<(), StoreError> {
+        let Some(batches) = &self.batches else {
+            return self.table.commit(lease, receipt).await;
+        };
+        let write = Write::Commit {
+            key: lease.key().clone(),
+            token: lease.token(),
+            receipt: receipt.map(Receipt::encode),
+        };
+        match batches.write(write).await? {
+            Wrote::Matched(matched) => held(matched),
+            Wrote::Row(_) => Err(mixed_up()),
+        }
+    }
+}
+
+/// A write answered with what another kind of write answers: a defect of the batch.
+fn mixed_up() -> StoreError {
+    StoreError::backend("a batched write was answered for another kind of write")
 }

@@ -122,6 +122,19 @@
 //!   `commit`, kept as it was on a row done already), the key and token after it.
 //! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
 //!
+//! # Group commit
+//!
+//! SQLite commits one transaction at a time, each waiting for its own sync of the disk. The
+//! claims that insert or take over a key and the commits that arrive while the store's
+//! previous write is in flight go, in the next writer's turn, in one `BEGIN IMMEDIATE`
+//! transaction: each write its own statement, as alone, and one `COMMIT`, so one sync, for
+//! the lot. There is no timer: a write that finds none in flight is sent at once, alone, in
+//! its own transaction, so a lone delivery pays nothing for it. A batch carries at most
+//! [`max_batch`](SqliteStore::max_batch) writes (128 unless set), never two on one key, and
+//! is written whole or not at all: a failure answers its own deliveries 503. Every 2xx still
+//! goes out after that delivery's own claim and commit are durable. `max_batch(1)` turns it
+//! off.
+//!
 //! # Delivery counts
 //!
 //! A duplicate (of a done key, or of one in flight or held) is answered from the read alone,
@@ -231,9 +244,11 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Sqlite, SqlitePool};
 
+use super::batch::{Batcher, DEFAULT_MOST};
 use super::sql::{ResultExt as _, Table, TableName, Writer};
 use super::{ConfigError, StoreError};
 
+mod batch;
 mod claims;
 mod inbox;
 mod open;
@@ -255,6 +270,9 @@ pub struct SqliteStore {
     table: Table<Sqlite>,
     /// The statements of the [inbox](self#the-inbox), on `<table>_inbox`.
     inbox: Arc<inbox::InboxQueries>,
+    /// Where concurrent claims and commits meet to share a transaction; none when each goes
+    /// alone.
+    batches: Option<Batcher<batch::Write, batch::Wrote>>,
 }
 
 impl SqliteStore {
@@ -311,16 +329,38 @@ impl SqliteStore {
         Self {
             inbox: Arc::new(inbox::inbox_queries(&table)),
             table: Table::new(pool, queries(table)).writing_through(writer),
+            batches: None,
         }
+        .max_batch(DEFAULT_MOST)
     }
 
     /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes.
     pub fn with_table_name(self, name: &str) -> Result<Self, ConfigError> {
         let table = TableName::parse(name, false)?;
+        let most = self.batches.as_ref().map_or(1, Batcher::most);
         Ok(Self {
             inbox: Arc::new(inbox::inbox_queries(&table)),
             table: self.table.with_queries(queries(table)),
-        })
+            batches: None,
+        }
+        .max_batch(most))
+    }
+
+    /// The most writes (claims that insert or take over a key, and commits) that go to the
+    /// database in one transaction: 128 unless set. Writes that arrive while the store's
+    /// previous one is in flight go together in the next transaction, so that concurrent
+    /// deliveries wait for one sync of the disk instead of one each; a lone delivery's write
+    /// is sent at once, never held back for company (see [group commit](self#group-commit)).
+    /// `1` commits each on its own. Set it before the store is used; clones made earlier keep
+    /// theirs.
+    ///
+    /// # Panics
+    ///
+    /// If `most` is 0.
+    pub fn max_batch(mut self, most: usize) -> Self {
+        assert!(most > 0, "a batch carries at least one write");
+        self.batches = (most > 1).then(|| batch::batcher(self.table.clone(), most));
+        self
     }
 
     /// How often the deliveries answered without writing (duplicates, see the [module

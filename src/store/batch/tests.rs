@@ -1,0 +1,197 @@
+use std::sync::Mutex as StdMutex;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use super::*;
+
+/// A write of the tests: its key, and the number it answers.
+struct Write(IdempotencyKey, u32);
+
+impl Keyed for Write {
+    fn key(&self) -> &IdempotencyKey {
+        &self.0
+    }
+}
+
+fn write(key: &str, n: u32) -> Write {
+    Write(IdempotencyKey::new("t", key).unwrap(), n)
+}
+
+/// The keys of every batch a batcher sent, in order.
+type Seen = Arc<StdMutex<Vec<Vec<String>>>>;
+
+/// A batcher whose batches wait for a permit of `gate` each, recording the keys of every
+/// batch; a write numbered 0 fails its batch.
+fn gated(most: usize, gate: Arc<Semaphore>) -> (Batcher<Write, u32>, Seen) {
+    let seen = Arc::new(StdMutex::new(Vec::new()));
+    let record = seen.clone();
+    let batcher = Batcher::new(most, move |ops: Vec<Write>| {
+        let (gate, record) = (gate.clone(), record.clone());
+        async move {
+            gate.acquire().await.unwrap().forget();
+            record
+                .lock()
+                .unwrap()
+                .push(ops.iter().map(|w| w.0.value().to_owned()).collect());
+            if ops.iter().any(|w| w.1 == 0) {
+                return all_fail(std::io::Error::other("the batch failed"), ops.len());
+            }
+            ops.iter().map(|w| Ok(w.1)).collect()
+        }
+    });
+    (batcher, seen)
+}
+
+/// Waits until `n` writes wait behind the batch in flight.
+async fn waiting(batcher: &Batcher<Write, u32>, n: usize) {
+    for _ in 0..1000 {
+        if batcher.shared.lock().waiting.len() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("{n} writes never waited");
+}
+
+#[tokio::test]
+async fn a_lone_write_goes_at_once_and_alone() {
+    let gate = Arc::new(Semaphore::new(100));
+    let (batcher, seen) = gated(8, gate);
+    assert_eq!(batcher.write(write("a", 1)).await.unwrap(), 1);
+    assert_eq!(batcher.write(write("b", 2)).await.unwrap(), 2);
+    assert_eq!(*seen.lock().unwrap(), vec![vec!["a"], vec!["b"]]);
+    assert!(!batcher.shared.lock().busy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_that_arrive_meanwhile_share_the_next_batch_each_with_its_answer() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (batcher, seen) = gated(4, gate.clone());
+    let first = tokio::spawn({
+        let batcher = batcher.clone();
+        async move { batcher.write(write("first", 100)).await }
+    });
+    // The first is in flight, alone; ten more arrive while it is.
+    waiting(&batcher, 0).await;
+    while !batcher.shared.lock().busy {
+        tokio::task::yield_now().await;
+    }
+    let later: Vec<_> = (1..=10)
+        .map(|n| {
+            let batcher = batcher.clone();
+            tokio::spawn(async move { batcher.write(write(&format!("k{n}"), n)).await })
+        })
+        .collect();
+    waiting(&batcher, 10).await;
+    gate.add_permits(100);
+    assert_eq!(first.await.unwrap().unwrap(), 100);
+    for (n, task) in (1..=10).zip(later) {
+        assert_eq!(
+            task.await.unwrap().unwrap(),
+            n,
+            "each write gets its own answer"
+        );
+    }
+    let seen = seen.lock().unwrap().clone();
+    let sizes: Vec<usize> = seen.iter().map(Vec::len).collect();
+    assert_eq!(
+        sizes,
+        [1, 4, 4, 2],
+        "at most four a batch, in arrival order: {seen:?}"
+    );
+    assert_eq!(seen[1], ["k1", "k2", "k3", "k4"]);
+    assert!(!batcher.shared.lock().busy, "idle once nothing waits");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_never_twice_in_a_batch_and_its_writes_keep_their_order() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (batcher, seen) = gated(8, gate.clone());
+    let first = tokio::spawn({
+        let batcher = batcher.clone();
+        async move { batcher.write(write("lead", 1)).await }
+    });
+    while !batcher.shared.lock().busy {
+        tokio::task::yield_now().await;
+    }
+    let mut tasks = Vec::new();
+    for (key, n) in [("a", 2), ("b", 3), ("a", 4), ("c", 5), ("a", 6)] {
+        let writer = batcher.clone();
+        tasks.push(tokio::spawn(
+            async move { writer.write(write(key, n)).await },
+        ));
+        waiting(&batcher, tasks.len()).await;
+    }
+    gate.add_permits(100);
+    first.await.unwrap().unwrap();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![vec!["lead"], vec!["a", "b", "c"], vec!["a"], vec!["a"],]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_fails_its_own_writes_alone() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (batcher, _) = gated(3, gate.clone());
+    let first = tokio::spawn({
+        let batcher = batcher.clone();
+        async move { batcher.write(write("lead", 1)).await }
+    });
+    while !batcher.shared.lock().busy {
+        tokio::task::yield_now().await;
+    }
+    // The next batch carries the failing write (numbered 0); the one after it does not.
+    let mut tasks = Vec::new();
+    for (key, n) in [("x", 0), ("y", 7), ("z", 8), ("w", 9)] {
+        let writer = batcher.clone();
+        tasks.push(tokio::spawn(
+            async move { writer.write(write(key, n)).await },
+        ));
+        waiting(&batcher, tasks.len()).await;
+    }
+    gate.add_permits(100);
+    first.await.unwrap().unwrap();
+    let answers: Vec<_> = futures_util::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    for failed in &answers[..3] {
+        let error = failed.as_ref().unwrap_err();
+        let source = std::error::Error::source(error).expect("the batch's error");
+        assert_eq!(source.to_string(), "the batch failed");
+    }
+    assert_eq!(*answers[3].as_ref().unwrap(), 9);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_waiting_behind_a_delivery_that_went_away_are_still_sent() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (batcher, seen) = gated(8, gate.clone());
+    let lead = tokio::spawn({
+        let batcher = batcher.clone();
+        async move { batcher.write(write("lead", 1)).await }
+    });
+    while !batcher.shared.lock().busy {
+        tokio::task::yield_now().await;
+    }
+    let behind = tokio::spawn({
+        let batcher = batcher.clone();
+        async move { batcher.write(write("behind", 2)).await }
+    });
+    waiting(&batcher, 1).await;
+    lead.abort();
+    assert!(lead.await.unwrap_err().is_cancelled());
+    gate.add_permits(100);
+    assert_eq!(behind.await.unwrap().unwrap(), 2);
+    assert_eq!(
+        seen.lock().unwrap().last().unwrap(),
+        &vec!["behind".to_owned()]
+    );
+}

@@ -1,0 +1,291 @@
+//! Group commit on PostgreSQL: the claims of concurrent deliveries go in one statement, and
+//! so do their commits (see [`Batcher`]). A lone claim or commit is the statement of the
+//! [module docs](super#round-trips); a batch binds arrays and `unnest`s them:
+//!
+//! - claims: `WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH
+//!   ORDINALITY …), found AS (<the rows of the keys that exist>), inserted AS (INSERT … SELECT
+//!   … FROM input WHERE <not found> ORDER BY <position> ON CONFLICT DO NOTHING RETURNING …)
+//!   SELECT … FROM found UNION ALL SELECT … FROM inserted`: the insert-or-read of each key, its
+//!   row answered with the key's position;
+//! - commits: `UPDATE … FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) …
+//!   WHERE <key and token match> AND state <> 'released' RETURNING <the key>`: a commit whose
+//!   key is missing from the answer lost its lease.
+//!
+//! The keys of a batch are sorted, so that two instances' batches insert shared keys in the
+//! same order and never wait for each other in a cycle. A batch that fails to serialize or
+//! is chosen as a deadlock's victim is sent again write by write, each on the lone path with
+//! its own retry; any other failure fails the batch's writes, answered 503.
+
+use std::sync::Arc;
+
+use sqlx::{AssertSqlSafe, PgPool, Row as _};
+
+use crate::key::IdempotencyKey;
+use crate::store::LeaseToken;
+use crate::store::StoreError;
+use crate::store::batch::{Answers, Batcher, Keyed, all_fail};
+use crate::store::sql::{ClaimRow, ResultExt as _, TableName, retry_serialization_failure};
+
+/// A claim's first statement, for one key.
+pub(super) struct ClaimWrite {
+    pub(super) key: IdempotencyKey,
+    pub(super) token: LeaseToken,
+}
+
+/// A commit (with its receipt, encoded), for one lease.
+pub(super) struct CommitWrite {
+    pub(super) key: IdempotencyKey,
+    pub(super) token: LeaseToken,
+    pub(super) receipt: Option<Vec<u8>>,
+}
+
+impl Keyed for ClaimWrite {
+    fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+}
+
+impl Keyed for CommitWrite {
+    fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+}
+
+/// The batchers of one store's claims and commits. Clones share them.
+#[derive(Clone)]
+pub(super) struct Batches {
+    /// Answers the row a claim's first statement found or inserted (none: the row was
+    /// inserted by a delivery that committed after the statement's snapshot).
+    pub(super) claims: Batcher<ClaimWrite, Option<ClaimRow>>,
+    /// Answers the rows a commit matched: 0 when the lease is lost.
+    pub(super) commits: Batcher<CommitWrite, u64>,
+}
+
+/// The statements of a batch, alone and together.
+struct Statements {
+    pool: PgPool,
+    claim: Arc<str>,
+    claims: String,
+    commit: Arc<str>,
+    commits: String,
+}
+
+impl Batches {
+    /// Batches of at most `most` writes on `pool`, in `table`, whose lone claim and commit
+    /// are `claim` and `commit`.
+    pub(super) fn new(
+        pool: PgPool,
+        table: &TableName,
+        claim: Arc<str>,
+        commit: Arc<str>,
+        most: usize,
+    ) -> Self {
+        let statements = Arc::new(Statements {
+            pool,
+            claim,
+            claims: claims(table),
+            commit,
+            commits: commits(table),
+        });
+        let on = statements.clone();
+        let claims = Batcher::new(most, move |writes| {
+            let statements = on.clone();
+            async move { statements.claim_all(writes).await }
+        });
+        let commits = Batcher::new(most, move |writes| {
+            let statements = statements.clone();
+            async move { statements.commit_all(writes).await }
+        });
+        Self { claims, commits }
+    }
+}
+
+impl Statements {
+    /// The insert-or-read of one key, tried once more after a serialization failure.
+    async fn claim_one(&self, write: &ClaimWrite) -> Result<Option<ClaimRow>, StoreError> {
+        let statement = || {
+            sqlx::query(AssertSqlSafe(self.claim.clone()))
+                .bind(write.key.namespace())
+                .bind(write.key.value())
+                .bind(write.token.to_i64())
+                .fetch_optional(&self.pool)
+        };
+        retry_serialization_failure("claim", is_retryable, statement)
+            .await
+            .and_then(|row| row.as_ref().map(ClaimRow::read).transpose())
+    }
+
+    async fn claim_all(&self, writes: Vec<ClaimWrite>) -> Answers<Option<ClaimRow>> {
+        if let [write] = &writes[..] {
+            return vec![self.claim_one(write).await];
+        }
+        let order = key_order(&writes, |w| &w.key);
+        let (namespaces, keys, tokens) = order.iter().fold(
+            (Vec::new(), Vec::new(), Vec::new()),
+            |(mut n, mut k, mut t), &i| {
+                n.push(writes[i].key.namespace());
+                k.push(writes[i].key.value());
+                t.push(writes[i].token.to_i64());
+                (n, k, t)
+            },
+        );
+        let rows = sqlx::query(AssertSqlSafe(self.claims.as_str()))
+            .bind(namespaces)
+            .bind(keys)
+            .bind(tokens)
+            .fetch_all(&self.pool)
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(error) if is_retryable(&error) => {
+                let alone = writes.iter().map(|write| self.claim_one(write));
+                return futures_util::future::join_all(alone).await;
+            }
+            Err(error) => return all_fail(error, writes.len()),
+        };
+        let mut answers: Answers<Option<ClaimRow>> = writes.iter().map(|_| Ok(None)).collect();
+        for row in &rows {
+            let at = row
+                .try_get::<i64, _>(7)
+                .store()
+                .and_then(|n| position(&order, n));
+            match at {
+                Ok(at) => answers[at] = ClaimRow::read(row).map(Some),
+                Err(error) => return all_fail(error, writes.len()),
+            }
+        }
+        answers
+    }
+
+    /// One commit, alone: the rows it matched.
+    async fn commit_one(&self, write: &CommitWrite) -> Result<u64, StoreError> {
+        let done = sqlx::query(AssertSqlSafe(self.commit.clone()))
+            .bind(write.receipt.as_deref())
+            .bind(write.key.namespace())
+            .bind(write.key.value())
+            .bind(write.token.to_i64())
+            .execute(&self.pool)
+            .await
+            .store()?;
+        Ok(done.rows_affected())
+    }
+
+    async fn commit_all(&self, writes: Vec<CommitWrite>) -> Answers<u64> {
+        if let [write] = &writes[..] {
+            return vec![self.commit_one(write).await];
+        }
+        let order = key_order(&writes, |w| &w.key);
+        let mut namespaces = Vec::with_capacity(order.len());
+        let mut keys = Vec::with_capacity(order.len());
+        let mut tokens = Vec::with_capacity(order.len());
+        let mut receipts = Vec::with_capacity(order.len());
+        for &i in &order {
+            namespaces.push(writes[i].key.namespace());
+            keys.push(writes[i].key.value());
+            tokens.push(writes[i].token.to_i64());
+            receipts.push(writes[i].receipt.as_deref());
+        }
+        let rows = sqlx::query(AssertSqlSafe(self.commits.as_str()))
+            .bind(namespaces)
+            .bind(keys)
+            .bind(tokens)
+            .bind(receipts)
+            .fetch_all(&self.pool)
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(error) if is_retryable(&error) => {
+                let alone = writes.iter().map(|write| self.commit_one(write));
+                return futures_util::future::join_all(alone).await;
+            }
+            Err(error) => return all_fail(error, writes.len()),
+        };
+        let mut answers: Answers<u64> = writes.iter().map(|_| Ok(0)).collect();
+        for row in &rows {
+            match row
+                .try_get::<i64, _>(0)
+                .store()
+                .and_then(|n| position(&order, n))
+            {
+                Ok(at) => answers[at] = Ok(1),
+                Err(error) => return all_fail(error, writes.len()),
+            }
+        }
+        answers
+    }
+}
+
+/// The writes' indexes in key order.
+fn key_order<W>(writes: &[W], key: impl Fn(&W) -> &IdempotencyKey) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..writes.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (key(&writes[a]), key(&writes[b]));
+        (a.namespace(), a.value()).cmp(&(b.namespace(), b.value()))
+    });
+    order
+}
+
+/// The index of the write at 1-based position `n` of the statement's arrays.
+fn position(order: &[usize], n: i64) -> Result<usize, StoreError> {
+    usize::try_from(n - 1)
+        .ok()
+        .and_then(|n| order.get(n).copied())
+        .ok_or_else(|| {
+            StoreError::backend(format!("a batch answered position {n} of {}", order.len()))
+        })
+}
+
+/// 40001 serialization_failure, 40P01 deadlock_detected: nothing was written, and the writes
+/// can be sent again.
+fn is_retryable(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(e)
+        if matches!(e.code().as_deref(), Some("40001" | "40P01")))
+}
+
+/// The claims of a batch (see the module docs): `$1` namespaces, `$2` keys, `$3` tokens. Each
+/// row answered is a claim's seven columns and the key's 1-based position in the arrays.
+fn claims(table: &TableName) -> String {
+    let t = table.quoted('"');
+    let age_of = |at: &str| format!("(extract(epoch FROM now() - {at}) * 1000000)::bigint");
+    let age = age_of("t.claimed_at");
+    let idle = age_of("COALESCE(t.renewed_at, t.claimed_at)");
+    format!(
+        r#"WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+        WITH ORDINALITY AS i(namespace, "key", token, n)
+), found AS (
+    SELECT t.state, t.token, t.deliveries, t.reclaimed, {age} AS age_us, {idle} AS idle_us,
+        t.receipt, i.n
+    FROM input i JOIN {t} t ON t.namespace = i.namespace AND t."key" = i."key"
+), inserted AS (
+    INSERT INTO {t} (namespace, "key", state, token, deliveries, runs, reclaimed,
+        first_seen_at, last_seen_at, claimed_at, renewed_at)
+    SELECT i.namespace, i."key", 'processing', i.token, 1, 1, FALSE, now(), now(), now(), now()
+    FROM input i WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.n = i.n)
+    ORDER BY i.n
+    ON CONFLICT (namespace, "key") DO NOTHING
+    RETURNING namespace, "key", state, token, deliveries, reclaimed
+)
+SELECT state, token, deliveries, reclaimed, age_us, idle_us, receipt, n FROM found
+UNION ALL
+SELECT x.state, x.token, x.deliveries, x.reclaimed, 0::bigint, 0::bigint, NULL::bytea, i.n
+FROM inserted x JOIN input i ON i.namespace = x.namespace AND i."key" = x."key""#
+    )
+}
+
+/// The commits of a batch: `$1` namespaces, `$2` keys, `$3` tokens, `$4` receipts (NULL for a
+/// plain commit). A row done already keeps its own time and receipt, as a lone commit does.
+/// Answers the 1-based position of each write whose row it matched.
+fn commits(table: &TableName) -> String {
+    let t = table.quoted('"');
+    format!(
+        r#"UPDATE {t} AS t SET state = 'done',
+    completed_at = CASE WHEN t.state = 'done' THEN t.completed_at ELSE now() END,
+    receipt = CASE WHEN t.state = 'done' THEN t.receipt ELSE i.receipt END
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[])
+    WITH ORDINALITY AS i(namespace, "key", token, receipt, n)
+WHERE t.namespace = i.namespace AND t."key" = i."key" AND t.token = i.token
+    AND t.state <> 'released'
+RETURNING i.n"#
+    )
+}

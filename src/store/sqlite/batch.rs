@@ -1,0 +1,129 @@
+//! Group commit on SQLite: the claims and commits of concurrent deliveries go to the database
+//! in one transaction (see [`Batcher`]), so that they wait for one sync of the disk together
+//! rather than one each.
+//!
+//! A lone write is the statement of the [module docs](super#round-trips), in the writer's
+//! turn, committed on its own. Writes that arrive while it runs go, in the next turn, in one
+//! `BEGIN IMMEDIATE` transaction: each write its own statement (a claim's upsert, a commit's
+//! update), the same statements as alone, then one `COMMIT`. A batch is written whole or not
+//! at all: a statement that fails rolls the transaction back, and every write of the batch
+//! fails with its error (answered 503), as when the transaction cannot begin or commit.
+
+use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection};
+
+use crate::key::IdempotencyKey;
+use crate::store::batch::{Answers, Batcher, Keyed, all_fail};
+use crate::store::sql::{ClaimRow, ResultExt as _, Table};
+use crate::store::{LeaseToken, StoreError};
+
+/// One write of a delivery.
+pub(super) enum Write {
+    /// A claim's upsert (a new key, or one to take over), writing `token` if it takes the row.
+    Claim {
+        key: IdempotencyKey,
+        token: LeaseToken,
+        /// Whether the stale policy reclaims.
+        reclaim: bool,
+        /// The stale limit, in microseconds.
+        stale_us: i64,
+    },
+    /// A commit, with its receipt encoded.
+    Commit {
+        key: IdempotencyKey,
+        token: LeaseToken,
+        receipt: Option<Vec<u8>>,
+    },
+}
+
+/// What a write answers.
+pub(super) enum Wrote {
+    /// The claimed row, as the upsert left it.
+    Row(ClaimRow),
+    /// The rows a commit matched: 0 when the lease is lost.
+    Matched(u64),
+}
+
+impl Keyed for Write {
+    fn key(&self) -> &IdempotencyKey {
+        match self {
+            Write::Claim { key, .. } | Write::Commit { key, .. } => key,
+        }
+    }
+}
+
+/// The batcher of one store's writes, at most `most` a transaction, on `table`.
+pub(super) fn batcher(table: Table<Sqlite>, most: usize) -> Batcher<Write, Wrote> {
+    Batcher::new(most, move |writes| {
+        let table = table.clone();
+        async move { write_all(&table, writes).await }
+    })
+}
+
+async fn write_all(table: &Table<Sqlite>, writes: Vec<Write>) -> Answers<Wrote> {
+    let _turn = table.turn().await;
+    if let [write] = &writes[..] {
+        let answer = match table.pool.acquire().await {
+            Ok(mut conn) => write_one(table, &mut conn, write).await,
+            Err(error) => Err(StoreError::backend(error)),
+        };
+        return vec![answer];
+    }
+    let mut tx = match table.pool.begin_with("BEGIN IMMEDIATE").await {
+        Ok(tx) => tx,
+        Err(error) => return all_fail(error, writes.len()),
+    };
+    let mut answers = Vec::with_capacity(writes.len());
+    for write in &writes {
+        match write_one(table, &mut tx, write).await {
+            Ok(wrote) => answers.push(Ok(wrote)),
+            // The transaction is rolled back when dropped: nothing of the batch is written.
+            Err(error) => return all_fail(error, writes.len()),
+        }
+    }
+    match tx.commit().await {
+        Ok(()) => answers,
+        Err(error) => all_fail(error, writes.len()),
+    }
+}
+
+/// One write's statement, on `conn`.
+async fn write_one(
+    table: &Table<Sqlite>,
+    conn: &mut SqliteConnection,
+    write: &Write,
+) -> Result<Wrote, StoreError> {
+    match write {
+        Write::Claim {
+            key,
+            token,
+            reclaim,
+            stale_us,
+        } => {
+            let row = sqlx::query(AssertSqlSafe(table.sql.claim.clone()))
+                .bind(key.namespace())
+                .bind(key.value())
+                .bind(token.to_i64())
+                .bind(*reclaim)
+                .bind(*stale_us)
+                .fetch_one(&mut *conn)
+                .await
+                .store()?;
+            ClaimRow::read(&row).map(Wrote::Row)
+        }
+        Write::Commit {
+            key,
+            token,
+            receipt,
+        } => {
+            let done = sqlx::query(AssertSqlSafe(table.sql.commit.clone()))
+                .bind(receipt.as_deref())
+                .bind(key.namespace())
+                .bind(key.value())
+                .bind(token.to_i64())
+                .execute(&mut *conn)
+                .await
+                .store()?;
+            Ok(Wrote::Matched(done.rows_affected()))
+        }
+    }
+}
