@@ -1,15 +1,17 @@
 //! Group commit, seen from the database: a burst of concurrent deliveries goes out in fewer
 //! transactions than deliveries (PostgreSQL's `pg_stat_database.xact_commit`), or fewer WAL
-//! frames (SQLite's `wal_checkpoint`), than the same burst with batching off; a lone delivery
+//! frames (SQLite's `wal_checkpoint`), or fewer statements (MariaDB's `Com_insert` and
+//! `Com_update`), than the same burst with batching off; a lone delivery
 //! pays its own two writes and nothing more; and several instances with batching on still run
 //! each event once.
 //!
 //! The databases come from `POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`;
 //! the counting test makes a database of its own beside it, `tower_idempotency_group_commit`)
-//! and a temporary directory. If PostgreSQL cannot be reached its tests are skipped, or fail
-//! when `CI` is set.
+//! `MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`; its counts are the server's, so
+//! nothing else should write to it meanwhile) and a temporary directory. If a server cannot be
+//! reached its tests are skipped, or fail when `CI` is set.
 
-#![cfg(all(feature = "postgres", feature = "sqlite"))]
+#![cfg(all(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 
 mod common;
 
@@ -142,15 +144,20 @@ mod postgres {
     }
 
     /// The transactions `run` made through a store with batches of at most `most`, on a pool of
-    /// 16 connections of its own.
-    async fn transactions<F, Fut>(table: &str, ns: &str, most: usize, run: F) -> Option<i64>
+    /// `connections` of its own.
+    async fn transactions<F, Fut>(
+        table: &str,
+        ns: &str,
+        (most, connections): (usize, u32),
+        run: F,
+    ) -> Option<i64>
     where
         F: FnOnce(PostgresStore) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
         let admin = prepared(table).await?;
         let before = committed(&admin).await;
-        let (_, pool) = counted_pool(16).await?;
+        let (_, pool) = counted_pool(connections).await?;
         let store = PostgresStore::new(pool.clone())
             .with_table_name(table)
             .unwrap()
@@ -173,7 +180,7 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_burst_shares_transactions_and_a_lone_delivery_pays_its_own_two() {
         let ns = common::unique_namespace("gc");
-        let Some(alone) = transactions("gc_burst_alone", &ns, 1, |store| {
+        let Some(alone) = transactions("gc_burst_alone", &ns, (1, 16), |store| {
             let ns = ns.clone();
             async move { burst(&store, &ns).await }
         })
@@ -185,7 +192,7 @@ mod postgres {
             alone >= 2 * BURST as i64,
             "with batching off each delivery commits its claim and its commit: {alone} transactions for {BURST}"
         );
-        let batched = transactions("gc_burst_batched", &ns, 128, |store| {
+        let batched = transactions("gc_burst_batched", &ns, (128, 16), |store| {
             let ns = ns.clone();
             async move { burst(&store, &ns).await }
         })
@@ -200,7 +207,7 @@ mod postgres {
         let lone = |table: &'static str, most| {
             let ns = ns.clone();
             async move {
-                transactions(table, &ns.clone(), most, |store| {
+                transactions(table, &ns.clone(), (most, 1), |store| {
                     let ns = ns.clone();
                     async move {
                         let key = IdempotencyKey::new(ns, "lone").unwrap();
@@ -360,5 +367,88 @@ mod sqlite {
         }
         once_each(&stores, "gc_instances").await;
         std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+mod mariadb {
+    use sqlx::MySqlPool;
+    use tower_idempotency::store::MySqlStore;
+
+    use super::*;
+
+    /// The server's count of `INSERT` and `UPDATE` statements, all sessions.
+    async fn writes(pool: &MySqlPool) -> i64 {
+        let rows =
+            sqlx::query("SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_insert', 'Com_update')")
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        rows.iter()
+            .map(|row| row.get::<String, _>(1).parse::<i64>().unwrap())
+            .sum()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_burst_shares_statements_and_a_lone_delivery_pays_its_own_two() {
+        let Some(pool) = common::db::mysql_pool().await else {
+            return;
+        };
+        let store = |most| {
+            MySqlStore::new(pool.clone())
+                .with_table_name("gc_mariadb")
+                .unwrap()
+                .max_batch(most)
+        };
+        store(1).migrate().await.unwrap();
+        let counted = |most, ns: String| {
+            let (store, pool) = (store(most), pool.clone());
+            async move {
+                store.flavor().await.unwrap();
+                let before = writes(&pool).await;
+                burst(&store, &ns).await;
+                let wrote = writes(&pool).await - before;
+                all_done(&store, &ns).await;
+                wrote
+            }
+        };
+        let alone = counted(1, common::unique_namespace("gc_alone")).await;
+        assert!(
+            alone >= 2 * BURST as i64,
+            "with batching off each delivery sends its claim and its commit: {alone} for {BURST}"
+        );
+        let batched = counted(128, common::unique_namespace("gc_batched")).await;
+        println!("writes for {BURST} deliveries: {alone} alone, {batched} batched");
+        assert!(
+            batched < BURST as i64,
+            "{BURST} deliveries at once, claim and commit each, went out in {batched} statements \
+             (with batching off: {alone})"
+        );
+        let store = store(128);
+        let ns = common::unique_namespace("gc_lone");
+        let before = writes(&pool).await;
+        let key = IdempotencyKey::new(ns, "lone").unwrap();
+        let claim = store.claim(&key, Stale::default()).await.unwrap();
+        let Claim::Acquired(lease) = claim else {
+            panic!("a new key answered {claim:?}")
+        };
+        store.commit(&lease).await.unwrap();
+        assert_eq!(
+            writes(&pool).await - before,
+            2,
+            "a lone delivery: its claim and its commit, as with batching off"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn instances_with_batches_run_each_event_once() {
+        let mut stores = Vec::new();
+        for _ in 0..4 {
+            let Some(store) = common::db::mysql_store().await else {
+                return;
+            };
+            stores.push(store);
+        }
+        let ns = common::unique_namespace("gc_instances");
+        once_each(&stores, &ns).await;
     }
 }

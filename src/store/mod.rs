@@ -122,7 +122,7 @@
     feature = "redis"
 ))]
 pub mod any;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod batch;
 mod claim;
 mod contract;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
 
+use super::batch::{ClaimWrite, CommitWrite};
 use super::{MySqlFlavor, MySqlStore, flavor_of};
 use crate::key::IdempotencyKey;
 use crate::store::sql::{self, AfterRead, ClaimRow, ResultExt as _};
@@ -52,12 +53,21 @@ impl MySqlStore {
                 .bind(token.to_i64())
         };
         if flavor == MySqlFlavor::MariaDb {
-            let row = insert(&self.claims.insert_or_read)
-                .fetch_one(&self.table.pool)
-                .await
-                .store()
-                .and_then(|row| ClaimRow::read(&row))
-                .inspect_err(|error| self.table.unanswered(key, token, error))?;
+            let row = match &self.batches {
+                Some(batches) => {
+                    let write = ClaimWrite {
+                        key: key.clone(),
+                        token,
+                    };
+                    batches.claims.write(write).await
+                }
+                None => insert(&self.claims.insert_or_read)
+                    .fetch_one(&self.table.pool)
+                    .await
+                    .store()
+                    .and_then(|row| ClaimRow::read(&row)),
+            }
+            .inspect_err(|error| self.table.unanswered(key, token, error))?;
             return self.table.after_read(key, Some(row), Some(token), stale);
         }
         let inserted = insert(&self.claims.insert_new)
@@ -71,6 +81,23 @@ impl MySqlStore {
         }
         let row = self.table.read_claim(key).await?;
         self.table.after_read(key, row, None, stale)
+    }
+
+    /// The commit of `lease`, in the next batch of commits when one is in flight.
+    async fn commit_batched(
+        &self,
+        lease: &Lease,
+        receipt: Option<&Receipt>,
+    ) -> Result<(), StoreError> {
+        let Some(batches) = &self.batches else {
+            return self.table.commit(lease, receipt).await;
+        };
+        let write = CommitWrite {
+            key: lease.key().clone(),
+            token: lease.token(),
+            receipt: receipt.map(Receipt::encode),
+        };
+        sql::held(batches.commits.write(write).await?)
     }
 
     /// MariaDB 10.5 and later: one upsert, returning the row.
@@ -194,11 +221,11 @@ impl Store for MySqlStore {
     }
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.commit(lease, None).await
+        self.commit_batched(lease, None).await
     }
 
     async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
-        self.table.commit(lease, Some(receipt)).await
+        self.commit_batched(lease, Some(receipt)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

@@ -140,6 +140,22 @@
 //!   writes the receipt (`commit` binds NULL), and keeps what a first commit wrote.
 //! - `describe`, `stuck_claims`, `resolve`, `purge_completed`: one statement each.
 //!
+//! # Group commit
+//!
+//! Commits that arrive while the store's previous commit is in flight go together in the
+//! next statement, and on MariaDB 10.5 and later claims likewise: one statement, one
+//! transaction and one flush of the redo log for the lot, each delivery still answered with
+//! its own row and fenced by its own token (the statements are in `batch.rs`: a multi-row
+//! insert-or-read for the claims, an `UPDATE` joined to the bound rows for the commits). On
+//! MySQL and older MariaDB, whose claim reads after an ignored insert, claims go one by one.
+//! There is no timer: a write that finds none in flight is sent at once, alone, as the
+//! statement above, so a lone delivery pays nothing for it. A batch carries at most
+//! [`max_batch`](MySqlStore::max_batch) writes (128 unless set), never two on one key, sorted
+//! by key so that two instances' batches lock shared keys in one order. A batch chosen as a
+//! deadlock's victim is sent again write by write; any other failure answers its own
+//! deliveries 503. Every 2xx still goes out after that delivery's own claim and commit are
+//! durable. `max_batch(1)` turns it off.
+//!
 //! # Delivery counts
 //!
 //! A duplicate (of a done key, or of one in flight or held) is answered from the read alone,
@@ -266,9 +282,11 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool};
 use tokio::sync::OnceCell;
 
+use super::batch::DEFAULT_MOST;
 use super::sql::{ResultExt as _, Table, TableName};
 use super::{ConfigError, StoreError};
 
+mod batch;
 mod claims;
 mod inbox;
 mod queries;
@@ -311,6 +329,8 @@ pub struct MySqlStore {
     /// The statements of the inbox table.
     inbox: Arc<InboxQueries>,
     flavor: Arc<OnceCell<MySqlFlavor>>,
+    /// Where concurrent claims and commits meet to go together; none when each goes alone.
+    batches: Option<batch::Batches>,
 }
 
 impl MySqlStore {
@@ -325,7 +345,9 @@ impl MySqlStore {
             claims: Arc::new(claims),
             inbox: Arc::new(inbox),
             flavor: Arc::default(),
+            batches: None,
         }
+        .max_batch(DEFAULT_MOST)
     }
 
     /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes.
@@ -335,7 +357,33 @@ impl MySqlStore {
         let (sql, claims) = queries(table);
         self.table = self.table.with_queries(sql);
         self.claims = Arc::new(claims);
-        Ok(self)
+        let most = self.batches.as_ref().map_or(1, |b| b.claims.most());
+        Ok(self.max_batch(most))
+    }
+
+    /// The most commits, and apart the most claims (MariaDB 10.5 and later), that go to the
+    /// server in one statement: 128 unless set. Those that arrive while the store's previous
+    /// one is in flight go together in the next statement, so that concurrent deliveries share
+    /// its round trip, its transaction and its flush of the redo log; a lone delivery's is
+    /// sent at once, never held back for company (see [group commit](self#group-commit)). `1`
+    /// sends each on its own, as many at a time as the pool allows. Set it before the store is
+    /// used; clones made earlier keep theirs.
+    ///
+    /// # Panics
+    ///
+    /// If `most` is 0.
+    pub fn max_batch(mut self, most: usize) -> Self {
+        assert!(most > 0, "a batch carries at least one write");
+        self.batches = (most > 1).then(|| {
+            batch::Batches::new(
+                self.table.pool.clone(),
+                &self.table.sql.table,
+                self.claims.insert_or_read.clone(),
+                self.table.sql.commit.clone(),
+                most,
+            )
+        });
+        self
     }
 
     /// Skips asking the server which it is: claims are made the `flavor` way. Forcing

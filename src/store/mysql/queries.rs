@@ -34,11 +34,11 @@ pub(super) struct ClaimQueries {
 }
 
 /// The server's clock.
-const NOW: &str = "UTC_TIMESTAMP(6)";
+pub(super) const NOW: &str = "UTC_TIMESTAMP(6)";
 /// The age of the row's claim, in microseconds, by the server's clock.
-const AGE_US: &str = "TIMESTAMPDIFF(MICROSECOND, claimed_at, UTC_TIMESTAMP(6))";
+pub(super) const AGE_US: &str = "TIMESTAMPDIFF(MICROSECOND, claimed_at, UTC_TIMESTAMP(6))";
 /// How long ago the row's claim was last renewed (or taken).
-const IDLE_US: &str =
+pub(super) const IDLE_US: &str =
     "TIMESTAMPDIFF(MICROSECOND, COALESCE(renewed_at, claimed_at), UTC_TIMESTAMP(6))";
 
 /// The columns added since the first release, as the upgrade adds them.

@@ -1,0 +1,310 @@
+//! Group commit on MySQL and MariaDB: the claims of concurrent deliveries go in one
+//! statement (MariaDB 10.5 and later), and so do their commits (both), as the
+//! [`Batcher`] sends them. A lone claim or commit is the statement of the [module
+//! docs](super#round-trips).
+//!
+//! - claims: one multi-row `INSERT … VALUES (…), (…) ON DUPLICATE KEY UPDATE token = token
+//!   RETURNING …, namespace, key`: the insert-or-read of each key, as alone;
+//! - commits: one `UPDATE (SELECT ? … UNION ALL SELECT ? …) AS v STRAIGHT_JOIN <table> AS t ON
+//!   <key> SET … WHERE t.token = v.token AND t.state = 'processing'`. When it matches fewer
+//!   rows than the batch has commits (a lease lost, or a commit repeated), one read of the
+//!   batch's rows tells which: a row `done` under the commit's token is committed.
+//!
+//! The rows of a batch are sorted by key, so that two instances' batches lock shared keys in
+//! one order. Statements come in sizes that are powers of two (a claim batch repeats its last
+//! row, which then reads the row its first copy wrote; a commit batch adds rows that match no
+//! key), so that each connection prepares a handful of statements rather than one per size.
+//! A batch chosen as a deadlock's victim is sent again write by write; any other failure fails
+//! the batch's writes, answered 503.
+
+use std::sync::Arc;
+
+use sqlx::mysql::MySqlArguments;
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row as _};
+
+use super::queries::{AGE_US, IDLE_US, NOW};
+use super::server::{DEADLOCK, mysql_error};
+use crate::key::IdempotencyKey;
+use crate::store::batch::{Answers, Batcher, Keyed, all_fail};
+use crate::store::sql::{ClaimRow, ResultExt as _, TableName};
+use crate::store::{LeaseToken, StoreError};
+
+/// A claim's first statement, for one key.
+pub(super) struct ClaimWrite {
+    pub(super) key: IdempotencyKey,
+    pub(super) token: LeaseToken,
+}
+
+/// A commit (with its receipt, encoded), for one lease.
+pub(super) struct CommitWrite {
+    pub(super) key: IdempotencyKey,
+    pub(super) token: LeaseToken,
+    pub(super) receipt: Option<Vec<u8>>,
+}
+
+impl Keyed for ClaimWrite {
+    fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+}
+
+impl Keyed for CommitWrite {
+    fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+}
+
+/// The batchers of one store's claims and commits. Clones share them.
+#[derive(Clone)]
+pub(super) struct Batches {
+    /// MariaDB: the row a claim's first statement inserted or found.
+    pub(super) claims: Batcher<ClaimWrite, ClaimRow>,
+    /// The rows a commit matched: 0 when the lease is lost.
+    pub(super) commits: Batcher<CommitWrite, u64>,
+}
+
+struct Statements {
+    pool: MySqlPool,
+    /// The quoted table.
+    table: String,
+    /// MariaDB's lone insert-or-read.
+    claim: Arc<str>,
+    /// The lone commit.
+    commit: Arc<str>,
+}
+
+impl Batches {
+    pub(super) fn new(
+        pool: MySqlPool,
+        table: &TableName,
+        claim: Arc<str>,
+        commit: Arc<str>,
+        most: usize,
+    ) -> Self {
+        let statements = Arc::new(Statements {
+            pool,
+            table: table.quoted('`'),
+            claim,
+            commit,
+        });
+        let on = statements.clone();
+        let claims = Batcher::new(most, move |writes| {
+            let statements = on.clone();
+            async move { statements.claim_all(writes).await }
+        });
+        let commits = Batcher::new(most, move |writes| {
+            let statements = statements.clone();
+            async move { statements.commit_all(writes).await }
+        });
+        Self { claims, commits }
+    }
+}
+
+impl Statements {
+    async fn claim_one(&self, write: &ClaimWrite) -> Result<ClaimRow, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(self.claim.clone()))
+            .bind(write.key.namespace())
+            .bind(write.key.value())
+            .bind(write.token.to_i64())
+            .fetch_one(&self.pool)
+            .await
+            .store()?;
+        ClaimRow::read(&row)
+    }
+
+    async fn claim_all(&self, writes: Vec<ClaimWrite>) -> Answers<ClaimRow> {
+        if let [write] = &writes[..] {
+            return vec![self.claim_one(write).await];
+        }
+        let order = key_order(&writes, |w| &w.key);
+        let size = writes.len().next_power_of_two();
+        let sql = self.claims(size);
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for n in 0..size {
+            let write = &writes[order[n.min(order.len() - 1)]];
+            query = query
+                .bind(write.key.namespace())
+                .bind(write.key.value())
+                .bind(write.token.to_i64());
+        }
+        let rows = match query.fetch_all(&self.pool).await {
+            Ok(rows) => rows,
+            Err(error) if is_deadlock(&error) => {
+                let alone = writes.iter().map(|write| self.claim_one(write));
+                return futures_util::future::join_all(alone).await;
+            }
+            Err(error) => return all_fail(error, writes.len()),
+        };
+        let mut answers: Answers<ClaimRow> = writes
+            .iter()
+            .map(|_| {
+                Err(StoreError::backend(
+                    "a batched claim returned no row for its key",
+                ))
+            })
+            .collect();
+        for row in &rows {
+            let at = key_at(row, 7)
+                .and_then(|(namespace, key)| find(&writes, |w| &w.key, &namespace, &key));
+            match at {
+                Ok(at) => answers[at] = ClaimRow::read(row),
+                Err(error) => return all_fail(error, writes.len()),
+            }
+        }
+        answers
+    }
+
+    async fn commit_one(&self, write: &CommitWrite) -> Result<u64, StoreError> {
+        let done = sqlx::query(AssertSqlSafe(self.commit.clone()))
+            .bind(write.receipt.as_deref())
+            .bind(write.key.namespace())
+            .bind(write.key.value())
+            .bind(write.token.to_i64())
+            .execute(&self.pool)
+            .await
+            .store()?;
+        Ok(done.rows_affected())
+    }
+
+    async fn commit_all(&self, writes: Vec<CommitWrite>) -> Answers<u64> {
+        if let [write] = &writes[..] {
+            return vec![self.commit_one(write).await];
+        }
+        let order = key_order(&writes, |w| &w.key);
+        let size = writes.len().next_power_of_two();
+        let mut query = sqlx::query(AssertSqlSafe(self.commits(size)));
+        for &i in &order {
+            let write = &writes[i];
+            query = query
+                .bind(write.key.namespace())
+                .bind(write.key.value())
+                .bind(write.token.to_i64())
+                .bind(write.receipt.as_deref());
+        }
+        for _ in order.len()..size {
+            // Matches no row: no key has an empty namespace.
+            query = query.bind("").bind("").bind(0_i64).bind(None::<&[u8]>);
+        }
+        let matched = match query.execute(&self.pool).await {
+            Ok(done) => done.rows_affected(),
+            Err(error) if is_deadlock(&error) => {
+                let alone = writes.iter().map(|write| self.commit_one(write));
+                return futures_util::future::join_all(alone).await;
+            }
+            Err(error) => return all_fail(error, writes.len()),
+        };
+        if matched == writes.len() as u64 {
+            return writes.iter().map(|_| Ok(1)).collect();
+        }
+        self.committed(&writes).await
+    }
+
+    /// Which commits of a batch hold: a row `done` under the commit's token.
+    async fn committed(&self, writes: &[CommitWrite]) -> Answers<u64> {
+        let mut query: Query<'_, MySql, MySqlArguments> =
+            sqlx::query(AssertSqlSafe(self.reads(writes.len())));
+        for write in writes {
+            query = query.bind(write.key.namespace()).bind(write.key.value());
+        }
+        let rows = match query.fetch_all(&self.pool).await {
+            Ok(rows) => rows,
+            Err(error) => return all_fail(error, writes.len()),
+        };
+        let mut answers: Answers<u64> = writes.iter().map(|_| Ok(0)).collect();
+        for row in &rows {
+            let at = key_at(row, 0)
+                .and_then(|(namespace, key)| find(writes, |w| &w.key, &namespace, &key));
+            let held = at.and_then(|at| {
+                let token: i64 = row.try_get(2).store()?;
+                let state: String = row.try_get(3).store()?;
+                Ok((at, token == writes[at].token.to_i64() && state == "done"))
+            });
+            match held {
+                Ok((at, true)) => answers[at] = Ok(1),
+                Ok((_, false)) => {}
+                Err(error) => return all_fail(error, writes.len()),
+            }
+        }
+        answers
+    }
+
+    /// The claims of `size` keys: (namespace, key, token) each. Each row returned is a
+    /// claim's seven columns, its namespace and its key.
+    fn claims(&self, size: usize) -> String {
+        let row = format!("(?, ?, 'processing', ?, 1, 1, FALSE, {NOW}, {NOW}, {NOW}, {NOW})");
+        let rows = vec![row; size].join(",\n    ");
+        format!(
+            r#"INSERT INTO {t} (namespace, `key`, state, token, deliveries, runs, reclaimed,
+    first_seen_at, last_seen_at, claimed_at, renewed_at)
+VALUES {rows}
+ON DUPLICATE KEY UPDATE token = token
+RETURNING state, token, deliveries, reclaimed, {AGE_US} AS age_us, {IDLE_US} AS idle_us,
+    receipt, namespace, `key`"#,
+            t = self.table
+        )
+    }
+
+    /// The commits of `size` leases: (namespace, key, token, receipt) each. The assignments
+    /// of a multiple-table `UPDATE` run in no set order, so none reads a column another sets;
+    /// a row done already is left as it is (and told apart by [`Self::committed`]).
+    fn commits(&self, size: usize) -> String {
+        let text = "CAST(? AS CHAR CHARACTER SET utf8mb4) COLLATE utf8mb4_bin";
+        let bound = std::iter::once(format!(
+            "SELECT {text} AS namespace, {text} AS k, CAST(? AS SIGNED) AS token, \
+             CAST(? AS BINARY) AS receipt"
+        ))
+        .chain((1..size).map(|_| "SELECT ?, ?, ?, ?".to_owned()))
+        .collect::<Vec<_>>()
+        .join("\n    UNION ALL ");
+        format!(
+            r#"UPDATE (
+    {bound}
+) AS v STRAIGHT_JOIN {t} AS t ON t.namespace = v.namespace AND t.`key` = v.k
+SET t.receipt = v.receipt, t.completed_at = {NOW}, t.state = 'done'
+WHERE t.token = v.token AND t.state = 'processing'"#,
+            t = self.table
+        )
+    }
+
+    /// The rows of `size` keys: namespace, key, token, state.
+    fn reads(&self, size: usize) -> String {
+        let keys = vec!["(namespace = ? AND `key` = ?)"; size].join(" OR ");
+        format!(
+            "SELECT namespace, `key`, token, state FROM {t} WHERE {keys}",
+            t = self.table
+        )
+    }
+}
+
+/// The writes' indexes in key order.
+fn key_order<W>(writes: &[W], key: impl Fn(&W) -> &IdempotencyKey) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..writes.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (key(&writes[a]), key(&writes[b]));
+        (a.namespace(), a.value()).cmp(&(b.namespace(), b.value()))
+    });
+    order
+}
+
+/// The namespace and key in columns `at` and `at + 1` of `row`.
+fn key_at(row: &sqlx::mysql::MySqlRow, at: usize) -> Result<(String, String), StoreError> {
+    Ok((row.try_get(at).store()?, row.try_get(at + 1).store()?))
+}
+
+/// The index of the write on (`namespace`, `key`).
+fn find<W>(
+    writes: &[W],
+    key: impl Fn(&W) -> &IdempotencyKey,
+    namespace: &str,
+    value: &str,
+) -> Result<usize, StoreError> {
+    writes
+        .iter()
+        .position(|w| key(w).namespace() == namespace && key(w).value() == value)
+        .ok_or_else(|| StoreError::backend("a batch answered a row of a key it did not carry"))
+}
+
+fn is_deadlock(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(e) if mysql_error(&**e) == Some(DEADLOCK))
+}
