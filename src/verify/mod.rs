@@ -123,26 +123,21 @@
 //! # let _ = layer;
 //! ```
 
-pub(crate) mod clock;
-pub(crate) mod mac;
-pub(crate) mod parse;
-mod senders;
-mod verifier;
-
-use std::borrow::Cow;
 use std::fmt;
+use std::time::SystemTime;
 
 use http::request::Parts;
 
-pub use senders::github::verifier as github;
-pub use senders::shopify::verifier as shopify;
-pub use senders::slack::verifier as slack;
-pub use senders::standard_webhooks::verifier as standard_webhooks;
-pub use senders::stripe::verifier as stripe;
-pub use senders::twilio::verifier as twilio;
-pub use senders::twitch::verifier as twitch;
-pub(crate) use verifier::Check;
-pub use verifier::{Secrets, Verifier};
+// Each sender's verifier is defined, with the docs of its scheme, in the sender's own file
+// beside its record and key preset: `src/key/senders/<name>.rs`.
+pub use crate::key::senders::github::scheme::verifier as github;
+pub use crate::key::senders::shopify::scheme::verifier as shopify;
+pub use crate::key::senders::signature::{Secrets, Verifier, VerifyError};
+pub use crate::key::senders::slack::scheme::verifier as slack;
+pub use crate::key::senders::standard_webhooks::scheme::verifier as standard_webhooks;
+pub use crate::key::senders::stripe::scheme::verifier as stripe;
+pub use crate::key::senders::twilio::scheme::verifier as twilio;
+pub use crate::key::senders::twitch::scheme::verifier as twitch;
 
 /// Checks a delivery before the layer claims its key.
 ///
@@ -213,55 +208,29 @@ where
     }
 }
 
-/// Why a delivery's signature was refused. Each is answered 401 problem+json.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum VerifyError {
-    /// The delivery carries no signature, or lacks a header the signature needs.
-    #[error("the request is not signed: expected {expected}")]
-    Missing {
-        /// What was expected, e.g. ``header `x-hub-signature-256` ``.
-        expected: Cow<'static, str>,
-    },
-    /// A signature header is there but cannot be read.
-    #[error("the signature header is malformed: {reason}")]
-    Malformed {
-        /// What is wrong with it.
-        reason: Cow<'static, str>,
-    },
-    /// No signature matches the content with any configured secret.
-    #[error("the signature does not match the request")]
-    Mismatch,
-    /// The signed timestamp is further from this machine's clock than the tolerance.
-    #[error(
-        "the signature's timestamp is {skew_secs} s away from now; at most {tolerance_secs} s are allowed"
-    )]
-    Expired {
-        /// How far the timestamp is from now, in seconds, in either direction.
-        skew_secs: u64,
-        /// The tolerance, in seconds.
-        tolerance_secs: u64,
-    },
-    /// The delivery looks like one of a sender for which no secret is configured.
-    #[error("the request looks like a {sender} delivery, and no {sender} secret is configured")]
-    NoSecret {
-        /// The sender's name, e.g. `Stripe`.
-        sender: &'static str,
-    },
+impl Verify for Verifier {
+    fn verify(&self, parts: &Parts, body: &[u8]) -> Result<(), VerifyError> {
+        self.verify_at(parts, body, SystemTime::now())
+    }
 }
 
-impl VerifyError {
-    /// A [`VerifyError::Missing`] naming what was expected.
-    pub fn missing(expected: impl Into<Cow<'static, str>>) -> Self {
-        Self::Missing {
-            expected: expected.into(),
-        }
-    }
+#[cfg(test)]
+mod tests {
+    use crate::key::senders::ALL;
 
-    /// A [`VerifyError::Malformed`] with the reason.
-    pub fn malformed(reason: impl Into<Cow<'static, str>>) -> Self {
-        Self::Malformed {
-            reason: reason.into(),
-        }
+    /// Each public verifier checks the sender it is named after, and every sender has one.
+    #[test]
+    fn every_sender_has_one_verifier() {
+        let verifiers = [
+            super::github("secret"),
+            super::shopify("secret"),
+            super::standard_webhooks("whsec_c2VjcmV0"),
+            super::twilio("secret"),
+            super::twitch("secret"),
+            super::stripe("secret"),
+            super::slack("secret"),
+        ];
+        let senders: Vec<_> = verifiers.iter().map(|v| v.only_sender()).collect();
+        assert_eq!(senders, ALL);
     }
 }

@@ -1,11 +1,38 @@
-//! The webhook senders this crate knows, as data: one file per sender, each holding that
-//! sender's [`Sender`] record (its name, its namespace, where its delivery id is, which header
-//! carries its signature) and its key preset (`key::github()`).
+//! The webhook senders this crate knows: one file per sender, holding all the crate knows of
+//! it. Its [`Sender`] record says what every part of the crate asks of it: its name and
+//! namespace, where its delivery id is, which header carries its signature and with what
+//! precedence, and, with the `verify` feature, its timestamp tolerance and its signature
+//! check. Beside the record, the file holds the sender's key preset (`key::github()`) and,
+//! under `#[cfg(feature = "verify")]`, a `scheme` module with the check and the sender's
+//! public verifier (`verify::github(secret)`), whose docs describe its signature scheme and
+//! where it is published.
 //!
 //! [`key::auto`](crate::key::auto), the [detection](detect) of a sender by its headers, and
-//! signature verification (which adds each sender's check on top of its record) all read the
-//! records of [`ALL`], so that the key claimed always belongs to the sender whose signature is
-//! checked. A new sender is a file here, an entry in [`ALL`] and, for verification, its check.
+//! signature verification all read the records of [`ALL`], so that the key claimed always
+//! belongs to the sender whose signature is checked. What they share to check a signature
+//! (the errors, the MAC, the parsing and clock helpers, the verifier that runs the checks)
+//! is in `signature/`, which imports none of the senders' files.
+//!
+//! # Adding a sender
+//!
+//! A new sender `acme` is:
+//!
+//! 1. the file `acme.rs` here, shaped as the others: the record `pub(crate) static SENDER`,
+//!    `pub fn key()` with its docs, and a `#[cfg(feature = "verify")] pub(crate) mod scheme`
+//!    holding `pub fn verifier(secrets: impl Into<Secrets>) -> Verifier` with the docs of the
+//!    scheme (its format, what it covers, its tolerance, where it is published) and the
+//!    `check` the record names;
+//! 2. in this file, `pub(crate) mod acme;` and `&acme::SENDER` in [`ALL`], at the place its id
+//!    header takes in detection;
+//! 3. its public names, one line each: `pub use senders::acme::key as acme;` in `key/mod.rs`
+//!    and `pub use crate::key::senders::acme::scheme::verifier as acme;` in `verify/mod.rs`.
+//!
+//! Tests written against [`ALL`] then fail until they are told of it, so that nothing that
+//! names every sender forgets one: `tests.rs` here lists each sender's key preset and every
+//! id and signature header in the order of detection, `verify/mod.rs` each public verifier,
+//! and `key::auto`'s message for a request that names no sender each id header. The docs
+//! that name every sender are the tables of README.md and of the `verify` module, and the
+//! order of detection in [`key::auto`](crate::key::auto)'s docs.
 
 use std::fmt;
 use std::sync::LazyLock;
@@ -14,6 +41,8 @@ use http::request::Parts;
 
 pub(crate) mod github;
 pub(crate) mod shopify;
+#[cfg(feature = "verify")]
+pub(crate) mod signature;
 pub(crate) mod slack;
 pub(crate) mod standard_webhooks;
 pub(crate) mod stripe;
@@ -55,6 +84,16 @@ pub(crate) struct Sender {
     /// request that carries no sender's id header and two senders' signature headers is the
     /// sender's with the lower number.
     pub(crate) signature_precedence: u8,
+    /// How far its signed timestamp may be from this machine's clock; zero when it signs none.
+    #[cfg(feature = "verify")]
+    pub(crate) tolerance: std::time::Duration,
+    /// Whether its signature covers the URL it requested, so that a verifier's
+    /// [public URL](signature::Verifier::public_url) applies to it.
+    #[cfg(feature = "verify")]
+    pub(crate) signs_url: bool,
+    /// Its signature check.
+    #[cfg(feature = "verify")]
+    pub(crate) check: signature::SignatureCheck,
 }
 
 /// Where a sender puts the id it keeps the same across its retries.

@@ -1,4 +1,5 @@
-//! The sender records agree with each other and with the key extractors that read them.
+//! The sender records agree with each other, with the key extractors that read them, and with
+//! the signature checks they name.
 
 use http::request::Parts;
 
@@ -131,6 +132,48 @@ fn the_presets_and_auto_read_the_same_id() {
             let body = body.as_deref();
             assert_eq!(preset.extract(&p, body), Ok(expected.clone()), "{sender:?}");
             assert_eq!(auto.extract(&p, body), Ok(expected.clone()), "{sender:?}");
+        }
+    }
+}
+
+/// Each sender's check reads the signature header that names the sender: asked for one header
+/// after another, it asks for that one. A Standard Webhooks check reads the signature header
+/// of its id's family.
+#[cfg(feature = "verify")]
+#[test]
+fn each_check_reads_the_signature_header_detection_uses() {
+    use super::signature::{Secrets, Verifier, VerifyError};
+
+    let now = std::time::SystemTime::now();
+    for &sender in ALL {
+        let verifier = Verifier::of(sender, Secrets::from("secret"));
+        let check = verifier.only_check();
+        let seeds: Vec<(Vec<&str>, &str)> = match sender.id {
+            Id::Headers(names) => names
+                .iter()
+                .enumerate()
+                .map(|(k, name)| {
+                    let signature = sender.signature[k.min(sender.signature.len() - 1)];
+                    (vec![*name], signature)
+                })
+                .collect(),
+            Id::Body { .. } => vec![(vec![], sender.signature[0])],
+        };
+        for (mut headers, signature) in seeds {
+            let wanted = format!("header `{signature}`");
+            loop {
+                let asked = match (sender.check)(check, &parts(&headers), b"", now) {
+                    Err(VerifyError::Missing { expected }) if expected == wanted => break,
+                    Err(VerifyError::Missing { expected }) => expected,
+                    other => panic!("{sender:?} never asks for {wanted}: {other:?}"),
+                };
+                let name = asked
+                    .strip_prefix("header `")
+                    .and_then(|rest| rest.strip_suffix('`'))
+                    .unwrap_or_else(|| panic!("{sender:?} asks for {asked}"));
+                assert!(headers.len() < 8, "{sender:?} asks for {headers:?}");
+                headers.push(name.to_owned().leak());
+            }
         }
     }
 }

@@ -1,5 +1,5 @@
 //! [`Verifier`]: the configured senders, each with its secrets, checked by the sender a
-//! request looks like.
+//! request looks like; and [`Secrets`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -7,9 +7,8 @@ use std::time::{Duration, SystemTime};
 
 use http::request::Parts;
 
-use super::senders::{Scheme, twilio};
-use super::{Verify, VerifyError};
-use crate::key::senders;
+use super::VerifyError;
+use crate::key::senders::{self, Sender};
 
 /// One or more secrets of a sender: several while one is rotated.
 ///
@@ -18,11 +17,11 @@ use crate::key::senders;
 pub struct Secrets(pub(crate) Vec<Box<[u8]>>);
 
 impl Secrets {
-    fn into_keys(self, scheme: &Scheme) -> Arc<[Box<[u8]>]> {
+    fn into_keys(self, sender: &Sender) -> Arc<[Box<[u8]>]> {
         assert!(
             !self.0.is_empty() && self.0.iter().all(|s| !s.is_empty()),
             "{} verification needs at least one secret, and no empty one",
-            scheme.sender.name
+            sender.name
         );
         self.0.into()
     }
@@ -79,35 +78,35 @@ impl<S: AsRef<str>> From<Vec<S>> for Secrets {
 #[derive(Clone)]
 #[must_use]
 pub struct Verifier {
-    checks: Vec<Check>,
+    /// Each configured sender, with what its [check](Sender::check) is given.
+    checks: Vec<(&'static Sender, Check)>,
 }
 
-/// One configured sender: what its [signature check](Scheme::check) is given.
+/// What a sender's [signature check](Sender::check) is given: its configuration.
 #[derive(Clone)]
 pub(crate) struct Check {
-    scheme: &'static Scheme,
     /// Its secrets, as the keys of its MAC.
     pub(crate) keys: Arc<[Box<[u8]>]>,
     /// How far a signed timestamp may be from now.
     pub(crate) tolerance: Duration,
-    /// Twilio's public base URL, when configured.
+    /// The public base URL, when configured, for a sender that signs the URL (Twilio).
     pub(crate) public_url: Option<Arc<str>>,
 }
 
 impl Verifier {
-    /// Checks the deliveries of `scheme`'s sender with `secrets`, under its tolerance.
+    /// Checks the deliveries of `sender` with `secrets`, under its tolerance.
     ///
     /// # Panics
     ///
     /// If no secret, or an empty one, is given.
-    pub(crate) fn of(scheme: &'static Scheme, secrets: Secrets) -> Self {
+    pub(crate) fn of(sender: &'static Sender, secrets: Secrets) -> Self {
+        let check = Check {
+            keys: secrets.into_keys(sender),
+            tolerance: sender.tolerance,
+            public_url: None,
+        };
         Self {
-            checks: vec![Check {
-                scheme,
-                keys: secrets.into_keys(scheme),
-                tolerance: scheme.tolerance,
-                public_url: None,
-            }],
+            checks: vec![(sender, check)],
         }
     }
 
@@ -115,15 +114,15 @@ impl Verifier {
     /// (the rule of [`key::auto`](crate::key::auto)). A sender configured twice accepts the
     /// secrets of both configurations, under the first one's tolerance and public URL.
     pub fn or(mut self, other: Verifier) -> Self {
-        for check in other.checks {
-            match self.checks.iter_mut().find(|c| c.scheme == check.scheme) {
+        for (sender, check) in other.checks {
+            match self.checks.iter_mut().find(|(s, _)| *s == sender) {
                 // The same sender again (`stripe(old).or(stripe(new))`): one check with the
                 // secrets of both, the first one's tolerance and URL.
-                Some(same) => {
+                Some((_, same)) => {
                     let keys: Vec<_> = same.keys.iter().chain(check.keys.iter()).cloned().collect();
                     same.keys = keys.into();
                 }
-                None => self.checks.push(check),
+                None => self.checks.push((sender, check)),
             }
         }
         self
@@ -132,7 +131,7 @@ impl Verifier {
     /// How far a signed timestamp may be from this machine's clock, in either direction, for
     /// the senders configured so far. Senders that sign no timestamp ignore it.
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        for check in &mut self.checks {
+        for (_, check) in &mut self.checks {
             check.tolerance = tolerance;
         }
         self
@@ -152,16 +151,17 @@ impl Verifier {
             "a public URL starts with https:// or http://, got {base:?}"
         );
         let base: Arc<str> = base.trim_end_matches('/').into();
-        for check in &mut self.checks {
-            if *check.scheme == twilio::SCHEME {
+        for (sender, check) in &mut self.checks {
+            if sender.signs_url {
                 check.public_url = Some(base.clone());
             }
         }
         self
     }
 
-    /// Verifies a delivery as if the clock read `now`: what [`Verify::verify`] does with the
-    /// current time. For tests against a sender's published examples.
+    /// Verifies a delivery as if the clock read `now`: what
+    /// [`Verify::verify`](crate::verify::Verify::verify) does with the current time. For tests
+    /// against a sender's published examples.
     pub fn verify_at(
         &self,
         parts: &Parts,
@@ -172,18 +172,18 @@ impl Verifier {
             let expected: Vec<_> = self
                 .checks
                 .iter()
-                .map(|c| format!("header `{}`", c.scheme.sender.signature[0]))
+                .map(|(sender, _)| format!("header `{}`", sender.signature[0]))
                 .collect();
             return Err(VerifyError::missing(expected.join(" or ")));
         };
-        let check = self
-            .checks
-            .iter()
-            .find(|check| check.scheme.sender == sender)
-            .ok_or(VerifyError::NoSecret {
-                sender: sender.name,
-            })?;
-        (check.scheme.check)(check, parts, body, now)
+        let (_, check) =
+            self.checks
+                .iter()
+                .find(|(s, _)| *s == sender)
+                .ok_or(VerifyError::NoSecret {
+                    sender: sender.name,
+                })?;
+        (sender.check)(check, parts, body, now)
     }
 }
 
@@ -191,26 +191,29 @@ impl Verifier {
 impl Verifier {
     /// The check of a verifier made for one sender.
     pub(crate) fn only_check(&self) -> &Check {
-        let [check] = &self.checks[..] else {
+        &self.only().1
+    }
+
+    /// The sender of a verifier made for one sender.
+    pub(crate) fn only_sender(&self) -> &'static Sender {
+        self.only().0
+    }
+
+    fn only(&self) -> &(&'static Sender, Check) {
+        let [only] = &self.checks[..] else {
             panic!("{} senders", self.checks.len())
         };
-        check
-    }
-}
-
-impl Verify for Verifier {
-    fn verify(&self, parts: &Parts, body: &[u8]) -> Result<(), VerifyError> {
-        self.verify_at(parts, body, SystemTime::now())
+        only
     }
 }
 
 impl fmt::Debug for Verifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut list = f.debug_list();
-        for check in &self.checks {
+        for (sender, check) in &self.checks {
             list.entry(&format_args!(
                 "{} ({} secrets, tolerance {:?}, public URL {:?})",
-                check.scheme.sender.name,
+                sender.name,
                 check.keys.len(),
                 check.tolerance,
                 check.public_url
