@@ -21,6 +21,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Row as _, SqlitePool};
 use tokio::sync::Barrier;
+use tower_idempotency::store::inbox::{Enqueued, InboxStore, StoredRequest};
 use tower_idempotency::store::{Claim, KeyState, PostgresStore, SqliteStore, Store};
 use tower_idempotency::{IdempotencyKey, Stale};
 
@@ -42,6 +43,26 @@ async fn burst<St: Store + Clone + 'static>(store: &St, ns: &str) {
                     other => panic!("{key}: a new key answered {other:?}"),
                 };
                 store.commit(&lease).await.unwrap();
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+/// `BURST` new deliveries at once into the inbox of `store`: every one is stored.
+async fn ingest<St: InboxStore + Clone + 'static>(store: &St, ns: &str) {
+    let start = Arc::new(Barrier::new(BURST));
+    let request = StoredRequest::new(http::Method::POST, "/hook", Vec::new(), "{}".into());
+    let tasks: Vec<_> = (0..BURST)
+        .map(|n| {
+            let (store, start, request) = (store.clone(), start.clone(), request.clone());
+            let key = IdempotencyKey::new(ns.to_owned(), format!("entry_{n}")).unwrap();
+            tokio::spawn(async move {
+                start.wait().await;
+                let enqueued = store.enqueue(&key, &request).await.unwrap();
+                assert!(matches!(enqueued, Enqueued::Stored), "{key}: {enqueued:?}");
             })
         })
         .collect();
@@ -204,6 +225,27 @@ mod postgres {
             "{BURST} deliveries at once, claim and commit each, went out in {batched} transactions \
              (with batching off: {alone})"
         );
+        let ingested = |table: &'static str, most| {
+            let ns = ns.clone();
+            async move {
+                transactions(table, &ns.clone(), (most, 16), |store| {
+                    let ns = ns.clone();
+                    async move { ingest(&store, &ns).await }
+                })
+                .await
+                .unwrap()
+            }
+        };
+        let (ingest_alone, ingest_batched) = (
+            ingested("gc_ingest_alone", 1).await,
+            ingested("gc_ingest", 128).await,
+        );
+        println!("inbox: {BURST} deliveries, {ingest_alone} alone, {ingest_batched} batched");
+        assert!(
+            ingest_alone >= BURST as i64 && ingest_batched < BURST as i64 / 2,
+            "{BURST} deliveries into the inbox at once: {ingest_batched} transactions \
+             (with batching off: {ingest_alone})"
+        );
         let lone = |table: &'static str, most| {
             let ns = ns.clone();
             async move {
@@ -319,6 +361,20 @@ mod sqlite {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_burst_shares_transactions_and_a_lone_delivery_pays_its_own_two() {
         let ns = common::unique_namespace("gc");
+        let (store, dir) = opened("gc_ingest_alone", 1).await;
+        ingest(&store, &ns).await;
+        let ingest_alone = frames(store.pool()).await;
+        std::fs::remove_dir_all(dir).unwrap();
+        let (store, dir) = opened("gc_ingest", 128).await;
+        ingest(&store, &ns).await;
+        let ingest_batched = frames(store.pool()).await;
+        std::fs::remove_dir_all(dir).unwrap();
+        assert!(
+            ingest_alone >= BURST as i64 && ingest_batched < BURST as i64 / 2,
+            "{BURST} deliveries into the inbox at once: {ingest_batched} WAL frames \
+             (with batching off: {ingest_alone})"
+        );
+
         let (alone, dir) = opened("gc_alone", 1).await;
         burst(&alone, &ns).await;
         let alone_frames = frames(alone.pool()).await;

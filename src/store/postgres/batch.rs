@@ -1,5 +1,5 @@
 //! Group commit on PostgreSQL: the claims of concurrent deliveries go in one statement, and
-//! so do their commits (see [`Batcher`]). A lone claim or commit is the statement of the
+//! so do their commits and the inbox's entries (see [`Batcher`]). A lone claim or commit is the statement of the
 //! [module docs](super#round-trips); a batch binds arrays and `unnest`s them:
 //!
 //! - claims: `WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH
@@ -9,7 +9,9 @@
 //!   row answered with the key's position;
 //! - commits: `UPDATE … FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) …
 //!   WHERE <key and token match> AND state <> 'released' RETURNING <the key>`: a commit whose
-//!   key is missing from the answer lost its lease.
+//!   key is missing from the answer lost its lease;
+//! - inbox entries: the claims' statement on the inbox table, each new key inserted with its
+//!   request, each existing one read.
 //!
 //! The keys of a batch are sorted, so that two instances' batches insert shared keys in the
 //! same order and never wait for each other in a cycle. A batch that fails to serialize or
@@ -39,6 +41,18 @@ pub(super) struct CommitWrite {
     pub(super) receipt: Option<Vec<u8>>,
 }
 
+/// An inbox entry's insert, with its request encoded.
+pub(super) struct EnqueueWrite {
+    pub(super) key: IdempotencyKey,
+    pub(super) request: Vec<u8>,
+}
+
+impl Keyed for EnqueueWrite {
+    fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+}
+
 impl Keyed for ClaimWrite {
     fn key(&self) -> &IdempotencyKey {
         &self.key
@@ -59,44 +73,57 @@ pub(super) struct Batches {
     pub(super) claims: Batcher<ClaimWrite, Option<ClaimRow>>,
     /// Answers the rows a commit matched: 0 when the lease is lost.
     pub(super) commits: Batcher<CommitWrite, u64>,
+    /// Answers the state of the key's inbox entry and whether this insert stored it (none: the
+    /// entry was stored by an enqueue that committed after the statement's snapshot).
+    pub(super) enqueues: Batcher<EnqueueWrite, Option<(String, bool)>>,
+}
+
+/// The statements a write runs when it goes alone.
+pub(super) struct Lone {
+    pub(super) claim: Arc<str>,
+    pub(super) commit: Arc<str>,
+    pub(super) enqueue: Arc<str>,
 }
 
 /// The statements of a batch, alone and together.
 struct Statements {
     pool: PgPool,
-    claim: Arc<str>,
+    lone: Lone,
     claims: String,
-    commit: Arc<str>,
     commits: String,
+    enqueues: String,
 }
 
 impl Batches {
-    /// Batches of at most `most` writes on `pool`, in `table`, whose lone claim and commit
-    /// are `claim` and `commit`.
-    pub(super) fn new(
-        pool: PgPool,
-        table: &TableName,
-        claim: Arc<str>,
-        commit: Arc<str>,
-        most: usize,
-    ) -> Self {
+    /// Batches of at most `most` writes on `pool`, in `table` and its inbox, whose writes go
+    /// alone as `lone`.
+    pub(super) fn new(pool: PgPool, table: &TableName, lone: Lone, most: usize) -> Self {
         let statements = Arc::new(Statements {
             pool,
-            claim,
+            lone,
             claims: claims(table),
-            commit,
             commits: commits(table),
+            enqueues: enqueues(table),
         });
         let on = statements.clone();
         let claims = Batcher::new(most, move |writes| {
             let statements = on.clone();
             async move { statements.claim_all(writes).await }
         });
+        let on = statements.clone();
         let commits = Batcher::new(most, move |writes| {
-            let statements = statements.clone();
+            let statements = on.clone();
             async move { statements.commit_all(writes).await }
         });
-        Self { claims, commits }
+        let enqueues = Batcher::new(most, move |writes| {
+            let statements = statements.clone();
+            async move { statements.enqueue_all(writes).await }
+        });
+        Self {
+            claims,
+            commits,
+            enqueues,
+        }
     }
 }
 
@@ -104,7 +131,7 @@ impl Statements {
     /// The insert-or-read of one key, tried once more after a serialization failure.
     async fn claim_one(&self, write: &ClaimWrite) -> Result<Option<ClaimRow>, StoreError> {
         let statement = || {
-            sqlx::query(AssertSqlSafe(self.claim.clone()))
+            sqlx::query(AssertSqlSafe(self.lone.claim.clone()))
                 .bind(write.key.namespace())
                 .bind(write.key.value())
                 .bind(write.token.to_i64())
@@ -159,7 +186,7 @@ impl Statements {
 
     /// One commit, alone: the rows it matched.
     async fn commit_one(&self, write: &CommitWrite) -> Result<u64, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(self.commit.clone()))
+        let done = sqlx::query(AssertSqlSafe(self.lone.commit.clone()))
             .bind(write.receipt.as_deref())
             .bind(write.key.namespace())
             .bind(write.key.value())
@@ -208,6 +235,65 @@ impl Statements {
                 .and_then(|n| position(&order, n))
             {
                 Ok(at) => answers[at] = Ok(1),
+                Err(error) => return all_fail(error, writes.len()),
+            }
+        }
+        answers
+    }
+
+    /// One inbox entry's insert-or-read, tried once more after a serialization failure.
+    async fn enqueue_one(
+        &self,
+        write: &EnqueueWrite,
+    ) -> Result<Option<(String, bool)>, StoreError> {
+        let statement = || {
+            sqlx::query(AssertSqlSafe(self.lone.enqueue.clone()))
+                .bind(write.key.namespace())
+                .bind(write.key.value())
+                .bind(write.request.as_slice())
+                .fetch_optional(&self.pool)
+        };
+        let row = retry_serialization_failure("enqueue", is_retryable, statement).await?;
+        row.map(|row| Ok((row.try_get(0).store()?, row.try_get(1).store()?)))
+            .transpose()
+    }
+
+    async fn enqueue_all(&self, writes: Vec<EnqueueWrite>) -> Answers<Option<(String, bool)>> {
+        if let [write] = &writes[..] {
+            return vec![self.enqueue_one(write).await];
+        }
+        let order = key_order(&writes, |w| &w.key);
+        let mut namespaces = Vec::with_capacity(order.len());
+        let mut keys = Vec::with_capacity(order.len());
+        let mut requests = Vec::with_capacity(order.len());
+        for &i in &order {
+            namespaces.push(writes[i].key.namespace());
+            keys.push(writes[i].key.value());
+            requests.push(writes[i].request.as_slice());
+        }
+        let rows = sqlx::query(AssertSqlSafe(self.enqueues.as_str()))
+            .bind(namespaces)
+            .bind(keys)
+            .bind(requests)
+            .fetch_all(&self.pool)
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(error) if is_retryable(&error) => {
+                let alone = writes.iter().map(|write| self.enqueue_one(write));
+                return futures_util::future::join_all(alone).await;
+            }
+            Err(error) => return all_fail(error, writes.len()),
+        };
+        let mut answers: Answers<Option<(String, bool)>> =
+            writes.iter().map(|_| Ok(None)).collect();
+        for row in &rows {
+            let read = || -> Result<(usize, String, bool), StoreError> {
+                let at = position(&order, row.try_get(2).store()?)?;
+                Ok((at, row.try_get(0).store()?, row.try_get(1).store()?))
+            };
+            match read() {
+                Ok((at, state, stored)) => answers[at] = Ok(Some((state, stored))),
                 Err(error) => return all_fail(error, writes.len()),
             }
         }
@@ -287,5 +373,33 @@ FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[])
 WHERE t.namespace = i.namespace AND t."key" = i."key" AND t.token = i.token
     AND t.state <> 'released'
 RETURNING i.n"#
+    )
+}
+
+/// The inbox entries of a batch: `$1` namespaces, `$2` keys, `$3` encoded requests. Each row
+/// answered is the entry's state, whether this statement stored it, and the key's 1-based
+/// position in the arrays.
+fn enqueues(table: &TableName) -> String {
+    let t = table.inbox().quoted('"');
+    format!(
+        r#"WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])
+        WITH ORDINALITY AS i(namespace, "key", request, n)
+), found AS (
+    SELECT t.state, i.n
+    FROM input i JOIN {t} t ON t.namespace = i.namespace AND t."key" = i."key"
+), inserted AS (
+    INSERT INTO {t} (namespace, "key", state, attempts, crashes, received_at, due_at,
+        renewed_at, request)
+    SELECT i.namespace, i."key", 'queued', 0, 0, now(), now(), now(), i.request
+    FROM input i WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.n = i.n)
+    ORDER BY i.n
+    ON CONFLICT (namespace, "key") DO NOTHING
+    RETURNING namespace, "key"
+)
+SELECT state, FALSE AS stored, n FROM found
+UNION ALL
+SELECT 'queued', TRUE, i.n
+FROM inserted x JOIN input i ON i.namespace = x.namespace AND i."key" = x."key""#
     )
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row as _};
 
+use super::batch::EnqueueWrite;
 use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
 use crate::store::inbox::{
@@ -138,29 +139,19 @@ impl InboxStore for PostgresStore {
         // The row the insert ran into may be missing from the statement's snapshot, and (in
         // theory) purged before a second read.
         for _ in 0..3 {
-            let first = || {
-                sqlx::query(AssertSqlSafe(sql.enqueue.clone()))
+            let state: Option<String> = match self.insert_entry(key, &bytes).await? {
+                Some((_, true)) => {
+                    self.herald.poke(self.pool(), &sql.herald);
+                    return Ok(Enqueued::Stored);
+                }
+                Some((state, false)) => Some(state),
+                None => sqlx::query_scalar(AssertSqlSafe(sql.state.clone()))
                     .bind(key.namespace())
                     .bind(key.value())
-                    .bind(bytes.as_slice())
                     .fetch_optional(self.pool())
+                    .await
+                    .store()?,
             };
-            let state: Option<String> =
-                match retry_serialization_failure("enqueue", is_serialization_failure, first)
-                    .await?
-                {
-                    Some(row) if row.try_get::<bool, _>(1).store()? => {
-                        self.herald.poke(self.pool(), &sql.herald);
-                        return Ok(Enqueued::Stored);
-                    }
-                    Some(row) => Some(row.try_get(0).store()?),
-                    None => sqlx::query_scalar(AssertSqlSafe(sql.state.clone()))
-                        .bind(key.namespace())
-                        .bind(key.value())
-                        .fetch_optional(self.pool())
-                        .await
-                        .store()?,
-                };
             if let Some(state) = state {
                 return Ok(Enqueued::Duplicate(state_of(&state)?));
             }
@@ -458,5 +449,34 @@ impl std::fmt::Display for SharedError {
 impl std::error::Error for SharedError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&*self.0)
+    }
+}
+
+impl PostgresStore {
+    /// The enqueue's insert-or-read of `key`'s entry: its state, and whether this insert stored
+    /// it (none: an enqueue that committed after the statement's snapshot stored it). In the
+    /// next batch of inserts when one is in flight (see [`max_batch`](Self::max_batch)).
+    async fn insert_entry(
+        &self,
+        key: &IdempotencyKey,
+        bytes: &[u8],
+    ) -> Result<Option<(String, bool)>, StoreError> {
+        if let Some(batches) = &self.batches {
+            let write = EnqueueWrite {
+                key: key.clone(),
+                request: bytes.to_vec(),
+            };
+            return batches.enqueues.write(write).await;
+        }
+        let first = || {
+            sqlx::query(AssertSqlSafe(self.inbox.enqueue.clone()))
+                .bind(key.namespace())
+                .bind(key.value())
+                .bind(bytes)
+                .fetch_optional(self.pool())
+        };
+        let row = retry_serialization_failure("enqueue", is_serialization_failure, first).await?;
+        row.map(|row| Ok((row.try_get(0).store()?, row.try_get(1).store()?)))
+            .transpose()
     }
 }

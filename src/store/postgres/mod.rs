@@ -125,8 +125,8 @@
 //! # Group commit
 //!
 //! Claims that arrive while the store's previous claim statement is in flight go together in
-//! the next one, and commits likewise: one statement, one transaction and one flush of the
-//! WAL for the lot, each delivery still answered with its own row and fenced by its own token
+//! the next one, and commits likewise, and the inbox's entries: one statement, one
+//! transaction and one flush of the WAL for the lot, each delivery still answered with its own row and fenced by its own token
 //! (the statements are in `batch.rs`: `unnest` of arrays, an insert-or-read for the claims, an
 //! `UPDATE … FROM` for the commits). There is no timer: a claim that finds none in flight is
 //! sent at once, alone, as the statement above, so a lone delivery pays nothing for it.
@@ -353,13 +353,12 @@ impl PostgresStore {
     pub fn max_batch(mut self, most: usize) -> Self {
         assert!(most > 0, "a batch carries at least one write");
         self.batches = (most > 1).then(|| {
-            Batches::new(
-                self.table.pool.clone(),
-                &self.table.sql.table,
-                self.insert_or_read.clone(),
-                self.table.sql.commit.clone(),
-                most,
-            )
+            let lone = batch::Lone {
+                claim: self.insert_or_read.clone(),
+                commit: self.table.sql.commit.clone(),
+                enqueue: self.inbox.enqueue.clone(),
+            };
+            Batches::new(self.table.pool.clone(), &self.table.sql.table, lone, most)
         });
         self
     }

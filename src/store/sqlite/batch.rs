@@ -1,5 +1,5 @@
-//! Group commit on SQLite: the claims and commits of concurrent deliveries go to the database
-//! in one transaction (see [`Batcher`]), so that they wait for one sync of the disk together
+//! Group commit on SQLite: the claims, commits and inbox entries of concurrent deliveries go
+//! to the database in one transaction (see [`Batcher`]), so that they wait for one sync of the disk together
 //! rather than one each.
 //!
 //! A lone write is the statement of the [module docs](super#round-trips), in the writer's
@@ -8,6 +8,8 @@
 //! update), the same statements as alone, then one `COMMIT`. A batch is written whole or not
 //! at all: a statement that fails rolls the transaction back, and every write of the batch
 //! fails with its error (answered 503), as when the transaction cannot begin or commit.
+
+use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection};
 
@@ -33,37 +35,59 @@ pub(super) enum Write {
         token: LeaseToken,
         receipt: Option<Vec<u8>>,
     },
+    /// An inbox entry's insert, with its request encoded.
+    Enqueue {
+        key: IdempotencyKey,
+        request: Vec<u8>,
+    },
 }
 
 /// What a write answers.
 pub(super) enum Wrote {
     /// The claimed row, as the upsert left it.
     Row(ClaimRow),
-    /// The rows a commit matched: 0 when the lease is lost.
+    /// The rows a commit matched (0 when the lease is lost), or an insert stored (0 when the
+    /// key was there already).
     Matched(u64),
 }
 
 impl Keyed for Write {
     fn key(&self) -> &IdempotencyKey {
         match self {
-            Write::Claim { key, .. } | Write::Commit { key, .. } => key,
+            Write::Claim { key, .. } | Write::Commit { key, .. } | Write::Enqueue { key, .. } => {
+                key
+            }
         }
     }
 }
 
-/// The batcher of one store's writes, at most `most` a transaction, on `table`.
-pub(super) fn batcher(table: Table<Sqlite>, most: usize) -> Batcher<Write, Wrote> {
+/// The batcher of one store's writes, at most `most` a transaction, on `table`; an inbox
+/// entry is stored with `enqueue`.
+pub(super) fn batcher(
+    table: Table<Sqlite>,
+    enqueue: Arc<str>,
+    most: usize,
+) -> Batcher<Write, Wrote> {
+    let on = Arc::new(On { table, enqueue });
     Batcher::new(most, move |writes| {
-        let table = table.clone();
-        async move { write_all(&table, writes).await }
+        let on = on.clone();
+        async move { write_all(&on, writes).await }
     })
 }
 
-async fn write_all(table: &Table<Sqlite>, writes: Vec<Write>) -> Answers<Wrote> {
+/// Where a batch is written.
+struct On {
+    table: Table<Sqlite>,
+    /// The inbox's insert.
+    enqueue: Arc<str>,
+}
+
+async fn write_all(on: &On, writes: Vec<Write>) -> Answers<Wrote> {
+    let table = &on.table;
     let _turn = table.turn().await;
     if let [write] = &writes[..] {
         let answer = match table.pool.acquire().await {
-            Ok(mut conn) => write_one(table, &mut conn, write).await,
+            Ok(mut conn) => write_one(on, &mut conn, write).await,
             Err(error) => Err(StoreError::backend(error)),
         };
         return vec![answer];
@@ -74,7 +98,7 @@ async fn write_all(table: &Table<Sqlite>, writes: Vec<Write>) -> Answers<Wrote> 
     };
     let mut answers = Vec::with_capacity(writes.len());
     for write in &writes {
-        match write_one(table, &mut tx, write).await {
+        match write_one(on, &mut tx, write).await {
             Ok(wrote) => answers.push(Ok(wrote)),
             // The transaction is rolled back when dropped: nothing of the batch is written.
             Err(error) => return all_fail(error, writes.len()),
@@ -88,10 +112,11 @@ async fn write_all(table: &Table<Sqlite>, writes: Vec<Write>) -> Answers<Wrote> 
 
 /// One write's statement, on `conn`.
 async fn write_one(
-    table: &Table<Sqlite>,
+    on: &On,
     conn: &mut SqliteConnection,
     write: &Write,
 ) -> Result<Wrote, StoreError> {
+    let table = &on.table;
     match write {
         Write::Claim {
             key,
@@ -120,6 +145,16 @@ async fn write_one(
                 .bind(key.namespace())
                 .bind(key.value())
                 .bind(token.to_i64())
+                .execute(&mut *conn)
+                .await
+                .store()?;
+            Ok(Wrote::Matched(done.rows_affected()))
+        }
+        Write::Enqueue { key, request } => {
+            let done = sqlx::query(AssertSqlSafe(on.enqueue.clone()))
+                .bind(key.namespace())
+                .bind(key.value())
+                .bind(request.as_slice())
                 .execute(&mut *conn)
                 .await
                 .store()?;

@@ -10,6 +10,7 @@ use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{AssertSqlSafe, Row as _, Sqlite};
 
 use super::SqliteStore;
+use super::batch::{Write, Wrote};
 use crate::key::IdempotencyKey;
 use crate::store::inbox::{
     Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement, Settling,
@@ -35,6 +36,28 @@ impl SqliteStore {
         let _turn = self.table.turn().await;
         let done = query.execute(&self.table.pool).await.store()?;
         Ok(done.rows_affected())
+    }
+
+    /// Inserts the entry of `key` unless there is one: in the next batch of writes when one
+    /// is in flight (see [`max_batch`](Self::max_batch)). Answers how many rows it stored.
+    async fn insert_entry(&self, key: &IdempotencyKey, bytes: &[u8]) -> Result<u64, StoreError> {
+        let Some(batches) = &self.batches else {
+            let insert = statement(&self.inbox.enqueue)
+                .bind(key.namespace())
+                .bind(key.value())
+                .bind(bytes);
+            return self.inbox_write(insert).await;
+        };
+        let write = Write::Enqueue {
+            key: key.clone(),
+            request: bytes.to_vec(),
+        };
+        match batches.write(write).await? {
+            Wrote::Matched(stored) => Ok(stored),
+            Wrote::Row(_) => Err(StoreError::backend(
+                "a batched insert was answered for another kind of write",
+            )),
+        }
     }
 
     /// Runs a write fenced by `lease`, whose first three parameters are the lease's.
@@ -174,11 +197,7 @@ impl InboxStore for SqliteStore {
             if let Some(found) = found {
                 return Ok(Enqueued::Duplicate(state(&found)?));
             }
-            let insert = statement(&self.inbox.enqueue)
-                .bind(key.namespace())
-                .bind(key.value())
-                .bind(bytes.as_slice());
-            if self.inbox_write(insert).await? > 0 {
+            if self.insert_entry(key, &bytes).await? > 0 {
                 return Ok(Enqueued::Stored);
             }
         }

@@ -125,7 +125,7 @@
 //! # Group commit
 //!
 //! SQLite commits one transaction at a time, each waiting for its own sync of the disk. The
-//! claims that insert or take over a key and the commits that arrive while the store's
+//! claims that insert or take over a key, the commits and the inbox's new entries that arrive while the store's
 //! previous write is in flight go, in the next writer's turn, in one `BEGIN IMMEDIATE`
 //! transaction: each write its own statement, as alone, and one `COMMIT`, so one sync, for
 //! the lot. There is no timer: a write that finds none in flight is sent at once, alone, in
@@ -346,8 +346,8 @@ impl SqliteStore {
         .max_batch(most))
     }
 
-    /// The most writes (claims that insert or take over a key, and commits) that go to the
-    /// database in one transaction: 128 unless set. Writes that arrive while the store's
+    /// The most writes (claims that insert or take over a key, commits, and the inserts of
+    /// [inbox](self#the-inbox) entries) that go to the database in one transaction: 128 unless set. Writes that arrive while the store's
     /// previous one is in flight go together in the next transaction, so that concurrent
     /// deliveries wait for one sync of the disk instead of one each; a lone delivery's write
     /// is sent at once, never held back for company (see [group commit](self#group-commit)).
@@ -359,7 +359,8 @@ impl SqliteStore {
     /// If `most` is 0.
     pub fn max_batch(mut self, most: usize) -> Self {
         assert!(most > 0, "a batch carries at least one write");
-        self.batches = (most > 1).then(|| batch::batcher(self.table.clone(), most));
+        self.batches = (most > 1)
+            .then(|| batch::batcher(self.table.clone(), self.inbox.enqueue.clone(), most));
         self
     }
 

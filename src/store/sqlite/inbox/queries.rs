@@ -14,7 +14,7 @@ pub(in crate::store::sqlite) struct InboxQueries {
     /// Creates the table and its indexes (`IF NOT EXISTS`).
     pub(in crate::store::sqlite) migrate: Arc<str>,
     /// (namespace, key, request): inserts a queued entry, or nothing if the key has one.
-    pub(super) enqueue: Arc<str>,
+    pub(crate) enqueue: Arc<str>,
     /// (namespace, key): the entry's state.
     pub(super) state: Arc<str>,
     /// (stale limit, max attempts): running entries not renewed within the limit whose attempts
