@@ -43,7 +43,7 @@
 //!
 //! Knobs: `BENCH_ONLY=postgres,sqlite,mariadb,redis` runs the backends named; `BENCH_QUICK=1`
 //! makes every part short (samples of a fraction of a second, 200 deliveries per count, the
-//! smallest growth): to check that the bench runs, not to measure; `BENCH_GROWTH=0` skips the
+//! smallest growth), as a run as a test does: to check that the bench runs, not to measure; `BENCH_GROWTH=0` skips the
 //! growth and purge part; `BENCH_SHELL=tower` drives the bare tower services instead of the
 //! `Router`; `BENCH_SEED_INDEXES=1` gives the patterns' table the store's index of
 //! processing rows; `BENCH_BASELINE=store` replaces the patterns with the store called by hand
@@ -107,9 +107,11 @@ const PURGE_REPEATS: usize = 3;
 const FILL_CHUNK: u64 = 100_000;
 const SAMPLE_SIZE: usize = 10;
 
-/// `BENCH_QUICK=1`: every part short, to see that the bench runs.
+/// `BENCH_QUICK=1`, or a run as a test (`cargo test --benches`, without `--bench`): every
+/// part short, to see that the bench runs.
 fn quick() -> bool {
     std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1")
+        || !std::env::args().any(|a| a == "--bench")
 }
 
 /// Whether `BENCH_ONLY` (a comma-separated list of backends) names `backend`; unset, all.
@@ -1101,7 +1103,7 @@ fn count_later<St: BenchStore>(label: &'static str, db: Db, store: St) -> Counti
 }
 
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench") && !quick();
+    let full = !quick();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
