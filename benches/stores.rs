@@ -1,19 +1,39 @@
-//! The stores on real databases, against the seed's hand-written SQL on the same pool (and,
-//! for Redis, the usual hand-written Redis on the same kind of connection).
+//! The stores on real databases, each against hand-written SQL in the handler on the same pool
+//! (and, for Redis, the usual hand-written Redis on the same kind of connection).
 //!
-//! For each of PostgreSQL, SQLite and MariaDB/MySQL:
+//! Every SQL row runs three sides, all through an axum `Router` with one `post` route (the
+//! route's handler does nothing: only the cost of idempotency is measured), on a 2-worker
+//! runtime, with fresh keys for new events and random ones among 10,000 done keys for
+//! duplicates (`stores/patterns.rs` has the SQL):
 //!
-//! 1. throughput of new events and of duplicates at 1, 16 and 64 concurrent deliveries,
-//!    through the layer (`key::header`, a handler that does nothing) and through the baseline:
-//!    the same handler doing `INSERT … ON CONFLICT DO NOTHING` (MariaDB: `INSERT IGNORE`),
-//!    the work, then `UPDATE … SET status = 'done'`;
-//! 2. delivery latency as the table grows to 1e6 done rows, and the time
-//!    `purge_completed` takes for 1e5 expired rows;
-//! 3. statements per delivery, counted from sqlx's `sqlx::query` events and checked against
-//!    the server's counters (MariaDB `Questions`, PostgreSQL `xact_commit`).
+//! - **pattern 3**, the baseline of record, the layer's contract written by hand: `INSERT …
+//!   (status 'processing') ON CONFLICT DO NOTHING` (MariaDB: `INSERT IGNORE`); if nothing was
+//!   inserted, `SELECT status` and answer 200 for `done`, 409 otherwise; else the work, then
+//!   `UPDATE … SET status = 'done'`;
+//! - **pattern 1**, the floor: the same without the read, 200 whenever nothing was inserted.
+//!   It acknowledges a duplicate of an event still running, and so loses the event if that run
+//!   fails;
+//! - **layer**: `IdempotencyLayer` on the route (`key::header`), over the backend's store.
 //!
-//! Redis (`stores/redis.rs`) gets the first and the third: throughput against `SET key 1 NX PX`,
-//! the work, `SET key done PX`, and requests per delivery, counted at a proxy between the
+//! Commits are durable on every side. For each of PostgreSQL, SQLite and MariaDB/MySQL:
+//!
+//! 1. throughput of new events and of duplicates at 1, 16 and 64 concurrent deliveries: each
+//!    criterion sample runs the sides in turn, in blocks, so that they share the machine's
+//!    load; the summary gives each side's µs per delivery, layer ÷ pattern 3 (the ratio of
+//!    record) and layer ÷ pattern 1, each the median of the per-sample ratios;
+//! 2. the answer time of one delivery, p50 and p99, over a fixed count of deliveries per side
+//!    at each concurrency, the sides again in turn;
+//! 3. per delivery, from the servers' counters over a fixed count of deliveries, each side
+//!    alone (`stores/counts.rs`): statements (sqlx's events, every backend), transactions and
+//!    WAL writes and flushes (PostgreSQL), statements, writes, reads, commits, redo log writes
+//!    and fsyncs (MariaDB);
+//! 4. delivery latency through the layer (a bare tower service) as the table grows to 1e6
+//!    done rows, and the time `purge_completed` takes for 1e5 expired rows.
+//!
+//! The second and third run on one pool per backend: PostgreSQL's and MariaDB's of 16
+//! connections, SQLite's of one (`sqlite-1conn`; SQLite's pool of 16 gets the first part
+//! only). Redis (`stores/redis.rs`) gets the first two parts, against `SET key 1 NX PX`, the
+//! work, `SET key done PX`, and its requests per delivery, counted at a proxy between the
 //! client and the server.
 //!
 //! URLs come from `POSTGRES_URL`, `MYSQL_URL`, `SQLITE_URL` and `REDIS_URL` (defaults: the
@@ -21,29 +41,36 @@
 //! unreachable` and the others go on. Tables used: `bench_idempotency`, `bench_seed`,
 //! `bench_growth` (dropped and made afresh by the bench).
 //!
-//! Knobs: `BENCH_GROWTH=0` skips the growth and purge part; `BENCH_SEED_INDEXES=1` gives the
-//! baseline's table the store's index of processing rows; `BENCH_BASELINE=store` replaces the
-//! seed's SQL with the store called by hand (claim, work, commit) to isolate what the layer
-//! adds; `BENCH_COUNT_INTERVAL_S=3600` keeps the stores from writing the counts of duplicates
-//! while they are measured, to show what writing them costs; `BENCH_NO_STUCK_INDEX=1` drops
-//! the store's index of processing rows (PostgreSQL, SQLite) after `migrate`, to show what it
-//! costs a commit.
+//! Knobs: `BENCH_ONLY=postgres,sqlite,mariadb,redis` runs the backends named; `BENCH_QUICK=1`
+//! makes every part short (samples of a fraction of a second, 200 deliveries per count, the
+//! smallest growth), as a run as a test does: to check that the bench runs, not to measure; `BENCH_GROWTH=0` skips the
+//! growth and purge part; `BENCH_SHELL=tower` drives the bare tower services instead of the
+//! `Router`; `BENCH_SEED_INDEXES=1` gives the patterns' table the store's index of
+//! processing rows; `BENCH_BASELINE=store` replaces the patterns with the store called by hand
+//! (claim, work, commit) to isolate what the layer adds; `BENCH_COUNT_INTERVAL_S=3600` keeps
+//! the stores from writing the counts of duplicates while they are timed, to show what writing
+//! them costs; `BENCH_NO_STUCK_INDEX=1` drops the store's index of processing rows
+//! (PostgreSQL, SQLite) after `migrate`, to show what it costs a commit.
 //!
 //! ```sh
 //! cargo bench --all-features --bench stores
+//! BENCH_QUICK=1 BENCH_ONLY=postgres BENCH_GROWTH=0 cargo bench --all-features --bench stores
 //! ```
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::Router;
+use axum::extract::State;
+use axum::routing::post;
 use bytes::Bytes;
 use criterion::{Criterion, SamplingMode};
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Empty;
 use sqlx::{AssertSqlSafe, MySqlPool, PgPool, SqlitePool};
 use tokio::runtime::Runtime;
@@ -53,15 +80,23 @@ use tower_idempotency::store::{
 };
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Scope, Stale, key};
 
+use patterns::Pattern;
+
+#[path = "stores/counts.rs"]
+mod counts;
+#[path = "stores/patterns.rs"]
+mod patterns;
 #[path = "stores/redis.rs"]
 mod redis;
 
-/// Connections per pool, for the layer and the baseline alike.
+/// Connections per pool, for the layer and the patterns alike.
 const POOL_SIZE: u32 = 16;
 const CONCURRENCY: [usize; 3] = [1, 16, 64];
 /// Done keys the duplicate benches cycle through.
 const DUP_KEYS: u64 = 10_000;
 const NAMESPACE: &str = "bench";
+/// The route every side answers on.
+const PATH: &str = "/webhooks/acme";
 const STORE_TABLE: &str = "bench_idempotency";
 const SEED_TABLE: &str = "bench_seed";
 const GROWTH_TABLE: &str = "bench_growth";
@@ -71,21 +106,52 @@ const PURGE_REPEATS: usize = 3;
 /// Rows per bulk `INSERT`.
 const FILL_CHUNK: u64 = 100_000;
 const SAMPLE_SIZE: usize = 10;
-/// Deliveries for the statement counts.
-const COUNT_N: u64 = 200;
+
+/// `BENCH_QUICK=1`, or a run as a test (`cargo test --benches`, without `--bench`): every
+/// part short, to see that the bench runs.
+fn quick() -> bool {
+    std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1")
+        || !std::env::args().any(|a| a == "--bench")
+}
+
+/// Whether `BENCH_ONLY` (a comma-separated list of backends) names `backend`; unset, all.
+fn only(backend: &str) -> bool {
+    std::env::var("BENCH_ONLY").map_or(true, |list| {
+        list.split(',')
+            .map(str::trim)
+            .any(|name| name == backend || (name == "mysql" && backend == "mariadb"))
+    })
+}
+
+/// Deliveries per side for the answer times and for the counts.
+fn fixed_count() -> u64 {
+    if quick() { 200 } else { 2_000 }
+}
 
 type Req = Request<Empty<Bytes>>;
 
 /// The handler's work: nothing, so that only the cost of idempotency is measured.
-async fn work<B>(_req: Request<B>) -> Result<Response<Empty<Bytes>>, Infallible> {
-    Ok(Response::new(Empty::new()))
+async fn work() {}
+
+/// The layer's handler, on the route.
+async fn handler() -> StatusCode {
+    work().await;
+    StatusCode::OK
 }
 
 fn request(id: &str) -> Req {
-    Request::post("/webhooks/acme")
+    Request::post(PATH)
         .header("x-event-id", id)
         .body(Empty::new())
         .expect("request")
+}
+
+/// The event's id, as a handler reads it.
+fn event_id(headers: &HeaderMap) -> &str {
+    headers
+        .get("x-event-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
 }
 
 /// Per-sample times (ns per delivery) by bench id, for the summary.
@@ -255,39 +321,6 @@ impl Db {
         done.expect("bench SQL")
     }
 
-    async fn create_seed_table(&self) {
-        let sql = match self.kind() {
-            Kind::Postgres => format!(
-                "CREATE TABLE IF NOT EXISTS {SEED_TABLE} (
-                    namespace    TEXT NOT NULL,
-                    event_id     TEXT NOT NULL,
-                    status       TEXT NOT NULL,
-                    claimed_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
-                    completed_at TIMESTAMPTZ,
-                    PRIMARY KEY (namespace, event_id))"
-            ),
-            Kind::Sqlite => format!(
-                "CREATE TABLE IF NOT EXISTS {SEED_TABLE} (
-                    namespace    TEXT NOT NULL,
-                    event_id     TEXT NOT NULL,
-                    status       TEXT NOT NULL,
-                    claimed_at   INTEGER NOT NULL DEFAULT (unixepoch()),
-                    completed_at INTEGER,
-                    PRIMARY KEY (namespace, event_id))"
-            ),
-            Kind::MySql => format!(
-                "CREATE TABLE IF NOT EXISTS {SEED_TABLE} (
-                    namespace    VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-                    event_id     VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-                    status       VARCHAR(10) NOT NULL,
-                    claimed_at   DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-                    completed_at DATETIME(6) NULL,
-                    PRIMARY KEY (namespace, event_id)) ENGINE = InnoDB"
-            ),
-        };
-        self.exec(sql).await;
-    }
-
     async fn drop_table(&self, table: &str) {
         self.exec(format!("DROP TABLE IF EXISTS {table}")).await;
     }
@@ -384,137 +417,6 @@ impl Db {
             }
         }
     }
-
-    /// The seed's claim: `true` if this delivery inserted the row.
-    async fn seed_claim(&self, id: &str) -> Result<bool, sqlx::Error> {
-        let inserted = match self {
-            Db::Postgres(pool) => sqlx::query(
-                "INSERT INTO bench_seed (namespace, event_id, status) VALUES ($1, $2, 'processing') \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(NAMESPACE)
-            .bind(id)
-            .execute(pool)
-            .await?
-            .rows_affected(),
-            Db::Sqlite(pool) => sqlx::query(
-                "INSERT INTO bench_seed (namespace, event_id, status) VALUES (?1, ?2, 'processing') \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(NAMESPACE)
-            .bind(id)
-            .execute(pool)
-            .await?
-            .rows_affected(),
-            Db::MySql(pool) => sqlx::query(
-                "INSERT IGNORE INTO bench_seed (namespace, event_id, status) VALUES (?, ?, 'processing')",
-            )
-            .bind(NAMESPACE)
-            .bind(id)
-            .execute(pool)
-            .await?
-            .rows_affected(),
-        };
-        Ok(inserted == 1)
-    }
-
-    /// The seed's commit.
-    async fn seed_done(&self, id: &str) -> Result<(), sqlx::Error> {
-        match self {
-            Db::Postgres(pool) => sqlx::query(
-                "UPDATE bench_seed SET status = 'done', completed_at = now() \
-                 WHERE namespace = $1 AND event_id = $2",
-            )
-            .bind(NAMESPACE)
-            .bind(id)
-            .execute(pool)
-            .await
-            .map(drop),
-            Db::Sqlite(pool) => sqlx::query(
-                "UPDATE bench_seed SET status = 'done', completed_at = unixepoch() \
-                 WHERE namespace = ?1 AND event_id = ?2",
-            )
-            .bind(NAMESPACE)
-            .bind(id)
-            .execute(pool)
-            .await
-            .map(drop),
-            Db::MySql(pool) => sqlx::query(
-                "UPDATE bench_seed SET status = 'done', completed_at = UTC_TIMESTAMP(6) \
-                 WHERE namespace = ? AND event_id = ?",
-            )
-            .bind(NAMESPACE)
-            .bind(id)
-            .execute(pool)
-            .await
-            .map(drop),
-        }
-    }
-
-    /// MariaDB: statements this session has sent (`Questions`), the `SHOW` included.
-    async fn questions(&self) -> Option<u64> {
-        let Db::MySql(pool) = self else { return None };
-        let (_, value): (String, String) = sqlx::query_as("SHOW SESSION STATUS LIKE 'Questions'")
-            .fetch_one(pool)
-            .await
-            .ok()?;
-        value.parse().ok()
-    }
-
-    /// PostgreSQL: committed transactions of this database. `pg_stat_force_next_flush()`
-    /// makes this connection publish its counters before it answers, so on a one-connection
-    /// pool the read sees every earlier statement (two transactions of its own each time).
-    async fn xact_commit(&self) -> Option<i64> {
-        let Db::Postgres(pool) = self else {
-            return None;
-        };
-        sqlx::query("SELECT pg_stat_force_next_flush()")
-            .execute(pool)
-            .await
-            .ok()?;
-        sqlx::query_scalar(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
-        )
-        .fetch_one(pool)
-        .await
-        .ok()
-    }
-}
-
-/// The seed's hand-written SQL in the handler: claim with `ON CONFLICT DO NOTHING`, answer
-/// 200 to a duplicate, else do the work and mark the row done.
-fn baseline(
-    db: Db,
-) -> impl Service<Req, Response = Response<Empty<Bytes>>, Error = Infallible, Future: Send>
-+ Clone
-+ Send
-+ 'static {
-    service_fn(move |req: Req| {
-        let db = db.clone();
-        async move {
-            let id = req
-                .headers()
-                .get("x-event-id")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned();
-            let status = |code| {
-                let mut res = Response::new(Empty::new());
-                *res.status_mut() = code;
-                Ok(res)
-            };
-            match db.seed_claim(&id).await {
-                Ok(true) => {}
-                Ok(false) => return status(StatusCode::OK),
-                Err(_) => return status(StatusCode::SERVICE_UNAVAILABLE),
-            }
-            let res = work(req).await?;
-            match db.seed_done(&id).await {
-                Ok(()) => Ok(res),
-                Err(_) => status(StatusCode::INTERNAL_SERVER_ERROR),
-            }
-        }
-    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -529,10 +431,18 @@ fn count_interval() -> Duration {
         .map_or(Duration::from_secs(1), Duration::from_secs)
 }
 
-/// What the bench needs of a store beyond [`Store`]: to be made on a `Db`, and migrated.
+/// What the bench needs of a store beyond [`Store`]: to be made on a `Db`, migrated, and
+/// asked what it holds back.
 trait BenchStore: Store + Clone + Sized {
     fn open(db: &Db, table: &str) -> Self;
     fn create(&self) -> impl Future<Output = Result<(), StoreError>>;
+    /// Writes the counts of duplicates the store holds back.
+    fn write_counts(&self) -> impl Future<Output = Result<(), StoreError>>;
+    /// The sizes of the batches the store's statements carried since it was last asked, for
+    /// the counts' summary; `None` where the store does not tell them.
+    fn batch_sizes(&self) -> Option<String> {
+        None
+    }
 }
 
 impl BenchStore for PostgresStore {
@@ -548,6 +458,9 @@ impl BenchStore for PostgresStore {
     fn create(&self) -> impl Future<Output = Result<(), StoreError>> {
         self.migrate()
     }
+    fn write_counts(&self) -> impl Future<Output = Result<(), StoreError>> {
+        PostgresStore::write_counts(self)
+    }
 }
 
 impl BenchStore for SqliteStore {
@@ -560,6 +473,9 @@ impl BenchStore for SqliteStore {
     }
     fn create(&self) -> impl Future<Output = Result<(), StoreError>> {
         self.migrate()
+    }
+    fn write_counts(&self) -> impl Future<Output = Result<(), StoreError>> {
+        SqliteStore::write_counts(self)
     }
 }
 
@@ -574,10 +490,36 @@ impl BenchStore for MySqlStore {
     fn create(&self) -> impl Future<Output = Result<(), StoreError>> {
         self.migrate()
     }
+    fn write_counts(&self) -> impl Future<Output = Result<(), StoreError>> {
+        MySqlStore::write_counts(self)
+    }
 }
 
 /// The store called by hand in the handler, without the layer (`BENCH_BASELINE=store`):
 /// separates what the layer adds from what the store's SQL costs.
+async fn claim_by_hand<St: Store>(store: &St, id: &str) -> StatusCode {
+    let key = IdempotencyKey::new(NAMESPACE, id).expect("key");
+    match store.claim(&key, Stale::default()).await {
+        Ok(Claim::Acquired(lease)) => {
+            work().await;
+            match store.commit(&lease).await {
+                Ok(()) => StatusCode::OK,
+                Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            }
+        }
+        Ok(Claim::Done(_)) => StatusCode::OK,
+        Ok(_) => StatusCode::CONFLICT,
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+async fn by_hand_handler<St: Store + Clone>(
+    State(store): State<St>,
+    headers: HeaderMap,
+) -> StatusCode {
+    claim_by_hand(&store, event_id(&headers)).await
+}
+
 fn store_by_hand<St: Store + Clone>(
     store: St,
 ) -> impl Service<Req, Response = Response<Empty<Bytes>>, Error = Infallible, Future: Send>
@@ -587,54 +529,183 @@ fn store_by_hand<St: Store + Clone>(
     service_fn(move |req: Req| {
         let store = store.clone();
         async move {
-            let id = req
-                .headers()
-                .get("x-event-id")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned();
-            let key = IdempotencyKey::new(NAMESPACE, id).expect("key");
-            let status = |code| {
-                let mut res = Response::new(Empty::new());
-                *res.status_mut() = code;
-                Ok(res)
-            };
-            match store.claim(&key, Stale::default()).await {
-                Ok(Claim::Acquired(lease)) => {
-                    let res = work(req).await?;
-                    match store.commit(&lease).await {
-                        Ok(()) => Ok(res),
-                        Err(_) => status(StatusCode::INTERNAL_SERVER_ERROR),
-                    }
-                }
-                Ok(Claim::Done(_)) => status(StatusCode::OK),
-                Ok(_) => status(StatusCode::CONFLICT),
-                Err(_) => status(StatusCode::SERVICE_UNAVAILABLE),
-            }
+            let mut res = Response::new(Empty::new());
+            *res.status_mut() = claim_by_hand(&store, event_id(req.headers())).await;
+            Ok(res)
         }
     })
 }
 
+/// The layer as configured for every side that has it: the key alone, as the patterns and
+/// the prefilled rows have it (no route scope).
+fn idempotency<St: Store + Clone>(store: St) -> IdempotencyLayer<St, key::Header> {
+    IdempotencyLayer::new(store)
+        .key(key::header("x-event-id").namespace(NAMESPACE))
+        .scope(Scope::shared())
+}
+
+/// The layer around the handler's work, as a bare tower service.
 fn layered<St: Store + Clone>(
     store: St,
 ) -> impl Service<Req, Response = Response<impl Send>, Error = Infallible, Future: Send>
 + Clone
 + Send
 + 'static {
-    // The key alone, as the baseline and the prefilled rows have it: no route scope.
-    IdempotencyLayer::new(store)
-        .key(key::header("x-event-id").namespace(NAMESPACE))
-        .scope(Scope::shared())
-        .layer(service_fn(work))
+    idempotency(store).layer(service_fn(bare_handler))
 }
 
-/// Runs `iters` deliveries over `concurrency` tasks; the key of delivery `i` is `key(i)`.
-async fn drive<S, B>(
-    svc: S,
-    concurrency: usize,
-    iters: u64,
-    key: Arc<dyn Fn(u64) -> String + Send + Sync>,
-) -> Duration
+/// The layer's handler as a bare tower service.
+async fn bare_handler<B>(_req: Request<B>) -> Result<Response<Empty<Bytes>>, Infallible> {
+    work().await;
+    Ok(Response::new(Empty::new()))
+}
+
+// ---------------------------------------------------------------------------------------
+// Sides
+
+/// What the sides run in: an axum `Router` with one `post` route at [`PATH`], as users run the
+/// layer (the default), or the bare tower services (`BENCH_SHELL=tower`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Shell {
+    Router,
+    Tower,
+}
+
+impl Shell {
+    fn from_env() -> Shell {
+        if std::env::var("BENCH_SHELL").is_ok_and(|v| v == "tower") {
+            Shell::Tower
+        } else {
+            Shell::Router
+        }
+    }
+
+    /// The layer over `store` around the handler, called `name`.
+    fn layer<St: Store + Clone>(self, name: &'static str, store: St) -> Side {
+        match self {
+            Shell::Router => Side::new(
+                name,
+                false,
+                Router::new().route(PATH, post(handler).layer(idempotency(store))),
+            ),
+            Shell::Tower => Side::new(name, false, layered(store)),
+        }
+    }
+
+    /// A hand-written pattern on `db`.
+    fn pattern(self, pattern: Pattern, db: &Db) -> Side {
+        match self {
+            Shell::Router => Side::new(pattern.name(), true, pattern.router(db.clone())),
+            Shell::Tower => Side::new(pattern.name(), true, pattern.service(db.clone())),
+        }
+    }
+
+    /// The store called by hand in the handler (`BENCH_BASELINE=store`).
+    fn by_hand<St: Store + Clone>(self, store: St) -> Side {
+        let name = "store by hand";
+        match self {
+            Shell::Router => Side::new(
+                name,
+                true,
+                Router::new()
+                    .route(PATH, post(by_hand_handler::<St>))
+                    .with_state(store),
+            ),
+            Shell::Tower => Side::new(name, true, store_by_hand(store)),
+        }
+    }
+}
+
+/// `n` deliveries at `concurrency` over the given keys, each timed if asked.
+type Run = Box<dyn Fn(usize, u64, Keys, bool) -> Pin<Box<dyn Future<Output = Driven>>>>;
+
+/// One side of a comparison: a way to answer deliveries, run in turn with the others.
+struct Side {
+    /// Its name in the summaries.
+    name: &'static str,
+    /// A hand-written baseline, which the other sides are measured against.
+    baseline: bool,
+    run: Run,
+    /// Writes what the side's store holds back (the counts of duplicates); nothing for a
+    /// hand-written side.
+    settle: Box<dyn Fn() -> Pin<Box<dyn Future<Output = ()>>>>,
+    /// The sizes of the batches its store's statements carried, where the store tells them.
+    batches: Box<dyn Fn() -> Option<String>>,
+}
+
+impl Side {
+    fn new<S, B>(name: &'static str, baseline: bool, svc: S) -> Side
+    where
+        S: Service<Req, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
+        S::Future: Send,
+        B: Send + 'static,
+    {
+        Side {
+            name,
+            baseline,
+            run: Box::new(move |concurrency, n, keys, each| {
+                Box::pin(drive(svc.clone(), concurrency, n, keys, each))
+            }),
+            settle: Box::new(|| Box::pin(async {})),
+            batches: Box::new(|| None),
+        }
+    }
+
+    fn with_store<St: BenchStore>(self, store: St) -> Side {
+        let settled = store.clone();
+        Side {
+            settle: Box::new(move || {
+                let store = settled.clone();
+                Box::pin(async move { store.write_counts().await.expect("write counts") })
+            }),
+            batches: Box::new(move || store.batch_sizes()),
+            ..self
+        }
+    }
+
+    fn run(
+        &self,
+        concurrency: usize,
+        n: u64,
+        keys: Keys,
+        each: bool,
+    ) -> impl Future<Output = Driven> {
+        (self.run)(concurrency, n, keys, each)
+    }
+}
+
+/// The sides of an SQL row, in the summaries' order: the baselines first (pattern 3, the one
+/// of record, then pattern 1, the floor), then the layer. Another side (the layer over a
+/// store built another way, say) is one more entry here; the summaries take their columns
+/// from this list.
+fn sql_sides<St: BenchStore>(db: &Db, store: &St) -> Vec<Side> {
+    let shell = Shell::from_env();
+    let layer = shell
+        .layer("layer", store.clone())
+        .with_store(store.clone());
+    if std::env::var("BENCH_BASELINE").is_ok_and(|v| v == "store") {
+        return vec![
+            shell.by_hand(store.clone()).with_store(store.clone()),
+            layer,
+        ];
+    }
+    vec![
+        shell.pattern(Pattern::Three, db),
+        shell.pattern(Pattern::One, db),
+        layer,
+    ]
+}
+
+/// What a run of deliveries took: in all, and each delivery if asked.
+#[derive(Debug, Default)]
+struct Driven {
+    took: Duration,
+    each: Vec<Duration>,
+}
+
+/// Runs `iters` deliveries over `concurrency` tasks; the key of delivery `i` is `key(i)`. With
+/// `each`, every delivery's answer time is kept too.
+async fn drive<S, B>(svc: S, concurrency: usize, iters: u64, key: Keys, each: bool) -> Driven
 where
     S: Service<Req, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send,
@@ -646,26 +717,31 @@ where
     for _ in 0..(concurrency as u64).min(iters) {
         let (mut svc, next, key) = (svc.clone(), next.clone(), key.clone());
         tasks.spawn(async move {
+            let mut times = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= iters {
                     break;
                 }
-                let res = svc
-                    .ready()
-                    .await
-                    .unwrap()
-                    .call(request(&key(i)))
-                    .await
-                    .unwrap();
+                let req = request(&key(i));
+                let sent = each.then(Instant::now);
+                let res = svc.ready().await.unwrap().call(req).await.unwrap();
+                if let Some(sent) = sent {
+                    times.push(sent.elapsed());
+                }
                 assert_eq!(res.status(), StatusCode::OK, "delivery {i}");
             }
+            times
         });
     }
+    let mut times = Vec::new();
     while let Some(done) = tasks.join_next().await {
-        done.expect("delivery task");
+        times.extend(done.expect("delivery task"));
     }
-    start.elapsed()
+    Driven {
+        took: start.elapsed(),
+        each: times,
+    }
 }
 
 /// The key of each delivery of a run, by its number.
@@ -682,120 +758,177 @@ fn dup_keys(count: u64) -> Keys {
     Arc::new(move |i| format!("dup-{}", splitmix(run + i) % count))
 }
 
+/// Fresh keys for new events, done ones for duplicates.
+fn keys(path: &str) -> Keys {
+    if path == "new" {
+        new_keys()
+    } else {
+        dup_keys(DUP_KEYS)
+    }
+}
+
 fn group_config<'c>(
     c: &'c mut Criterion,
     name: &str,
 ) -> criterion::BenchmarkGroup<'c, criterion::measurement::WallTime> {
     let mut group = c.benchmark_group(name);
+    let (warm_up, measurement) = if quick() {
+        (Duration::from_millis(100), Duration::from_millis(400))
+    } else {
+        (Duration::from_millis(500), Duration::from_secs(2))
+    };
     group
         .sample_size(SAMPLE_SIZE)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(warm_up)
+        .measurement_time(measurement)
         .sampling_mode(SamplingMode::Flat);
     group
 }
 
-/// Throughput of the layer and the baseline, new events and duplicates, at each concurrency
-/// (see [`paired`]).
-fn throughput<St: BenchStore>(c: &mut Criterion, rt: &Runtime, db: &Db, label: &str) {
-    let store = St::open(db, STORE_TABLE);
-    rt.block_on(async {
-        // Tables made afresh, so that nothing left by an earlier run changes their shape.
-        db.drop_table(STORE_TABLE).await;
-        db.drop_table(SEED_TABLE).await;
-        store.create().await.expect("migrate");
-        db.create_seed_table().await;
-        if std::env::var("BENCH_NO_STUCK_INDEX").is_ok_and(|v| v == "1")
-            && !matches!(db.kind(), Kind::MySql)
-        {
-            // MySQL's store has none.
-            db.exec(format!("DROP INDEX IF EXISTS {STORE_TABLE}_stuck_idx"))
-                .await;
-        }
-        if std::env::var("BENCH_SEED_INDEXES").is_ok_and(|v| v == "1") {
-            // The store's index of processing rows (for `stuck_claims`) on the baseline's
-            // table too, where the backend has one (MySQL has no partial index, and the store
-            // none): separates its cost from the rest.
-            if !matches!(db.kind(), Kind::MySql) {
-                db.exec(format!(
-                    "CREATE INDEX {SEED_TABLE}_stuck ON {SEED_TABLE} (claimed_at) \
-                     WHERE status = 'processing'"
-                ))
-                .await;
+/// `n` deliveries through every side at `concurrency`, the sides in turn in blocks: each
+/// block starts with the side after the one the previous block started with (`turn` counts
+/// the blocks), so that every side meets the same load from the rest of the machine and
+/// takes every place in the order as often. Answers each side's sum.
+fn alternate(
+    rt: &Runtime,
+    sides: &[Side],
+    path: &str,
+    concurrency: usize,
+    n: u64,
+    turn: &AtomicUsize,
+    each: bool,
+) -> Vec<Driven> {
+    let block = (concurrency as u64 * 8).max(128);
+    let mut out: Vec<Driven> = sides.iter().map(|_| Driven::default()).collect();
+    let mut left = n;
+    while left > 0 {
+        let m = left.min(block);
+        left -= m;
+        let first = turn.fetch_add(1, Ordering::Relaxed);
+        rt.block_on(async {
+            for k in 0..sides.len() {
+                let at = (first + k) % sides.len();
+                let driven = sides[at].run(concurrency, m, keys(path), each).await;
+                out[at].took += driven.took;
+                out[at].each.extend(driven.each);
             }
+        });
+    }
+    out
+}
+
+/// Tables made afresh for a pool: the store's and the patterns', each with [`DUP_KEYS`] done
+/// rows for the duplicates.
+async fn prepare<St: BenchStore>(db: &Db, store: &St) {
+    // Made afresh, so that nothing left by an earlier run changes their shape.
+    db.drop_table(STORE_TABLE).await;
+    db.drop_table(SEED_TABLE).await;
+    store.create().await.expect("migrate");
+    db.create_seed_table().await;
+    if std::env::var("BENCH_NO_STUCK_INDEX").is_ok_and(|v| v == "1")
+        && !matches!(db.kind(), Kind::MySql)
+    {
+        // MySQL's store has none.
+        db.exec(format!("DROP INDEX IF EXISTS {STORE_TABLE}_stuck_idx"))
+            .await;
+    }
+    if std::env::var("BENCH_SEED_INDEXES").is_ok_and(|v| v == "1") {
+        // The store's index of processing rows (for `stuck_claims`) on the patterns' table
+        // too, where the backend has one (MySQL has no partial index, and the store none):
+        // separates its cost from the rest.
+        if !matches!(db.kind(), Kind::MySql) {
+            db.exec(format!(
+                "CREATE INDEX {SEED_TABLE}_stuck ON {SEED_TABLE} (claimed_at) \
+                 WHERE status = 'processing'"
+            ))
+            .await;
         }
-        db.fill(STORE_TABLE, "dup-", 0, DUP_KEYS, 60).await;
-        db.fill(SEED_TABLE, "dup-", 0, DUP_KEYS, 60).await;
-    });
-    let by_hand = std::env::var("BENCH_BASELINE").is_ok_and(|v| v == "store");
+    }
+    db.fill(STORE_TABLE, "dup-", 0, DUP_KEYS, 60).await;
+    db.fill(SEED_TABLE, "dup-", 0, DUP_KEYS, 60).await;
+}
+
+/// Throughput of `sides`, new events and duplicates, at each concurrency (see [`compare`]),
+/// as `label` in the summary.
+fn throughput(c: &mut Criterion, rt: &Runtime, label: &str, sides: &[Side], report: &mut Report) {
+    report.compared.push((
+        label.to_owned(),
+        sides.iter().map(|s| (s.name, s.baseline)).collect(),
+    ));
     let mut group = group_config(c, label);
     for path in ["new", "duplicate"] {
         for concurrency in CONCURRENCY {
-            let base: Run<'_> = if by_hand {
-                Box::new(|n, keys| {
-                    Box::pin(drive(store_by_hand(store.clone()), concurrency, n, keys))
-                })
-            } else {
-                Box::new(|n, keys| Box::pin(drive(baseline(db.clone()), concurrency, n, keys)))
-            };
-            let layer: Run<'_> =
-                Box::new(|n, keys| Box::pin(drive(layered(store.clone()), concurrency, n, keys)));
-            paired(&mut group, rt, label, path, concurrency, base, layer);
+            compare(&mut group, rt, label, path, concurrency, sides);
         }
     }
     group.finish();
 }
 
-/// `n` deliveries over the given keys, through one side of a pair, answering how long they
-/// took.
-type Run<'a> = Box<dyn Fn(u64, Keys) -> Pin<Box<dyn Future<Output = Duration> + 'a>> + 'a>;
-
-/// The bench `label/path/c{concurrency}` of one pair: each criterion iteration is one
-/// baseline delivery and one layer delivery. Within a sample the two run alternately in blocks
-/// (which goes first alternates too), so that both meet the same load from the rest of the
-/// machine; each side's time is recorded for the summary.
-fn paired(
+/// The bench `label/path/c{concurrency}`: each criterion iteration is one delivery through
+/// every side, the sides in turn (see [`alternate`]); each side's time is recorded for the
+/// summary.
+fn compare(
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     rt: &Runtime,
     label: &str,
     path: &str,
     concurrency: usize,
-    base: Run<'_>,
-    layer: Run<'_>,
+    sides: &[Side],
 ) {
     let id = format!("{path}/c{concurrency}");
     let full = format!("{label}/{id}");
-    let keys = || {
-        if path == "new" {
-            new_keys()
-        } else {
-            dup_keys(DUP_KEYS)
-        }
-    };
+    let turn = AtomicUsize::new(0);
     group.bench_function(&id, |b| {
         b.iter_custom(|iters| {
-            let block = (concurrency as u64 * 8).max(128);
-            let (mut base_took, mut layer_took) = (Duration::ZERO, Duration::ZERO);
-            let (mut left, mut layer_first) = (iters, false);
-            while left > 0 {
-                let n = left.min(block);
-                left -= n;
-                rt.block_on(async {
-                    if layer_first {
-                        layer_took += layer(n, keys()).await;
-                    }
-                    base_took += base(n, keys()).await;
-                    if !layer_first {
-                        layer_took += layer(n, keys()).await;
-                    }
-                });
-                layer_first = !layer_first;
+            let driven = alternate(rt, sides, path, concurrency, iters, &turn, false);
+            for (side, driven) in sides.iter().zip(&driven) {
+                record(&format!("{full}/{}", side.name), driven.took, iters);
             }
-            record(&format!("{full}/baseline"), base_took, iters);
-            record(&format!("{full}/layer"), layer_took, iters);
-            base_took + layer_took
+            driven.iter().map(|d| d.took).sum()
         })
     });
+}
+
+/// Each side's answer times, p50 and p99, over [`fixed_count`] deliveries of each path at each
+/// concurrency, the sides in turn as in [`compare`].
+fn answer_times(rt: &Runtime, label: &str, sides: &[Side], report: &mut Report) {
+    let turn = AtomicUsize::new(0);
+    for path in ["new", "duplicate"] {
+        for concurrency in CONCURRENCY {
+            let driven = alternate(rt, sides, path, concurrency, fixed_count(), &turn, true);
+            for (side, mut driven) in sides.iter().zip(driven) {
+                driven.each.sort();
+                let at = |q: f64| {
+                    let i = ((driven.each.len() as f64 - 1.0) * q).round() as usize;
+                    driven.each.get(i).copied().unwrap_or_default()
+                };
+                report.answers.insert(
+                    format!("{label}/{path}/c{concurrency}/{}", side.name),
+                    (at(0.5), at(0.99)),
+                );
+            }
+        }
+    }
+}
+
+/// One SQL pool's rows: throughput, and on the pool of record the answer times. Answers the
+/// store, for the counts at the end of the run.
+fn sql_pool<St: BenchStore>(
+    c: &mut Criterion,
+    rt: &Runtime,
+    db: &Db,
+    label: &str,
+    of_record: bool,
+    report: &mut Report,
+) -> St {
+    let store = St::open(db, STORE_TABLE);
+    rt.block_on(prepare(db, &store));
+    let sides = sql_sides(db, &store);
+    throughput(c, rt, label, &sides, report);
+    if of_record {
+        answer_times(rt, label, &sides, report);
+    }
+    store
 }
 
 /// Delivery latency as the table grows, then purge time.
@@ -829,12 +962,14 @@ fn growth<St: BenchStore>(c: &mut Criterion, rt: &Runtime, db: &Db, full: bool) 
             let full_id = format!("{backend}-growth/{id}");
             group.bench_function(&id, |b| {
                 b.iter_custom(|iters| {
-                    let keys: Arc<dyn Fn(u64) -> String + Send + Sync> = if path == "new" {
+                    let keys: Keys = if path == "new" {
                         new_keys()
                     } else {
                         Arc::new(move |i| format!("g-{}", splitmix(i) % size))
                     };
-                    let elapsed = rt.block_on(drive(layered(store.clone()), 1, iters, keys));
+                    let elapsed = rt
+                        .block_on(drive(layered(store.clone()), 1, iters, keys, false))
+                        .took;
                     record(&full_id, elapsed, iters);
                     elapsed
                 })
@@ -944,104 +1079,44 @@ fn latencies(mut took: Vec<Duration>) -> String {
 }
 
 // ---------------------------------------------------------------------------------------
-// Statement counts
 
-/// Counts `sqlx::query` events: sqlx records one per statement it executes.
-struct StatementCounter;
-
-static STATEMENTS: AtomicU64 = AtomicU64::new(0);
-
-impl tracing::Subscriber for StatementCounter {
-    fn register_callsite(
-        &self,
-        meta: &'static tracing::Metadata<'static>,
-    ) -> tracing::subscriber::Interest {
-        if self.enabled(meta) {
-            tracing::subscriber::Interest::always()
-        } else {
-            tracing::subscriber::Interest::never()
-        }
-    }
-    fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
-        meta.target() == "sqlx::query"
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, _: &tracing::Event<'_>) {
-        STATEMENTS.fetch_add(1, Ordering::Relaxed);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
+/// What the run measured beyond criterion's samples, for the summaries.
+#[derive(Default)]
+struct Report {
+    /// Each compared pool, in the order run.
+    compared: Vec<Compared>,
+    /// Answer times, p50 and p99, by `label/path/c{concurrency}/side`.
+    answers: BTreeMap<String, (Duration, Duration)>,
+    /// Per delivery, counted on each SQL pool of record.
+    counts: Vec<(String, Kind, Vec<counts::Row>)>,
 }
 
-#[derive(Debug, Default, Clone)]
-struct Counted {
-    /// Statements per delivery, from sqlx's events.
-    client: f64,
-    /// Statements per delivery, from the server's counter, where there is one.
-    server: Option<f64>,
-}
+/// The counts of a pool, to run once the timed parts are over.
+type Counting = Box<dyn FnOnce(&Runtime, &mut Report)>;
 
-/// Statements per delivery for the layer and the baseline, new events and duplicates, on a
-/// one-connection pool (so MariaDB's session counter sees them all).
-async fn round_trips<St: BenchStore>(kind: Kind) -> Option<BTreeMap<String, Counted>> {
-    let db = kind.connect(1, true).await?;
-    let store = St::open(&db, STORE_TABLE);
-    let mut out = BTreeMap::new();
-    for which in ["baseline", "layer"] {
-        for path in ["new", "duplicate"] {
-            let run = |n| {
-                let keys = if path == "new" {
-                    new_keys()
-                } else {
-                    dup_keys(DUP_KEYS)
-                };
-                let (db, store) = (db.clone(), store.clone());
-                async move {
-                    if which == "layer" {
-                        drive(layered(store), 1, n, keys).await
-                    } else {
-                        drive(baseline(db), 1, n, keys).await
-                    }
-                }
-            };
-            // Warm up: sqlx prepares each statement once per connection.
-            run(5).await;
-            let _ = db.questions().await;
-            let (q0, x0) = (db.questions().await, db.xact_commit().await);
-            STATEMENTS.store(0, Ordering::Relaxed);
-            run(COUNT_N).await;
-            let client = STATEMENTS.load(Ordering::Relaxed) as f64 / COUNT_N as f64;
-            let (q1, x1) = (db.questions().await, db.xact_commit().await);
-            // The deltas include the counting's own statements: the second `SHOW` (MariaDB);
-            // the first read and the second flush (PostgreSQL).
-            let server = match (q0, q1, x0, x1) {
-                (Some(a), Some(b), _, _) => Some((b - a - 1) as f64 / COUNT_N as f64),
-                (_, _, Some(a), Some(b)) => Some((b - a - 2) as f64 / COUNT_N as f64),
-                _ => None,
-            };
-            out.insert(format!("{path}/{which}"), Counted { client, server });
-        }
-    }
-    Some(out)
+fn count_later<St: BenchStore>(label: &'static str, db: Db, store: St) -> Counting {
+    Box::new(move |rt, report| {
+        let sides = sql_sides(&db, &store);
+        let rows = counts::count(rt, &db, &sides);
+        report.counts.push((label.to_owned(), db.kind(), rows));
+    })
 }
-
-// ---------------------------------------------------------------------------------------
 
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
+    let full = !quick();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let mut c = Criterion::default().configure_from_args();
-    let mut labels: Vec<&str> = Vec::new();
+    let mut report = Report::default();
+    let mut counting: Vec<Counting> = Vec::new();
     let mut purges: Vec<(&str, Vec<Duration>)> = Vec::new();
     let mut reachable = Vec::new();
     for kind in [Kind::Postgres, Kind::Sqlite, Kind::MySql] {
+        if !only(kind.name()) {
+            continue;
+        }
         if kind == Kind::Sqlite && std::env::var_os("SQLITE_URL").is_none() {
             let file = std::env::temp_dir().join("tower-idempotency-bench.sqlite3");
             for suffix in ["", "-wal", "-shm"] {
@@ -1057,57 +1132,53 @@ fn main() {
         let growth_db = rt.block_on(kind.connect(2, false)).expect("second pool");
         let times = match kind {
             Kind::Postgres => {
-                throughput::<PostgresStore>(&mut c, &rt, &db, "postgres");
+                let store: PostgresStore =
+                    sql_pool(&mut c, &rt, &db, "postgres", true, &mut report);
+                counting.push(count_later("postgres", db, store));
                 growth::<PostgresStore>(&mut c, &rt, &growth_db, full)
             }
             Kind::Sqlite => {
-                throughput::<SqliteStore>(&mut c, &rt, &db, "sqlite");
+                let _: SqliteStore = sql_pool(&mut c, &rt, &db, "sqlite", false, &mut report);
                 // SQLite has one writer at a time: a pool of one connection queues writers in
                 // the application instead of in SQLite's busy handler (which sleeps).
                 let single = rt.block_on(kind.connect(1, true)).expect("sqlite pool");
-                throughput::<SqliteStore>(&mut c, &rt, &single, "sqlite-1conn");
-                labels.push("sqlite");
+                let store: SqliteStore =
+                    sql_pool(&mut c, &rt, &single, "sqlite-1conn", true, &mut report);
+                counting.push(count_later("sqlite-1conn", single, store));
                 growth::<SqliteStore>(&mut c, &rt, &growth_db, full)
             }
             Kind::MySql => {
-                throughput::<MySqlStore>(&mut c, &rt, &db, "mariadb");
+                let store: MySqlStore = sql_pool(&mut c, &rt, &db, "mariadb", true, &mut report);
+                counting.push(count_later("mariadb", db, store));
                 growth::<MySqlStore>(&mut c, &rt, &growth_db, full)
             }
         };
-        labels.push(match kind {
-            Kind::Postgres => "postgres",
-            Kind::Sqlite => "sqlite-1conn",
-            Kind::MySql => "mariadb",
-        });
         purges.push((kind.name(), times));
     }
-    if let Some(redis) = rt.block_on(redis::connect()) {
-        redis::throughput(&mut c, &rt, &redis);
-        labels.push("redis");
+    if only("redis")
+        && let Some(redis) = rt.block_on(redis::connect())
+    {
+        redis::throughput(&mut c, &rt, &redis, &mut report);
     }
     c.final_summary();
 
-    // Statement counts last: the counting subscriber stays installed for the rest of the run.
-    tracing::subscriber::set_global_default(StatementCounter).expect("subscriber");
-    let mut counts = Vec::new();
-    for &kind in &reachable {
-        let counted = rt.block_on(async {
-            match kind {
-                Kind::Postgres => round_trips::<PostgresStore>(kind).await,
-                Kind::Sqlite => round_trips::<SqliteStore>(kind).await,
-                Kind::MySql => round_trips::<MySqlStore>(kind).await,
-            }
-        });
-        if let Some(counted) = counted {
-            counts.push((kind, counted));
-        }
+    // Counts last: the counting subscriber stays installed for the rest of the run, and a
+    // subscriber makes sqlx format every statement it runs.
+    tracing::subscriber::set_global_default(counts::StatementCounter).expect("subscriber");
+    for count in counting {
+        count(&rt, &mut report);
     }
+    let redis_counts = if only("redis") {
+        rt.block_on(redis::round_trips())
+    } else {
+        None
+    };
 
-    let redis_counts = rt.block_on(redis::round_trips());
-
-    summary(&labels, &reachable, &purges, &counts);
+    summary(&report, &reachable, &purges);
     if let Some(counts) = redis_counts {
-        println!("\nSUMMARY stores: Redis requests per delivery (counted at a proxy)");
+        println!(
+            "\nSUMMARY stores: Redis requests per delivery (counted at a proxy, one delivery at a time)"
+        );
         println!("| path | baseline | layer |");
         println!("|---|---:|---:|");
         for path in ["new", "duplicate"] {
@@ -1121,54 +1192,144 @@ fn main() {
     }
 }
 
-/// Per sample, baseline time over layer time: the layer's throughput relative to the
-/// baseline measured alongside it. The median over the samples.
-fn paired_ratio(id: &str) -> Option<f64> {
+/// Per sample, `base`'s time over `side`'s time: `side`'s throughput relative to `base`'s,
+/// measured alongside it. The median over the samples.
+fn paired_ratio(id: &str, base: &str, side: &str) -> Option<f64> {
     let samples = SAMPLES.lock().unwrap();
-    let base = samples.get(&format!("{id}/baseline"))?;
-    let layer = samples.get(&format!("{id}/layer"))?;
-    let n = base.len().min(layer.len()).min(SAMPLE_SIZE);
+    let base = samples.get(&format!("{id}/{base}"))?;
+    let side = samples.get(&format!("{id}/{side}"))?;
+    let n = base.len().min(side.len()).min(SAMPLE_SIZE);
     let mut ratios: Vec<f64> = base[base.len() - n..]
         .iter()
-        .zip(&layer[layer.len() - n..])
-        .map(|(b, l)| b / l)
+        .zip(&side[side.len() - n..])
+        .map(|(b, s)| b / s)
         .collect();
     ratios.sort_by(f64::total_cmp);
     ratios.get(ratios.len() / 2).copied()
 }
 
-fn summary(
-    labels: &[&str],
-    reachable: &[Kind],
-    purges: &[(&str, Vec<Duration>)],
-    counts: &[(Kind, BTreeMap<String, Counted>)],
-) {
+/// A compared pool's label and its sides (name, whether a baseline).
+type Compared = (String, Vec<(&'static str, bool)>);
+
+/// The compared pools, in runs of the same sides: one table each.
+fn tables(compared: &[Compared]) -> Vec<&[Compared]> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    for at in 1..=compared.len() {
+        if at == compared.len() || compared[at].1 != compared[from].1 {
+            out.push(&compared[from..at]);
+            from = at;
+        }
+    }
+    out
+}
+
+fn summary(report: &Report, reachable: &[Kind], purges: &[(&str, Vec<Duration>)]) {
     let us = |ns: f64| format!("{:.0}", ns / 1000.0);
-    println!(
-        "\nSUMMARY stores: throughput, layer vs baseline on the same pool ({POOL_SIZE} connections unless named 1conn; redis: one multiplexed connection each)"
-    );
-    println!(
-        "| pool | path | concurrency | baseline µs/delivery | layer µs/delivery | baseline deliveries/s | layer deliveries/s | layer / baseline |"
-    );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|");
-    for label in labels {
-        for path in ["new", "duplicate"] {
-            for concurrency in CONCURRENCY {
-                let id = format!("{label}/{path}/c{concurrency}");
-                let base = median(&format!("{id}/baseline"));
-                let layer = median(&format!("{id}/layer"));
-                if let (Some(base), Some(layer), Some(ratio)) = (base, layer, paired_ratio(&id)) {
-                    println!(
-                        "| {label} | {path} | {concurrency} | {} | {} | {:.0} | {:.0} | {ratio:.2} |",
-                        us(base),
-                        us(layer),
-                        1e9 / base,
-                        1e9 / layer,
-                    );
+    for table in tables(&report.compared) {
+        let sides = &table[0].1;
+        // Each side that is no baseline, over each baseline, in the sides' order.
+        let ratios: Vec<(&str, &str)> = sides
+            .iter()
+            .filter(|(_, baseline)| !baseline)
+            .flat_map(|(side, _)| {
+                sides
+                    .iter()
+                    .filter(|(_, baseline)| *baseline)
+                    .map(move |(base, _)| (*side, *base))
+            })
+            .collect();
+        println!(
+            "\nSUMMARY stores: throughput, every side on the same pool, in turn ({POOL_SIZE} connections unless named 1conn; redis: one multiplexed connection each); µs per delivery, and throughput ratios (median of the per-sample ratios)"
+        );
+        let mut head = "| pool | path | concurrency |".to_owned();
+        let mut rule = "|---|---|---:|".to_owned();
+        for (side, _) in sides {
+            head += &format!(" {side} µs |");
+            rule += "---:|";
+        }
+        for (side, base) in &ratios {
+            head += &format!(" {side} ÷ {base} |");
+            rule += "---:|";
+        }
+        println!("{head}\n{rule}");
+        for (label, _) in table {
+            for path in ["new", "duplicate"] {
+                for concurrency in CONCURRENCY {
+                    let id = format!("{label}/{path}/c{concurrency}");
+                    let times: Option<Vec<f64>> = sides
+                        .iter()
+                        .map(|(side, _)| median(&format!("{id}/{side}")))
+                        .collect();
+                    let shares: Option<Vec<f64>> = ratios
+                        .iter()
+                        .map(|(side, base)| paired_ratio(&id, base, side))
+                        .collect();
+                    let (Some(times), Some(shares)) = (times, shares) else {
+                        continue;
+                    };
+                    let mut line = format!("| {label} | {path} | {concurrency} |");
+                    for t in times {
+                        line += &format!(" {} |", us(t));
+                    }
+                    for r in shares {
+                        line += &format!(" {r:.2} |");
+                    }
+                    println!("{line}");
                 }
             }
         }
     }
+
+    for table in tables(&report.compared) {
+        let sides = &table[0].1;
+        let rows: Vec<String> = table
+            .iter()
+            .flat_map(|(label, _)| {
+                ["new", "duplicate"].into_iter().flat_map(move |path| {
+                    CONCURRENCY.into_iter().filter_map(move |concurrency| {
+                        let id = format!("{label}/{path}/c{concurrency}");
+                        let mut line = format!("| {label} | {path} | {concurrency} |");
+                        for (side, _) in sides {
+                            let (p50, p99) = report.answers.get(&format!("{id}/{side}"))?;
+                            line += &format!(
+                                " {:.0} | {:.0} |",
+                                p50.as_secs_f64() * 1e6,
+                                p99.as_secs_f64() * 1e6
+                            );
+                        }
+                        Some(line)
+                    })
+                })
+            })
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        println!(
+            "\nSUMMARY stores: answer time of one delivery, µs ({} deliveries per side at each concurrency, the sides in turn)",
+            fixed_count()
+        );
+        let mut head = "| pool | path | concurrency |".to_owned();
+        let mut rule = "|---|---|---:|".to_owned();
+        for (side, _) in sides {
+            head += &format!(" {side} p50 | {side} p99 |");
+            rule += "---:|---:|";
+        }
+        println!("{head}\n{rule}");
+        for row in rows {
+            println!("{row}");
+        }
+    }
+
+    for (label, kind, rows) in &report.counts {
+        println!(
+            "\nSUMMARY stores: per delivery on {label}, from the counters ({} deliveries per side, each side alone)",
+            fixed_count()
+        );
+        counts::table(*kind, rows);
+    }
+
     println!(
         "\nSUMMARY stores: growth (layer, concurrency 1; commits not waiting for fsync on postgres and sqlite, durable on mariadb)"
     );
@@ -1198,27 +1359,5 @@ fn summary(
             .map(|t| format!("{:.3}", t.as_secs_f64()))
             .collect();
         println!("| {backend} | {} |", list.join(" | "));
-    }
-
-    println!("\nSUMMARY stores: statements per delivery (sqlx events / server counter)");
-    println!("| backend | path | baseline | layer |");
-    println!("|---|---|---|---|");
-    for (kind, counted) in counts {
-        for path in ["new", "duplicate"] {
-            let show = |which: &str| {
-                counted
-                    .get(&format!("{path}/{which}"))
-                    .map_or("-".to_owned(), |c| match c.server {
-                        Some(s) => format!("{:.2} / {:.2}", c.client, s),
-                        None => format!("{:.2} / -", c.client),
-                    })
-            };
-            println!(
-                "| {} | {path} | {} | {} |",
-                kind.name(),
-                show("baseline"),
-                show("layer")
-            );
-        }
     }
 }

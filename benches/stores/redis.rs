@@ -14,22 +14,25 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use axum::Router;
+use axum::extract::State;
+use axum::routing::post;
 use bytes::Bytes;
 use criterion::Criterion;
-use http::{Response, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
 use http_body_util::Empty;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
-use tower::{Service, service_fn};
+use tower::service_fn;
 use tower_idempotency::IdempotencyKey;
 use tower_idempotency::store::{RedisStore, Stale, Store};
 
 use super::{
-    CONCURRENCY, COUNT_N, DUP_KEYS, NAMESPACE, Req, Run, drive, dup_keys, group_config, layered,
-    new_keys, paired, store_by_hand, work,
+    DUP_KEYS, NAMESPACE, PATH, Report, Req, Shell, Side, answer_times, event_id, fixed_count, keys,
+    work,
 };
 
 /// How long the bench's keys live (the store's retention, the baseline's `PX`).
@@ -166,86 +169,85 @@ fn ttl_ms() -> u64 {
 
 /// The usual hand-written Redis in the handler: `SET key 1 NX PX ttl`, 200 to a duplicate
 /// (nothing set), else the work, then `SET key done PX ttl`.
-fn baseline(
-    conn: ConnectionManager,
-    prefix: Arc<str>,
-) -> impl Service<Req, Response = Response<Empty<Bytes>>, Error = Infallible, Future: Send>
-+ Clone
-+ Send
-+ 'static {
-    service_fn(move |req: Req| {
-        let (mut conn, prefix) = (conn.clone(), prefix.clone());
-        async move {
-            let id = req
-                .headers()
-                .get("x-event-id")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default();
-            let key = format!("{prefix}:{NAMESPACE}:{id}");
-            let status = |code| {
-                let mut res = Response::new(Empty::new());
-                *res.status_mut() = code;
-                Ok(res)
-            };
-            let claimed: redis::RedisResult<Option<String>> = redis::cmd("SET")
-                .arg(&key)
-                .arg(1)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms())
-                .query_async(&mut conn)
-                .await;
-            match claimed {
-                Ok(Some(_)) => {}
-                Ok(None) => return status(StatusCode::OK),
-                Err(_) => return status(StatusCode::SERVICE_UNAVAILABLE),
-            }
-            let res = work(req).await?;
-            let done: redis::RedisResult<()> = redis::cmd("SET")
-                .arg(&key)
-                .arg("done")
-                .arg("PX")
-                .arg(ttl_ms())
-                .query_async(&mut conn)
-                .await;
-            match done {
-                Ok(()) => Ok(res),
-                Err(_) => status(StatusCode::INTERNAL_SERVER_ERROR),
-            }
-        }
-    })
+async fn answer(mut conn: ConnectionManager, prefix: &str, id: &str) -> StatusCode {
+    let key = format!("{prefix}:{NAMESPACE}:{id}");
+    let claimed: redis::RedisResult<Option<String>> = redis::cmd("SET")
+        .arg(&key)
+        .arg(1)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms())
+        .query_async(&mut conn)
+        .await;
+    match claimed {
+        Ok(Some(_)) => {}
+        Ok(None) => return StatusCode::OK,
+        Err(_) => return StatusCode::SERVICE_UNAVAILABLE,
+    }
+    work().await;
+    let done: redis::RedisResult<()> = redis::cmd("SET")
+        .arg(&key)
+        .arg("done")
+        .arg("PX")
+        .arg(ttl_ms())
+        .query_async(&mut conn)
+        .await;
+    match done {
+        Ok(()) => StatusCode::OK,
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
 }
 
-/// Throughput of the layer and the baseline, new events and duplicates, at each concurrency,
-/// as the SQL rows (see `paired`). `BENCH_BASELINE=store` replaces the baseline with the store
-/// called by hand.
-pub(crate) fn throughput(c: &mut Criterion, rt: &Runtime, redis: &Redis) {
-    let by_hand = std::env::var("BENCH_BASELINE").is_ok_and(|v| v == "store");
-    let mut group = group_config(c, "redis");
-    for path in ["new", "duplicate"] {
-        for concurrency in CONCURRENCY {
-            let base: Run<'_> = if by_hand {
-                Box::new(|n, keys| {
-                    Box::pin(drive(
-                        store_by_hand(redis.store.clone()),
-                        concurrency,
-                        n,
-                        keys,
-                    ))
-                })
-            } else {
-                Box::new(|n, keys| {
-                    let svc = baseline(redis.conn.clone(), redis.seed.clone());
-                    Box::pin(drive(svc, concurrency, n, keys))
-                })
-            };
-            let layer: Run<'_> = Box::new(|n, keys| {
-                Box::pin(drive(layered(redis.store.clone()), concurrency, n, keys))
-            });
-            paired(&mut group, rt, "redis", path, concurrency, base, layer);
-        }
+async fn baseline_handler(
+    State((conn, prefix)): State<(ConnectionManager, Arc<str>)>,
+    headers: HeaderMap,
+) -> StatusCode {
+    answer(conn, &prefix, event_id(&headers)).await
+}
+
+impl Redis {
+    /// The hand-written baseline, or with `BENCH_BASELINE=store` the store called by hand,
+    /// then the layer: the sides of the Redis rows.
+    fn sides(&self) -> Vec<Side> {
+        let shell = Shell::from_env();
+        let layer = shell.layer("layer", self.store.clone());
+        let base = if std::env::var("BENCH_BASELINE").is_ok_and(|v| v == "store") {
+            shell.by_hand(self.store.clone())
+        } else {
+            let state = (self.conn.clone(), self.seed.clone());
+            match shell {
+                Shell::Router => Side::new(
+                    "baseline",
+                    true,
+                    Router::new()
+                        .route(PATH, post(baseline_handler))
+                        .with_state(state),
+                ),
+                Shell::Tower => Side::new(
+                    "baseline",
+                    true,
+                    service_fn(move |req: Req| {
+                        let (conn, prefix) = state.clone();
+                        async move {
+                            let mut res = Response::new(Empty::<Bytes>::new());
+                            *res.status_mut() =
+                                answer(conn, &prefix, event_id(req.headers())).await;
+                            Ok::<_, Infallible>(res)
+                        }
+                    }),
+                ),
+            }
+        };
+        vec![base, layer]
     }
-    group.finish();
+}
+
+/// Throughput and answer times of the baseline and the layer, new events and duplicates, at
+/// each concurrency, as the SQL rows.
+pub(crate) fn throughput(c: &mut Criterion, rt: &Runtime, redis: &Redis, report: &mut Report) {
+    let sides = redis.sides();
+    super::throughput(c, rt, "redis", &sides, report);
+    answer_times(rt, "redis", &sides, report);
     // A shared server's `SCAN` walks every key it holds: the store's maintenance calls (and
     // their tests) should not walk this run's for the next quarter of an hour.
     if let Err(error) = rt.block_on(redis.forget()) {
@@ -253,8 +255,8 @@ pub(crate) fn throughput(c: &mut Criterion, rt: &Runtime, redis: &Redis) {
     }
 }
 
-/// Requests per delivery (each a round trip: one delivery at a time), for the layer and the
-/// baseline, new events and duplicates, counted in the bytes the client sends, at a proxy
+/// Requests per delivery (each a round trip: one delivery at a time), for the baseline and
+/// the layer, new events and duplicates, counted in the bytes the client sends, at a proxy
 /// between it and the server: `"{path}/{baseline|layer}"`.
 pub(crate) async fn round_trips() -> Option<BTreeMap<String, f64>> {
     let info = info().ok()?;
@@ -271,32 +273,20 @@ pub(crate) async fn round_trips() -> Option<BTreeMap<String, f64>> {
             return None;
         }
     };
+    let n = fixed_count();
     let mut out = BTreeMap::new();
-    for which in ["baseline", "layer"] {
+    for side in redis.sides() {
+        let which = if side.baseline { "baseline" } else { "layer" };
         for path in ["new", "duplicate"] {
-            let run = |n| {
-                let keys = if path == "new" {
-                    new_keys()
-                } else {
-                    dup_keys(DUP_KEYS)
-                };
-                let redis = &redis;
-                async move {
-                    if which == "layer" {
-                        drive(layered(redis.store.clone()), 1, n, keys).await
-                    } else {
-                        drive(baseline(redis.conn.clone(), redis.seed.clone()), 1, n, keys).await
-                    }
-                }
-            };
             // Warm up: the first call of each script loads it.
-            run(5).await;
+            side.run(1, 5, keys(path), false).await;
             let before = requests.load(Ordering::SeqCst);
-            run(COUNT_N).await;
+            side.run(1, n, keys(path), false).await;
             let sent = requests.load(Ordering::SeqCst) - before;
-            out.insert(format!("{path}/{which}"), sent as f64 / COUNT_N as f64);
+            out.insert(format!("{path}/{which}"), sent as f64 / n as f64);
         }
     }
+    let _ = redis.forget().await;
     Some(out)
 }
 
