@@ -441,8 +441,10 @@ trait BenchStore: Store + Clone + Sized {
     /// The sizes of the batches the store's statements carried since it was last asked, for
     /// the counts' summary; `None` where the store does not tell them.
     fn batch_sizes(&self) -> Option<String> {
-        None
+        counts::batch_sizes()
     }
+    /// The same store with each write sent on its own (`max_batch(1)`).
+    fn unbatched(self) -> Self;
 }
 
 impl BenchStore for PostgresStore {
@@ -461,6 +463,9 @@ impl BenchStore for PostgresStore {
     fn write_counts(&self) -> impl Future<Output = Result<(), StoreError>> {
         PostgresStore::write_counts(self)
     }
+    fn unbatched(self) -> Self {
+        self.max_batch(1)
+    }
 }
 
 impl BenchStore for SqliteStore {
@@ -477,6 +482,9 @@ impl BenchStore for SqliteStore {
     fn write_counts(&self) -> impl Future<Output = Result<(), StoreError>> {
         SqliteStore::write_counts(self)
     }
+    fn unbatched(self) -> Self {
+        self.max_batch(1)
+    }
 }
 
 impl BenchStore for MySqlStore {
@@ -492,6 +500,9 @@ impl BenchStore for MySqlStore {
     }
     fn write_counts(&self) -> impl Future<Output = Result<(), StoreError>> {
         MySqlStore::write_counts(self)
+    }
+    fn unbatched(self) -> Self {
+        self.max_batch(1)
     }
 }
 
@@ -689,10 +700,14 @@ fn sql_sides<St: BenchStore>(db: &Db, store: &St) -> Vec<Side> {
             layer,
         ];
     }
+    let unbatched = store.clone().unbatched();
     vec![
         shell.pattern(Pattern::Three, db),
         shell.pattern(Pattern::One, db),
         layer,
+        shell
+            .layer("layer, batching off", unbatched.clone())
+            .with_store(unbatched),
     ]
 }
 

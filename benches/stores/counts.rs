@@ -51,18 +51,56 @@ impl tracing::Subscriber for StatementCounter {
         }
     }
     fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
-        meta.target() == "sqlx::query"
+        meta.target() == "sqlx::query" || meta.target() == BATCH_TARGET
     }
     fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
         tracing::span::Id::from_u64(1)
     }
     fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, _: &tracing::Event<'_>) {
+    fn event(&self, event: &tracing::Event<'_>) {
+        if event.metadata().target() == BATCH_TARGET {
+            let mut writes = BatchWrites(None);
+            event.record(&mut writes);
+            if let Some(n) = writes.0 {
+                BATCHES.lock().unwrap().push(n);
+            }
+            return;
+        }
         STATEMENTS.fetch_add(1, Ordering::Relaxed);
     }
     fn enter(&self, _: &tracing::span::Id) {}
     fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// The target of the stores' events of batches, with their number of `writes`.
+const BATCH_TARGET: &str = "tower_idempotency::store::batch";
+
+/// The sizes of the batches seen since they were last taken.
+static BATCHES: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+
+/// Reads the `writes` field of a batch's event.
+struct BatchWrites(Option<u64>);
+
+impl tracing::field::Visit for BatchWrites {
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        if field.name() == "writes" {
+            self.0 = Some(value);
+        }
+    }
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.record_u64(field, value.unsigned_abs());
+    }
+    fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+}
+
+/// The batches seen since the last call: writes per batch, mean and largest, or `None` when
+/// there were none (a store without batches).
+pub(crate) fn batch_sizes() -> Option<String> {
+    let sizes = std::mem::take(&mut *BATCHES.lock().unwrap());
+    let largest = *sizes.iter().max()?;
+    let mean = sizes.iter().sum::<u64>() as f64 / sizes.len() as f64;
+    Some(format!("{mean:.1} (max {largest})"))
 }
 
 const SQLX: &str = "statements (sqlx)";

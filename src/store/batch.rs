@@ -24,6 +24,10 @@ use tokio::sync::oneshot;
 use super::StoreError;
 use crate::key::IdempotencyKey;
 
+/// The target of the `trace` event each batch sends, with its number of `writes`: a lone
+/// write is a batch of one.
+pub(crate) const BATCH_TARGET: &str = "tower_idempotency::store::batch";
+
 /// The most writes one batch carries unless a store is told otherwise.
 pub(crate) const DEFAULT_MOST: usize = 128;
 
@@ -104,6 +108,7 @@ where
                 // Whatever arrives meanwhile is sent once this write is answered, or if this
                 // delivery goes away first.
                 let _next = HandOff(self.shared.clone());
+                tracing::trace!(target: BATCH_TARGET, writes = 1, "a batch of writes");
                 let mut answers = (self.shared.run)(vec![op]).await;
                 return answers.pop().unwrap_or_else(|| Err(short()));
             }
@@ -213,6 +218,7 @@ async fn flush<Op: Keyed + Send + 'static, Out: Send + 'static>(shared: Arc<Shar
     // fail rather than wait for ever.
     let mut idle = Idle(Some(shared.clone()));
     while let Some(batch) = shared.next_batch() {
+        tracing::trace!(target: BATCH_TARGET, writes = batch.len(), "a batch of writes");
         let (ops, replies): (Vec<Op>, Vec<Reply<Out>>) = batch.into_iter().unzip();
         let answers = (shared.run)(ops).await;
         let mut answers = answers.into_iter();
