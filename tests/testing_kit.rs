@@ -83,7 +83,10 @@ async fn a_correct_app_passes_every_scenario() {
 
     let report = sender.assert(Scenario::hang_up(&paid("evt_3"))).await;
     assert_eq!(report.effects(), Some(1));
-    assert!(report.to_string().contains("answered hung up | "), "{report}");
+    assert!(
+        report.to_string().contains("answered hung up | "),
+        "{report}"
+    );
     let report = sender
         .assert(Scenario::hang_up_after(
             &paid("evt_4"),
