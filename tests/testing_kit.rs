@@ -363,7 +363,7 @@ mod sql {
     /// Two instances of a transactional Stripe route, each on a pool of its own on one SQLite
     /// file.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sqlite_instances_with_separate_pools_pass() {
+    async fn sqlite_transactional_instances_pass() {
         let file = db::sqlite_file("testing-kit");
         let store = SqliteStore::new(db::sqlite_file_pool(file).await);
         store.migrate().await.unwrap();
@@ -404,10 +404,66 @@ mod sql {
             .await;
     }
 
+    /// Two instances of a claim-then-commit GitHub route over `SqliteStore`, each with a pool
+    /// of its own on one file, the effect written through that pool.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_claim_then_commit_instances_pass() {
+        let file = db::sqlite_file("testing-kit");
+        let store = SqliteStore::new(db::sqlite_file_pool(file).await);
+        store.migrate().await.unwrap();
+        sqlx::query("CREATE TABLE IF NOT EXISTS kit_noted (delivery TEXT NOT NULL)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let ns = common::unique_namespace("kit");
+        let (pool, prefix) = (store.pool().clone(), format!("{ns}%"));
+        let sender = Sender::instances(2, move |_| async move {
+            let pool = db::sqlite_file_pool(file).await;
+            let handler = {
+                let pool = pool.clone();
+                move |headers: http::HeaderMap| async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    sqlx::query("INSERT INTO kit_noted (delivery) VALUES (?)")
+                        .bind(headers["x-github-delivery"].to_str().unwrap())
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                    "noted"
+                }
+            };
+            let layer = IdempotencyLayer::new(SqliteStore::new(pool))
+                .key(key::github())
+                .verify(verify::github(SECRET));
+            Router::new().route("/webhooks/github", post(handler).layer(layer))
+        })
+        .effects(move || {
+            let (pool, prefix) = (pool.clone(), prefix.clone());
+            async move {
+                let count: i64 =
+                    sqlx::query_scalar("SELECT COUNT(*) FROM kit_noted WHERE delivery LIKE ?")
+                        .bind(prefix)
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                count as usize
+            }
+        })
+        .retry_every(Duration::from_millis(20));
+        let github = sign::github(SECRET);
+        let delivery = |n: u32| {
+            github
+                .delivery(&format!("{ns}-{n}"), "{}")
+                .to("/webhooks/github")
+        };
+        sender.assert(Scenario::in_a_row(&delivery(1), 3)).await;
+        sender.assert(Scenario::at_once(&delivery(2), 8)).await;
+        sender.assert(Scenario::hang_up(&delivery(3))).await;
+    }
+
     /// Two instances of a claim-then-commit GitHub route, each with a PostgreSQL pool of its
     /// own, the effect written through that pool.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres_instances_with_separate_pools_pass() {
+    async fn postgres_claim_then_commit_instances_pass() {
         let Some(pool) = db::postgres_pool().await else {
             return;
         };

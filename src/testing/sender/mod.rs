@@ -218,17 +218,30 @@ impl<S, B> Sender<S, B> {
     }
 
     /// Sends requests with a body of type `B2` instead of `Full<Bytes>`, for an app that
-    /// takes only that one (an axum `Body`, say).
+    /// takes only that one: a boxed service of axum's `Body`, say.
     ///
     /// ```
-    /// use bytes::Bytes;
-    /// use tower_idempotency::testing::Sender;
+    /// use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
+    /// use axum::{Router, body::Body, response::Response, routing::post};
+    /// use tower::util::BoxCloneService;
+    /// use tower_idempotency::testing::{Scenario, Sender, sign};
+    /// use tower_idempotency::{IdempotencyLayer, key, store::MemoryStore};
     ///
-    /// let app = tower::service_fn(|_req: http::Request<Bytes>| async {
-    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
-    /// });
-    /// let sender = Sender::new(app).request_body::<Bytes>();
-    /// # let _ = sender;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let effects = Arc::new(AtomicUsize::new(0));
+    /// let counted = effects.clone();
+    /// let handler = move || async move { counted.fetch_add(1, Ordering::SeqCst); "ok" };
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).key(key::github());
+    /// let router = Router::new().route("/hooks", post(handler).layer(layer));
+    /// let app: BoxCloneService<http::Request<Body>, Response, std::convert::Infallible> = BoxCloneService::new(router);
+    ///
+    /// let sender = Sender::new(app)
+    ///     .request_body::<Body>()
+    ///     .effects(move || std::future::ready(effects.load(Ordering::SeqCst)));
+    /// let delivery = sign::github("s").delivery("d-1", "{}").to("/hooks");
+    /// assert_eq!(sender.assert(Scenario::in_a_row(&delivery, 2)).await.effects(), Some(1));
+    /// # }
     /// ```
     pub fn request_body<B2>(self) -> Sender<S, B2> {
         Sender {

@@ -29,8 +29,11 @@ use crate::testing::Delivery;
 /// use tower_idempotency::testing::{Scenario, sign};
 ///
 /// let paid = sign::stripe("whsec_test").delivery(r#"{"id":"evt_1"}"#).to("/webhooks/stripe");
-/// let scenarios = [Scenario::in_a_row(&paid, 3), Scenario::at_once(&paid, 8), Scenario::hang_up(&paid)];
-/// assert_eq!(scenarios.len(), 3);
+/// let scenario = Scenario::at_once(&paid, 8);
+/// assert_eq!(
+///     format!("{scenario:?}"),
+///     "Scenario(8 concurrent copies of Stripe delivery of evt_1 (POST /webhooks/stripe))",
+/// );
 /// ```
 pub struct Scenario {
     pub(super) kind: Kind,

@@ -4,7 +4,17 @@ use bytes::Bytes;
 
 use super::{Delivery, Secret, hex, hmac_sha256};
 
-/// Signs deliveries as GitHub does. Made by [`github`].
+/// Signs deliveries as GitHub does. Made by [`github`]; one signer makes any number of
+/// deliveries.
+///
+/// ```
+/// use tower_idempotency::testing::sign::{self, GitHub};
+///
+/// let github: GitHub = sign::github("secret");
+/// let (a, b) = (github.delivery("d-1", "{}"), github.delivery("d-2", "{}"));
+/// // The body alone is signed: the same body, the same signature.
+/// assert_eq!(a.headers()["x-hub-signature-256"], b.headers()["x-hub-signature-256"]);
+/// ```
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct GitHub {

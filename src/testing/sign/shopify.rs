@@ -4,7 +4,16 @@ use bytes::Bytes;
 
 use super::{Delivery, Secret, base64, hmac_sha256};
 
-/// Signs deliveries as Shopify does. Made by [`shopify`].
+/// Signs deliveries as Shopify does. Made by [`shopify`]; one signer makes any number of
+/// deliveries.
+///
+/// ```
+/// use tower_idempotency::testing::sign::{self, Shopify};
+///
+/// let shopify: Shopify = sign::shopify("secret");
+/// let (a, b) = (shopify.delivery("w-1", "{}"), shopify.delivery("w-1", "[]"));
+/// assert_ne!(a.headers()["x-shopify-hmac-sha256"], b.headers()["x-shopify-hmac-sha256"]);
+/// ```
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct Shopify {

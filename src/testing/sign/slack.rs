@@ -6,7 +6,19 @@ use bytes::Bytes;
 
 use super::{Delivery, Secret, hex, hmac_sha256, json_id, signing_time, unix_seconds};
 
-/// Signs deliveries as Slack does. Made by [`slack`].
+/// Signs deliveries as Slack does. Made by [`slack`]; one signer makes any number of
+/// deliveries.
+///
+/// ```
+/// use std::time::{Duration, UNIX_EPOCH};
+/// use tower_idempotency::testing::sign::{self, Slack};
+///
+/// let slack: Slack = sign::slack("secret");
+/// let early = slack.clone().at(UNIX_EPOCH + Duration::from_secs(1)).delivery("{}");
+/// let late = slack.at(UNIX_EPOCH + Duration::from_secs(2)).delivery("{}");
+/// // The timestamp is signed.
+/// assert_ne!(early.headers()["x-slack-signature"], late.headers()["x-slack-signature"]);
+/// ```
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct Slack {

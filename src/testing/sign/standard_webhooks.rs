@@ -10,7 +10,16 @@ use bytes::Bytes;
 use super::{Delivery, base64, hmac_sha256, signing_time, unix_seconds};
 
 /// Signs deliveries as a Standard Webhooks sender (Svix among them) does. Made by
-/// [`standard_webhooks`].
+/// [`standard_webhooks`]; one signer makes any number of deliveries.
+///
+/// ```
+/// use tower_idempotency::testing::sign::{self, StandardWebhooks};
+///
+/// let sender: StandardWebhooks = sign::standard_webhooks("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+/// let (a, b) = (sender.delivery("msg_1", "{}"), sender.delivery("msg_2", "{}"));
+/// // The message id is signed.
+/// assert_ne!(a.headers()["webhook-signature"], b.headers()["webhook-signature"]);
+/// ```
 #[derive(Clone)]
 #[must_use]
 pub struct StandardWebhooks {

@@ -6,7 +6,17 @@ use bytes::Bytes;
 
 use super::{Delivery, Secret, hex, hmac_sha256, json_id, signing_time, unix_seconds};
 
-/// Signs deliveries as Stripe does. Made by [`stripe`].
+/// Signs deliveries as Stripe does. Made by [`stripe`]; one signer makes any number of
+/// deliveries.
+///
+/// ```
+/// use std::time::{Duration, UNIX_EPOCH};
+/// use tower_idempotency::testing::sign::{self, Stripe};
+///
+/// let stripe: Stripe = sign::stripe("whsec_x").at(UNIX_EPOCH + Duration::from_secs(1));
+/// let (paid, refunded) = (stripe.delivery(r#"{"id":"evt_1"}"#), stripe.delivery(r#"{"id":"evt_2"}"#));
+/// assert_ne!(paid.headers()["stripe-signature"], refunded.headers()["stripe-signature"]);
+/// ```
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct Stripe {

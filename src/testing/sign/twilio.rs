@@ -7,7 +7,17 @@ use sha2::{Digest, Sha256};
 
 use super::{Delivery, Secret, base64, hex, hmac_sha1};
 
-/// Signs deliveries as Twilio does. Made by [`twilio`].
+/// Signs deliveries as Twilio does. Made by [`twilio`]; one signer makes any number of
+/// deliveries to its URL.
+///
+/// ```
+/// use tower_idempotency::testing::sign::{self, Twilio};
+///
+/// let twilio: Twilio = sign::twilio("token", "https://example.com/sms");
+/// let (a, b) = (twilio.delivery("tok-1", [("Body", "a")]), twilio.delivery("tok-2", [("Body", "a")]));
+/// // The token is not signed: the same parameters, the same signature.
+/// assert_eq!(a.headers()["x-twilio-signature"], b.headers()["x-twilio-signature"]);
+/// ```
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct Twilio {

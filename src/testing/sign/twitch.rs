@@ -7,7 +7,17 @@ use bytes::Bytes;
 
 use super::{Delivery, Secret, hex, hmac_sha256, signing_time};
 
-/// Signs deliveries as Twitch EventSub does. Made by [`twitch`].
+/// Signs deliveries as Twitch EventSub does. Made by [`twitch`]; one signer makes any number
+/// of deliveries.
+///
+/// ```
+/// use tower_idempotency::testing::sign::{self, Twitch};
+///
+/// let twitch: Twitch = sign::twitch("secret");
+/// let (a, b) = (twitch.delivery("m-1", "{}"), twitch.delivery("m-2", "{}"));
+/// // The message id is signed.
+/// assert_ne!(a.headers()["twitch-eventsub-message-signature"], b.headers()["twitch-eventsub-message-signature"]);
+/// ```
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct Twitch {
