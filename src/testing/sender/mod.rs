@@ -48,6 +48,9 @@ type Count = Arc<dyn Fn() -> BoxFuture<'static, usize> + Send + Sync>;
 /// another. Every scenario but [`hang_up`](Scenario::hang_up) calls the app directly,
 /// without a socket.
 ///
+/// The scenarios run on the test's Tokio runtime and spawn tasks on it: a multi-threaded
+/// runtime (`#[tokio::test(flavor = "multi_thread")]`) lets concurrent copies truly overlap.
+///
 /// ```
 /// use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
 /// use http::Response;

@@ -141,7 +141,9 @@ impl Play<'_> {
         let mut troubles = Vec::new();
         for (copy, task) in tasks.into_iter().enumerate() {
             let (tries, what) = task.await.unwrap_or_else(|error| {
-                let error = Attempt::Error(format!("the app panicked: {error}"));
+                let error = Attempt::Error(format!(
+                    "the copy's task failed (the app or the effect counter panicked): {error}"
+                ));
                 (vec![error], Some(What::NoAnswer))
             });
             report.chains.push(tries);

@@ -50,7 +50,8 @@
 //!   second one (`and_secret(..)`).
 //!
 //! A signer without a clock set signs at the time it is asked, `SystemTime::now()`: what an
-//! app that verifies with the machine's clock accepts.
+//! app that verifies with the machine's clock accepts. An event id, a token or a timestamp is sent in a header
+//! as it is given: `delivery(..)` panics if it is not a valid header value.
 
 mod github;
 mod shopify;
