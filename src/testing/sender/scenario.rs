@@ -1,4 +1,4 @@
-//! [`Scenario`]: what the sender plays, from the tests the seed asks for.
+//! [`Scenario`]: what the sender plays: the tests that find a receiver's bugs.
 
 use std::any::Any;
 use std::fmt;
