@@ -71,6 +71,61 @@ async fn ingest<St: InboxStore + Clone + 'static>(store: &St, ns: &str) {
     }
 }
 
+/// `n` events claimed, then committed at once, each with a receipt whose body (of `size`
+/// bytes) names its own key: each duplicate is answered with its own event's receipt, so no
+/// batch mixed them up, and no commit failed for the size of its batch.
+async fn receipts_stay_with_their_keys<St: Store + Clone + 'static>(
+    store: &St,
+    ns: &str,
+    n: usize,
+    size: usize,
+) {
+    use tower_idempotency::store::{Receipt, StoredResponse};
+
+    let body = |key: &IdempotencyKey| {
+        let mut body = key.value().as_bytes().to_vec();
+        body.resize(size, b'.');
+        bytes::Bytes::from(body)
+    };
+    let mut leases = Vec::new();
+    for i in 0..n {
+        let key = IdempotencyKey::new(ns.to_owned(), format!("receipt_{i}")).unwrap();
+        let Claim::Acquired(lease) = store.claim(&key, Stale::default()).await.unwrap() else {
+            panic!("{key}: a new key")
+        };
+        leases.push(lease);
+    }
+    let start = Arc::new(Barrier::new(n));
+    let tasks: Vec<_> = leases
+        .into_iter()
+        .map(|lease| {
+            let (store, start) = (store.clone(), start.clone());
+            let response = StoredResponse::new(http::StatusCode::OK, Vec::new(), body(lease.key()));
+            let receipt = Receipt::new(None, Some(response));
+            tokio::spawn(async move {
+                start.wait().await;
+                store.commit_with(&lease, &receipt).await
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().expect("a commit with its receipt");
+    }
+    for i in 0..n {
+        let key = IdempotencyKey::new(ns.to_owned(), format!("receipt_{i}")).unwrap();
+        let Claim::Done(done) = store.claim(&key, Stale::default()).await.unwrap() else {
+            panic!("{key}: done")
+        };
+        let receipt = done.receipt.expect("the receipt");
+        let kept = &receipt.response.as_ref().expect("the response").body;
+        assert_eq!(kept.len(), size, "{key}");
+        assert!(
+            kept.starts_with(key.value().as_bytes()),
+            "{key}: another key's receipt"
+        );
+    }
+}
+
 /// Every event of [`burst`] is done.
 async fn all_done<St: Store>(store: &St, ns: &str) {
     for n in 0..BURST {
@@ -264,12 +319,27 @@ mod postgres {
                 .unwrap()
             }
         };
-        let (lone_alone, lone_batched) =
-            (lone("gc_lone_alone", 1).await, lone("gc_lone", 128).await);
+        // The fewest of three tries each: the server's own work (autovacuum of its
+        // catalogs, say) can add a transaction to a window, never take one away.
+        let (mut lone_alone, mut lone_batched) = (i64::MAX, i64::MAX);
+        for _ in 0..3 {
+            lone_alone = lone_alone.min(lone("gc_lone_alone", 1).await);
+            lone_batched = lone_batched.min(lone("gc_lone", 128).await);
+        }
         assert_eq!(
             lone_batched, lone_alone,
             "a lone delivery with batching on costs what it costs with batching off"
         );
+    }
+
+    /// Receipts of 300 KiB each, 32 committed at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn receipts_in_a_batch_stay_with_their_keys() {
+        let Some(store) = common::db::postgres_store().await else {
+            return;
+        };
+        let ns = common::unique_namespace("gc_receipts");
+        receipts_stay_with_their_keys(&store, &ns, 32, 300 << 10).await;
     }
 
     /// Four instances (pools), batching on, 32 events delivered 8 times each at once: each
@@ -411,6 +481,13 @@ mod sqlite {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn receipts_in_a_batch_stay_with_their_keys() {
+        let (store, dir) = opened("gc_receipts", 128).await;
+        receipts_stay_with_their_keys(&store, "gc_receipts", 32, 300 << 10).await;
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     /// Four stores on one file, batching on, 32 events delivered 8 times each at once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn instances_with_batches_run_each_event_once() {
@@ -436,6 +513,18 @@ mod mariadb {
     async fn writes(pool: &MySqlPool) -> i64 {
         let rows =
             sqlx::query("SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_insert', 'Com_update')")
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        rows.iter()
+            .map(|row| row.get::<String, _>(1).parse::<i64>().unwrap())
+            .sum()
+    }
+
+    /// The `INSERT` and `UPDATE` statements of the pool's one connection.
+    async fn session_writes(pool: &MySqlPool) -> i64 {
+        let rows =
+            sqlx::query("SHOW SESSION STATUS WHERE Variable_name IN ('Com_insert', 'Com_update')")
                 .fetch_all(pool)
                 .await
                 .unwrap();
@@ -479,9 +568,19 @@ mod mariadb {
             "{BURST} deliveries at once, claim and commit each, went out in {batched} statements \
              (with batching off: {alone})"
         );
-        let store = store(128);
+        // The lone delivery on a pool of one connection, counted by that connection alone.
+        let one = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(&common::db::mysql_url())
+            .await
+            .unwrap();
+        let store = MySqlStore::new(one.clone())
+            .with_table_name("gc_mariadb")
+            .unwrap()
+            .max_batch(128);
+        store.flavor().await.unwrap();
         let ns = common::unique_namespace("gc_lone");
-        let before = writes(&pool).await;
+        let before = session_writes(&one).await;
         let key = IdempotencyKey::new(ns, "lone").unwrap();
         let claim = store.claim(&key, Stale::default()).await.unwrap();
         let Claim::Acquired(lease) = claim else {
@@ -489,10 +588,21 @@ mod mariadb {
         };
         store.commit(&lease).await.unwrap();
         assert_eq!(
-            writes(&pool).await - before,
+            session_writes(&one).await - before,
             2,
             "a lone delivery: its claim and its commit, as with batching off"
         );
+    }
+
+    /// Receipts of 300 KiB each, 32 committed at once: more than the server takes in one
+    /// packet by default, were they in one statement.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn receipts_in_a_batch_stay_with_their_keys() {
+        let Some(store) = common::db::mysql_store().await else {
+            return;
+        };
+        let ns = common::unique_namespace("gc_receipts");
+        receipts_stay_with_their_keys(&store, &ns, 32, 300 << 10).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

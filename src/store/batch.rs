@@ -1,18 +1,23 @@
 //! Group commit: the writes of concurrent deliveries go to the database together.
 //!
-//! A [`Batcher`] has at most one write of its kind in flight. A write that finds none is sent
-//! at once, alone, on the path it would take without batching: there is no timer, and a lone
-//! delivery never waits for company. Writes that arrive while one is in flight wait, and go
-//! together in the next statement (or transaction), at most [`Batcher::most`] of them, each
-//! answered with its own result. Under load each delivery so shares one statement, one
-//! transaction and one flush of the disk with the others that arrived meanwhile.
+//! A [`Batcher`] has a few writes of its kind in flight at most, its [lanes](Shape::lanes).
+//! A write that finds a lane free is sent at once, alone, on the path it would take without
+//! batching: there is no timer, and a lone delivery never waits for company. Writes that
+//! arrive while every lane is busy wait, and go together in the next statement (or
+//! transaction) a lane sends, each answered with its own result. Under load each delivery so
+//! shares one statement, one transaction and one flush of the disk with the others that
+//! arrived meanwhile.
 //!
-//! Two writes on one key never share a batch: the second waits for the next one, so that a
-//! statement never meets the same row twice (PostgreSQL refuses that in one `ON CONFLICT`
-//! statement) and the two keep their order.
+//! A batch is bounded: at most [`Shape::most`] writes, and at most [`Shape::bytes`] of the
+//! data they carry (receipts, stored requests) beyond its first write, so that no statement
+//! outgrows what the server takes in one packet. A batcher told that one statement must not
+//! meet a key twice (an `UPDATE … FROM` of several rows of one key changes it once) never puts
+//! two writes on one key in one batch: the second waits for the next, keeping its place.
 //!
 //! A batch that fails fails its own writes alone, each with the error: the next batch is sent
-//! as if nothing happened.
+//! as if nothing happened. A write whose caller stopped waiting before its batch left is not
+//! sent. Waiting writes are bounded too: past [`Shape::waiting`] of them, a write fails at
+//! once, [never sent](NotSent), and is answered 503 as when the pool has no connection.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -31,10 +36,57 @@ pub(crate) const BATCH_TARGET: &str = "tower_idempotency::store::batch";
 /// The most writes one batch carries unless a store is told otherwise.
 pub(crate) const DEFAULT_MOST: usize = 128;
 
+/// The most a `max_batch` can be: a batch statement binds a few parameters a write, and the
+/// servers take at most 65,535 in one statement.
+pub(crate) const LARGEST_MOST: usize = 4096;
+
 /// A write that names the key whose row it changes.
 pub(crate) trait Keyed {
     /// The key of the row this write changes.
     fn key(&self) -> &IdempotencyKey;
+
+    /// The bytes of data it carries beyond its key: a receipt, a stored request.
+    fn bytes(&self) -> usize {
+        0
+    }
+}
+
+/// How a batcher groups its writes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape {
+    /// The most writes in one batch (at least one).
+    pub(crate) most: usize,
+    /// The most bytes of data one batch carries beyond its first write's.
+    pub(crate) bytes: usize,
+    /// The most batches in flight at once (at least one).
+    pub(crate) lanes: usize,
+    /// Whether one batch may carry two writes on one key.
+    pub(crate) same_key: bool,
+    /// The most writes that wait for a lane; more fail at once.
+    pub(crate) waiting: usize,
+}
+
+impl Shape {
+    /// Batches of at most `most` writes (and 1 MiB of data), on `lanes` lanes, never two
+    /// writes on one key in a batch; up to 16 batches' worth waiting.
+    pub(crate) fn new(most: usize, lanes: usize) -> Self {
+        let most = most.clamp(1, LARGEST_MOST);
+        Self {
+            most,
+            bytes: 1 << 20,
+            lanes: lanes.max(1),
+            same_key: false,
+            waiting: most * 16,
+        }
+    }
+
+    /// One batch may carry several writes on one key: the statement answers each.
+    pub(crate) fn same_key(self) -> Self {
+        Self {
+            same_key: true,
+            ..self
+        }
+    }
 }
 
 /// What a batch of writes answers: one result per write, in their order.
@@ -61,15 +113,15 @@ impl<Op, Out> Clone for Batcher<Op, Out> {
 
 struct Shared<Op, Out> {
     queue: Mutex<Queue<Op, Out>>,
-    most: usize,
+    shape: Shape,
     /// Writes a batch: given one write, the path without batching.
     run: Run<Op, Out>,
 }
 
 struct Queue<Op, Out> {
     waiting: VecDeque<(Op, Reply<Out>)>,
-    /// Whether a batch is in flight.
-    busy: bool,
+    /// The lanes with a batch in flight.
+    busy: usize,
 }
 
 impl<Op, Out> Batcher<Op, Out>
@@ -77,9 +129,9 @@ where
     Op: Keyed + Send + 'static,
     Out: Send + 'static,
 {
-    /// A batcher of at most `most` writes a batch (at least one), written by `run`: it is
-    /// given the writes of one batch, never two on one key, and answers one result each.
-    pub(crate) fn new<F, Fut>(most: usize, run: F) -> Self
+    /// A batcher shaped by `shape`, its batches written by `run`: it is given the writes of one
+    /// batch (never two on one key unless the shape allows it), and answers one result each.
+    pub(crate) fn new<F, Fut>(shape: Shape, run: F) -> Self
     where
         F: Fn(Vec<Op>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Answers<Out>> + Send + 'static,
@@ -88,9 +140,9 @@ where
             shared: Arc::new(Shared {
                 queue: Mutex::new(Queue {
                     waiting: VecDeque::new(),
-                    busy: false,
+                    busy: 0,
                 }),
-                most: most.max(1),
+                shape,
                 run: Arc::new(move |ops| Box::pin(run(ops))),
             }),
         }
@@ -98,10 +150,10 @@ where
 
     /// The most writes a batch carries.
     pub(crate) fn most(&self) -> usize {
-        self.shared.most
+        self.shared.shape.most
     }
 
-    /// Writes `op`: at once and alone when no batch is in flight, else in the next batch.
+    /// Writes `op`: at once and alone when a lane is free, else in a later batch.
     pub(crate) async fn write(&self, op: Op) -> Result<Out, StoreError> {
         let answer = match self.shared.lead_or_wait(op) {
             Turn::Lead(op) => {
@@ -113,34 +165,25 @@ where
                 return answers.pop().unwrap_or_else(|| Err(short()));
             }
             Turn::Wait(answer) => answer,
+            Turn::Full => {
+                return Err(StoreError::backend(NotSent(
+                    "too many writes are waiting for the database",
+                )));
+            }
         };
         answer.await.unwrap_or_else(|_| {
             Err(StoreError::backend(
-                "the batch that carried this write was dropped before it answered",
+                "the batch that carried this write stopped before it answered",
             ))
         })
     }
 }
 
-/// A write's turn: alone now, or in a later batch.
+/// A write's turn: alone now, in a later batch, or none.
 enum Turn<Op, Out> {
     Lead(Op),
     Wait(oneshot::Receiver<Result<Out, StoreError>>),
-}
-
-impl<Op, Out> Shared<Op, Out> {
-    /// Marks the batcher busy and hands `op` back when it was idle; else queues it.
-    fn lead_or_wait(&self, op: Op) -> Turn<Op, Out> {
-        let mut queue = self.lock();
-        if queue.busy {
-            let (reply, answer) = oneshot::channel();
-            queue.waiting.push_back((op, reply));
-            Turn::Wait(answer)
-        } else {
-            queue.busy = true;
-            Turn::Lead(op)
-        }
-    }
+    Full,
 }
 
 impl<Op, Out> Shared<Op, Out> {
@@ -149,39 +192,77 @@ impl<Op, Out> Shared<Op, Out> {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    /// Takes a lane and hands `op` back when one is free and nothing waits; else queues it.
+    fn lead_or_wait(&self, op: Op) -> Turn<Op, Out> {
+        let mut queue = self.lock();
+        if queue.busy < self.shape.lanes && queue.waiting.is_empty() {
+            queue.busy += 1;
+            return Turn::Lead(op);
+        }
+        if queue.waiting.len() >= self.shape.waiting {
+            return Turn::Full;
+        }
+        let (reply, answer) = oneshot::channel();
+        queue.waiting.push_back((op, reply));
+        Turn::Wait(answer)
+    }
+
+    /// Gives a lane back, failing what waits if no lane is left to send it.
+    fn idle(&self, why: &'static str) {
+        let mut queue = self.lock();
+        queue.busy = queue.busy.saturating_sub(1);
+        if queue.busy == 0 {
+            for (_, reply) in queue.waiting.drain(..) {
+                let _ = reply.send(Err(StoreError::backend(NotSent(why))));
+            }
+        }
+    }
 }
 
 impl<Op: Keyed, Out> Shared<Op, Out> {
-    /// The next batch, in arrival order: up to `most` writes, none on a key already in it. A
-    /// write passed over keeps its place for the batch after. Marks the batcher idle when
-    /// nothing waits.
+    /// The next batch, in arrival order: up to `most` writes and the shape's bytes, on keys
+    /// not already in it unless the shape allows. A write passed over keeps its place for the
+    /// batch after; a write nobody waits for any more is dropped, unsent. Gives the lane back
+    /// when nothing waits.
     fn next_batch(&self) -> Option<Vec<(Op, Reply<Out>)>> {
         let mut queue = self.lock();
-        if queue.waiting.is_empty() {
-            queue.busy = false;
-            return None;
-        }
-        let mut batch: Vec<(Op, Reply<Out>)> =
-            Vec::with_capacity(self.most.min(queue.waiting.len()));
+        let shape = self.shape;
+        let mut batch: Vec<(Op, Reply<Out>)> = Vec::new();
         let mut passed = VecDeque::new();
-        while batch.len() < self.most {
+        let mut bytes = 0;
+        while batch.len() < shape.most {
             let Some((op, reply)) = queue.waiting.pop_front() else {
                 break;
             };
-            if batch.iter().any(|(taken, _)| taken.key() == op.key()) {
-                passed.push_back((op, reply));
-            } else {
-                batch.push((op, reply));
+            if reply.is_closed() {
+                continue;
             }
+            let heavy = !batch.is_empty() && bytes + op.bytes() > shape.bytes;
+            let twice = !shape.same_key && batch.iter().any(|(in_it, _)| in_it.key() == op.key());
+            if heavy {
+                queue.waiting.push_front((op, reply));
+                break;
+            }
+            if twice {
+                passed.push_back((op, reply));
+                continue;
+            }
+            bytes += op.bytes();
+            batch.push((op, reply));
         }
         while let Some(op) = passed.pop_back() {
             queue.waiting.push_front(op);
+        }
+        if batch.is_empty() {
+            queue.busy = queue.busy.saturating_sub(1);
+            return None;
         }
         Some(batch)
     }
 }
 
-/// Sends the writes that waited for the batch in flight, when it is answered.
+/// Sends the writes that waited while a lead write was in flight, once it is answered.
 struct HandOff<Op: Keyed + Send + 'static, Out: Send + 'static>(Arc<Shared<Op, Out>>);
 
 impl<Op: Keyed + Send + 'static, Out: Send + 'static> Drop for HandOff<Op, Out> {
@@ -190,33 +271,27 @@ impl<Op: Keyed + Send + 'static, Out: Send + 'static> Drop for HandOff<Op, Out> 
         {
             let mut queue = shared.lock();
             if queue.waiting.is_empty() {
-                queue.busy = false;
+                queue.busy = queue.busy.saturating_sub(1);
                 return;
             }
         }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(flush(shared));
+                // Made before the spawn: a task its stopping runtime drops before it first
+                // runs still gives the lane back.
+                let lane = Lane(Some(shared.clone()));
+                runtime.spawn(flush(shared, lane));
             }
-            // No runtime left to write on (it is shutting down): the waiting writes fail.
-            Err(_) => {
-                let mut queue = shared.lock();
-                queue.busy = false;
-                for (_, reply) in queue.waiting.drain(..) {
-                    let _ = reply.send(Err(StoreError::backend(
-                        "the runtime stopped before this write was sent",
-                    )));
-                }
-            }
+            Err(_) => shared.idle("the runtime stopped before this write was sent"),
         }
     }
 }
 
-/// Sends batch after batch until nothing waits.
-async fn flush<Op: Keyed + Send + 'static, Out: Send + 'static>(shared: Arc<Shared<Op, Out>>) {
-    // If this task is dropped mid-batch (its runtime shutting down), the writes left waiting
-    // fail rather than wait for ever.
-    let mut idle = Idle(Some(shared.clone()));
+/// Sends batch after batch on one lane until nothing waits.
+async fn flush<Op: Keyed + Send + 'static, Out: Send + 'static>(
+    shared: Arc<Shared<Op, Out>>,
+    mut lane: Lane<Op, Out>,
+) {
     while let Some(batch) = shared.next_batch() {
         tracing::trace!(target: BATCH_TARGET, writes = batch.len(), "a batch of writes");
         let (ops, replies): (Vec<Op>, Vec<Reply<Out>>) = batch.into_iter().unzip();
@@ -226,21 +301,18 @@ async fn flush<Op: Keyed + Send + 'static, Out: Send + 'static>(shared: Arc<Shar
             let _ = reply.send(answers.next().unwrap_or_else(|| Err(short())));
         }
     }
-    idle.0 = None;
+    // `next_batch` gave the lane back.
+    lane.0 = None;
 }
 
-struct Idle<Op, Out>(Option<Arc<Shared<Op, Out>>>);
+/// A lane held by a flushing task: given back if the task is dropped before it ends (its
+/// runtime stopping), failing the writes that then have no lane left to carry them.
+struct Lane<Op, Out>(Option<Arc<Shared<Op, Out>>>);
 
-impl<Op, Out> Drop for Idle<Op, Out> {
+impl<Op, Out> Drop for Lane<Op, Out> {
     fn drop(&mut self) {
         if let Some(shared) = self.0.take() {
-            let mut queue = shared.lock();
-            queue.busy = false;
-            for (_, reply) in queue.waiting.drain(..) {
-                let _ = reply.send(Err(StoreError::backend(
-                    "the task writing this batch stopped before it was sent",
-                )));
-            }
+            shared.idle("the task sending this write's batch stopped before it was sent");
         }
     }
 }
@@ -258,7 +330,14 @@ pub(crate) fn all_fail<Out>(
 
 /// The error of a batch, as each of its writes reports it.
 #[derive(Debug)]
-struct BatchFailed(Arc<dyn std::error::Error + Send + Sync>);
+pub(crate) struct BatchFailed(Arc<dyn std::error::Error + Send + Sync>);
+
+impl BatchFailed {
+    /// The batch's own error.
+    pub(crate) fn cause(&self) -> &(dyn std::error::Error + 'static) {
+        &*self.0
+    }
+}
 
 impl std::fmt::Display for BatchFailed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -271,6 +350,11 @@ impl std::error::Error for BatchFailed {
         self.0.source()
     }
 }
+
+/// A write that was never sent to the database: nothing of it can have been written.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}; the write was not sent")]
+pub(crate) struct NotSent(pub(crate) &'static str);
 
 fn short() -> StoreError {
     StoreError::backend("the store answered fewer writes than the batch carried")

@@ -12,6 +12,10 @@ impl Keyed for Write {
     fn key(&self) -> &IdempotencyKey {
         &self.0
     }
+    /// Its number, as bytes: the tests of the byte budget give it.
+    fn bytes(&self) -> usize {
+        self.1 as usize
+    }
 }
 
 fn write(key: &str, n: u32) -> Write {
@@ -24,9 +28,14 @@ type Seen = Arc<StdMutex<Vec<Vec<String>>>>;
 /// A batcher whose batches wait for a permit of `gate` each, recording the keys of every
 /// batch; a write numbered 0 fails its batch.
 fn gated(most: usize, gate: Arc<Semaphore>) -> (Batcher<Write, u32>, Seen) {
+    shaped(Shape::new(most, 1), gate)
+}
+
+/// As [`gated`], shaped by `shape`.
+fn shaped(shape: Shape, gate: Arc<Semaphore>) -> (Batcher<Write, u32>, Seen) {
     let seen = Arc::new(StdMutex::new(Vec::new()));
     let record = seen.clone();
-    let batcher = Batcher::new(most, move |ops: Vec<Write>| {
+    let batcher = Batcher::new(shape, move |ops: Vec<Write>| {
         let (gate, record) = (gate.clone(), record.clone());
         async move {
             gate.acquire().await.unwrap().forget();
@@ -61,7 +70,7 @@ async fn a_lone_write_goes_at_once_and_alone() {
     assert_eq!(batcher.write(write("a", 1)).await.unwrap(), 1);
     assert_eq!(batcher.write(write("b", 2)).await.unwrap(), 2);
     assert_eq!(*seen.lock().unwrap(), vec![vec!["a"], vec!["b"]]);
-    assert!(!batcher.shared.lock().busy);
+    assert_eq!(batcher.shared.lock().busy, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,7 +83,7 @@ async fn writes_that_arrive_meanwhile_share_the_next_batch_each_with_its_answer(
     });
     // The first is in flight, alone; ten more arrive while it is.
     waiting(&batcher, 0).await;
-    while !batcher.shared.lock().busy {
+    while batcher.shared.lock().busy == 0 {
         tokio::task::yield_now().await;
     }
     let later: Vec<_> = (1..=10)
@@ -101,7 +110,7 @@ async fn writes_that_arrive_meanwhile_share_the_next_batch_each_with_its_answer(
         "at most four a batch, in arrival order: {seen:?}"
     );
     assert_eq!(seen[1], ["k1", "k2", "k3", "k4"]);
-    assert!(!batcher.shared.lock().busy, "idle once nothing waits");
+    assert_eq!(batcher.shared.lock().busy, 0, "idle once nothing waits");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,7 +121,7 @@ async fn one_key_never_twice_in_a_batch_and_its_writes_keep_their_order() {
         let batcher = batcher.clone();
         async move { batcher.write(write("lead", 1)).await }
     });
-    while !batcher.shared.lock().busy {
+    while batcher.shared.lock().busy == 0 {
         tokio::task::yield_now().await;
     }
     let mut tasks = Vec::new();
@@ -143,7 +152,7 @@ async fn a_failed_batch_fails_its_own_writes_alone() {
         let batcher = batcher.clone();
         async move { batcher.write(write("lead", 1)).await }
     });
-    while !batcher.shared.lock().busy {
+    while batcher.shared.lock().busy == 0 {
         tokio::task::yield_now().await;
     }
     // The next batch carries the failing write (numbered 0); the one after it does not.
@@ -178,7 +187,7 @@ async fn writes_waiting_behind_a_delivery_that_went_away_are_still_sent() {
         let batcher = batcher.clone();
         async move { batcher.write(write("lead", 1)).await }
     });
-    while !batcher.shared.lock().busy {
+    while batcher.shared.lock().busy == 0 {
         tokio::task::yield_now().await;
     }
     let behind = tokio::spawn({
@@ -194,4 +203,184 @@ async fn writes_waiting_behind_a_delivery_that_went_away_are_still_sent() {
         seen.lock().unwrap().last().unwrap(),
         &vec!["behind".to_owned()]
     );
+}
+
+/// Waits until the lead write is in flight.
+async fn led(batcher: &Batcher<Write, u32>) {
+    while batcher.shared.lock().busy == 0 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Sends `writes` behind the lead, each waiting before the next is sent, and answers their
+/// tasks.
+async fn behind(
+    batcher: &Batcher<Write, u32>,
+    writes: &[(&'static str, u32)],
+) -> Vec<tokio::task::JoinHandle<Result<u32, StoreError>>> {
+    let mut tasks = Vec::new();
+    for &(key, n) in writes {
+        let writer = batcher.clone();
+        tasks.push(tokio::spawn(
+            async move { writer.write(write(key, n)).await },
+        ));
+        waiting(batcher, tasks.len()).await;
+    }
+    tasks
+}
+
+fn lead(batcher: &Batcher<Write, u32>) -> tokio::task::JoinHandle<Result<u32, StoreError>> {
+    let batcher = batcher.clone();
+    tokio::spawn(async move { batcher.write(write("lead", 1)).await })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_carries_at_most_its_bytes_beyond_its_first_write() {
+    let gate = Arc::new(Semaphore::new(0));
+    let shape = Shape {
+        bytes: 100,
+        ..Shape::new(8, 1)
+    };
+    let (batcher, seen) = shaped(shape, gate.clone());
+    let first = lead(&batcher);
+    led(&batcher).await;
+    // 60 + 60 is over 100: the second starts the next batch; 150 alone is over too, but a
+    // batch always carries its first write.
+    let tasks = behind(
+        &batcher,
+        &[("a", 60), ("b", 30), ("c", 60), ("d", 150), ("e", 5)],
+    )
+    .await;
+    gate.add_permits(100);
+    first.await.unwrap().unwrap();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![
+            vec!["lead"],
+            vec!["a", "b"],
+            vec!["c"],
+            vec!["d"],
+            vec!["e"]
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shape_that_allows_it_carries_one_key_twice() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (batcher, seen) = shaped(Shape::new(8, 1).same_key(), gate.clone());
+    let first = lead(&batcher);
+    led(&batcher).await;
+    let tasks = behind(&batcher, &[("a", 2), ("a", 3), ("b", 4)]).await;
+    gate.add_permits(100);
+    first.await.unwrap().unwrap();
+    for (task, n) in tasks.into_iter().zip([2, 3, 4]) {
+        assert_eq!(task.await.unwrap().unwrap(), n);
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![vec!["lead"], vec!["a", "a", "b"]]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_free_lane_sends_a_write_at_once() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (batcher, seen) = shaped(Shape::new(8, 2), gate.clone());
+    let first = lead(&batcher);
+    led(&batcher).await;
+    // The second lane is free: this write goes at once, alone, without waiting.
+    let second = tokio::spawn({
+        let batcher = batcher.clone();
+        async move { batcher.write(write("second", 2)).await }
+    });
+    while batcher.shared.lock().busy < 2 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(batcher.shared.lock().waiting.len(), 0);
+    // Both lanes busy: the next ones wait, and go together.
+    let tasks = behind(&batcher, &[("c", 3), ("d", 4)]).await;
+    gate.add_permits(100);
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(
+        seen.contains(&vec!["c".to_owned(), "d".to_owned()]),
+        "{seen:?}"
+    );
+    assert_eq!(batcher.shared.lock().busy, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_nobody_waits_for_is_not_sent() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (batcher, seen) = gated(8, gate.clone());
+    let first = lead(&batcher);
+    led(&batcher).await;
+    let mut tasks = behind(&batcher, &[("gone", 2), ("kept", 3)]).await;
+    let gone = tasks.remove(0);
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    gate.add_permits(100);
+    first.await.unwrap().unwrap();
+    while batcher.shared.lock().busy > 0 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(*seen.lock().unwrap(), vec![vec!["lead"], vec!["kept"]]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_waiting_limit_a_write_fails_at_once_unsent() {
+    let gate = Arc::new(Semaphore::new(0));
+    let shape = Shape {
+        waiting: 2,
+        ..Shape::new(8, 1)
+    };
+    let (batcher, _) = shaped(shape, gate.clone());
+    let first = lead(&batcher);
+    led(&batcher).await;
+    let tasks = behind(&batcher, &[("a", 2), ("b", 3)]).await;
+    let refused = batcher.write(write("c", 4)).await.unwrap_err();
+    let source = std::error::Error::source(&refused).expect("why");
+    assert!(source.is::<NotSent>(), "{source}");
+    gate.add_permits(100);
+    first.await.unwrap().unwrap();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+}
+
+/// A runtime that stops while a write waits behind the lead: the hand-off's flush is spawned
+/// on the stopping runtime, which drops it unpolled. The lane must still be given back, and
+/// the next write, on another runtime, sent.
+#[test]
+fn a_runtime_that_stops_leaves_no_lane_taken() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (batcher, _) = gated(8, gate.clone());
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    first.block_on(async {
+        let _lead = lead(&batcher);
+        led(&batcher).await;
+        let _behind = behind(&batcher, &[("behind", 2)]).await;
+    });
+    drop(first);
+    gate.add_permits(100);
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let later = tokio::time::timeout(Duration::from_secs(5), batcher.write(write("later", 3)));
+        assert_eq!(later.await.expect("the batcher was left busy").unwrap(), 3);
+    });
 }

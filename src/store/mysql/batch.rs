@@ -14,8 +14,8 @@
 //! one order. Statements come in sizes that are powers of two (a claim batch repeats its last
 //! row, which then reads the row its first copy wrote; a commit batch adds rows that match no
 //! key), so that each connection prepares a handful of statements rather than one per size.
-//! A batch chosen as a deadlock's victim is sent again write by write; any other failure fails
-//! the batch's writes, answered 503.
+//! A batch chosen as a deadlock's victim, or larger than the server's `max_allowed_packet`,
+//! is sent again write by write; any other failure fails the batch's writes, answered 503.
 
 use std::sync::Arc;
 
@@ -26,9 +26,13 @@ use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row as _};
 use super::queries::{AGE_US, IDLE_US, NOW};
 use super::server::{DEADLOCK, mysql_error};
 use crate::key::IdempotencyKey;
-use crate::store::batch::{Answers, Batcher, Keyed, all_fail};
+use crate::store::batch::{Answers, Batcher, Keyed, Shape, all_fail};
 use crate::store::sql::{ClaimRow, ResultExt as _, TableName};
 use crate::store::{LeaseToken, StoreError};
+
+/// The batches of one kind in flight at once: a second delivery that arrives while one
+/// statement runs goes at once on the second, as it would without batching.
+const LANES: usize = 2;
 
 /// A claim's first statement, for one key.
 pub(super) struct ClaimWrite {
@@ -52,6 +56,9 @@ impl Keyed for ClaimWrite {
 impl Keyed for CommitWrite {
     fn key(&self) -> &IdempotencyKey {
         &self.key
+    }
+    fn bytes(&self) -> usize {
+        self.receipt.as_ref().map_or(0, Vec::len)
     }
 }
 
@@ -89,11 +96,13 @@ impl Batches {
             commit,
         });
         let on = statements.clone();
-        let claims = Batcher::new(most, move |writes| {
+        // Rows come back by key: one write of a key a batch.
+        let shape = Shape::new(most, LANES);
+        let claims = Batcher::new(shape, move |writes| {
             let statements = on.clone();
             async move { statements.claim_all(writes).await }
         });
-        let commits = Batcher::new(most, move |writes| {
+        let commits = Batcher::new(shape, move |writes| {
             let statements = statements.clone();
             async move { statements.commit_all(writes).await }
         });
@@ -202,10 +211,14 @@ impl Statements {
 
     /// Which commits of a batch hold: a row `done` under the commit's token.
     async fn committed(&self, writes: &[CommitWrite]) -> Answers<u64> {
+        let size = writes.len().next_power_of_two();
         let mut query: Query<'_, MySql, MySqlArguments> =
-            sqlx::query(AssertSqlSafe(self.reads(writes.len())));
+            sqlx::query(AssertSqlSafe(self.reads(size)));
         for write in writes {
             query = query.bind(write.key.namespace()).bind(write.key.value());
+        }
+        for _ in writes.len()..size {
+            query = query.bind("").bind("");
         }
         let rows = match query.fetch_all(&self.pool).await {
             Ok(rows) => rows,
@@ -305,6 +318,12 @@ fn find<W>(
         .ok_or_else(|| StoreError::backend("a batch answered a row of a key it did not carry"))
 }
 
+/// A deadlock's victim, or a statement larger than the server takes in one packet
+/// (`max_allowed_packet`): nothing was written, and each write can go again alone.
 fn is_deadlock(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(e) if mysql_error(&**e) == Some(DEADLOCK))
+    matches!(e, sqlx::Error::Database(e)
+        if matches!(mysql_error(&**e), Some(DEADLOCK | PACKET_TOO_LARGE)))
 }
+
+/// ER_NET_PACKET_TOO_LARGE.
+const PACKET_TOO_LARGE: u16 = 1153;

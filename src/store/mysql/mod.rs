@@ -369,6 +369,8 @@ impl MySqlStore {
     /// sends each on its own, as many at a time as the pool allows. Set it before the store is
     /// used; clones made earlier keep theirs.
     ///
+    /// At most 4,096: a larger `most` counts as that.
+    ///
     /// # Panics
     ///
     /// If `most` is 0.

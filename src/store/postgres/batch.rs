@@ -14,7 +14,9 @@
 //!   request, each existing one read.
 //!
 //! The keys of a batch are sorted, so that two instances' batches insert shared keys in the
-//! same order and never wait for each other in a cycle. A batch that fails to serialize or
+//! same order and never wait for each other in a cycle. A key may be twice in a batch of
+//! claims or of inbox entries (`ON CONFLICT DO NOTHING` takes it, and both positions answer
+//! its row), never in a batch of commits. A batch that fails to serialize or
 //! is chosen as a deadlock's victim is sent again write by write, each on the lone path with
 //! its own retry; any other failure fails the batch's writes, answered 503.
 
@@ -25,8 +27,12 @@ use sqlx::{AssertSqlSafe, PgPool, Row as _};
 use crate::key::IdempotencyKey;
 use crate::store::LeaseToken;
 use crate::store::StoreError;
-use crate::store::batch::{Answers, Batcher, Keyed, all_fail};
+use crate::store::batch::{Answers, Batcher, Keyed, Shape, all_fail};
 use crate::store::sql::{ClaimRow, ResultExt as _, TableName, retry_serialization_failure};
+
+/// The batches of one kind in flight at once: a second delivery that arrives while one
+/// statement runs goes at once on the second, as it would without batching.
+const LANES: usize = 2;
 
 /// A claim's first statement, for one key.
 pub(super) struct ClaimWrite {
@@ -51,6 +57,9 @@ impl Keyed for EnqueueWrite {
     fn key(&self) -> &IdempotencyKey {
         &self.key
     }
+    fn bytes(&self) -> usize {
+        self.request.len()
+    }
 }
 
 impl Keyed for ClaimWrite {
@@ -62,6 +71,9 @@ impl Keyed for ClaimWrite {
 impl Keyed for CommitWrite {
     fn key(&self) -> &IdempotencyKey {
         &self.key
+    }
+    fn bytes(&self) -> usize {
+        self.receipt.as_ref().map_or(0, Vec::len)
     }
 }
 
@@ -106,16 +118,20 @@ impl Batches {
             enqueues: enqueues(table),
         });
         let on = statements.clone();
-        let claims = Batcher::new(most, move |writes| {
+        // An insert-or-read answers every position of a key: one batch may carry it twice.
+        // An `UPDATE … FROM` changes a row once, however many bound rows name it: one commit
+        // of a key a batch.
+        let shape = Shape::new(most, LANES);
+        let claims = Batcher::new(shape.same_key(), move |writes| {
             let statements = on.clone();
             async move { statements.claim_all(writes).await }
         });
         let on = statements.clone();
-        let commits = Batcher::new(most, move |writes| {
+        let commits = Batcher::new(shape, move |writes| {
             let statements = on.clone();
             async move { statements.commit_all(writes).await }
         });
-        let enqueues = Batcher::new(most, move |writes| {
+        let enqueues = Batcher::new(shape.same_key(), move |writes| {
             let statements = statements.clone();
             async move { statements.enqueue_all(writes).await }
         });
@@ -184,16 +200,19 @@ impl Statements {
         answers
     }
 
-    /// One commit, alone: the rows it matched.
+    /// One commit, alone: the rows it matched. Tried once more after a serialization failure,
+    /// which a stricter isolation than READ COMMITTED makes likelier beside batches that read
+    /// many rows.
     async fn commit_one(&self, write: &CommitWrite) -> Result<u64, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(self.lone.commit.clone()))
-            .bind(write.receipt.as_deref())
-            .bind(write.key.namespace())
-            .bind(write.key.value())
-            .bind(write.token.to_i64())
-            .execute(&self.pool)
-            .await
-            .store()?;
+        let statement = || {
+            sqlx::query(AssertSqlSafe(self.lone.commit.clone()))
+                .bind(write.receipt.as_deref())
+                .bind(write.key.namespace())
+                .bind(write.key.value())
+                .bind(write.token.to_i64())
+                .execute(&self.pool)
+        };
+        let done = retry_serialization_failure("commit", is_retryable, statement).await?;
         Ok(done.rows_affected())
     }
 

@@ -33,7 +33,8 @@
 //! (`default_transaction_isolation` set to `repeatable read` or `serializable` on the role, the
 //! database or the server), PostgreSQL fails a claim whose row another delivery of the same key
 //! changed meanwhile with a serialization failure (SQLSTATE 40001). Nothing was written then:
-//! the claim, and the version guard's version claim, are tried once more after a random pause
+//! the claim, a commit, and the version guard's version claim, are tried once more after a
+//! random pause
 //! of up to 20 ms, and only a second failure is an error (answered 503, so the sender retries).
 //! Many duplicates of one event arriving at once still fail so now and then; give the store a
 //! pool of its own that sets `SET default_transaction_isolation = 'read committed'` in
@@ -346,6 +347,8 @@ impl PostgresStore {
     /// never held back for company (see [group commit](self#group-commit)). `1` sends each on
     /// its own, as many at a time as the pool allows. Set it before the store is used; clones
     /// made earlier keep theirs.
+    ///
+    /// At most 4,096: a larger `most` counts as that.
     ///
     /// # Panics
     ///

@@ -36,6 +36,7 @@ pub(crate) use table::TableName;
 pub(crate) use upsert::retry_serialization_failure;
 pub(crate) use writer::Writer;
 
+use super::batch::{BatchFailed, NotSent};
 use super::{
     Claim, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale, StalePolicy,
     StoreError, StuckClaim, VersionLease,
@@ -453,10 +454,16 @@ fn never_sent(error: &StoreError) -> bool {
     let StoreError::Backend(source) = error else {
         return false;
     };
-    matches!(
-        source.downcast_ref::<sqlx::Error>(),
-        Some(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)
-    )
+    let pool = |error: &(dyn std::error::Error + 'static)| {
+        matches!(
+            error.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)
+        ) || error.is::<NotSent>()
+    };
+    pool(&**source)
+        || source
+            .downcast_ref::<BatchFailed>()
+            .is_some_and(|failed| pool(failed.cause()))
 }
 
 impl<T> ResultExt<T> for Result<T, sqlx::Error> {

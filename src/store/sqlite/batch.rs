@@ -5,16 +5,17 @@
 //! A lone write is the statement of the [module docs](super#round-trips), in the writer's
 //! turn, committed on its own. Writes that arrive while it runs go, in the next turn, in one
 //! `BEGIN IMMEDIATE` transaction: each write its own statement (a claim's upsert, a commit's
-//! update), the same statements as alone, then one `COMMIT`. A batch is written whole or not
-//! at all: a statement that fails rolls the transaction back, and every write of the batch
-//! fails with its error (answered 503), as when the transaction cannot begin or commit.
+//! update), the same statements as alone, then one `COMMIT`. A statement that fails rolls the
+//! transaction back, and the batch's writes go again one by one, each on its own, so that
+//! only the one that fails again fails; a transaction that cannot begin or commit fails
+//! every write of the batch (answered 503).
 
 use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection};
 
 use crate::key::IdempotencyKey;
-use crate::store::batch::{Answers, Batcher, Keyed, all_fail};
+use crate::store::batch::{Answers, Batcher, Keyed, Shape, all_fail};
 use crate::store::sql::{ClaimRow, ResultExt as _, Table};
 use crate::store::{LeaseToken, StoreError};
 
@@ -59,6 +60,13 @@ impl Keyed for Write {
             }
         }
     }
+    fn bytes(&self) -> usize {
+        match self {
+            Write::Claim { .. } => 0,
+            Write::Commit { receipt, .. } => receipt.as_ref().map_or(0, Vec::len),
+            Write::Enqueue { request, .. } => request.len(),
+        }
+    }
 }
 
 /// The batcher of one store's writes, at most `most` a transaction, on `table`; an inbox
@@ -69,7 +77,9 @@ pub(super) fn batcher(
     most: usize,
 ) -> Batcher<Write, Wrote> {
     let on = Arc::new(On { table, enqueue });
-    Batcher::new(most, move |writes| {
+    // One writer at a time: one lane. The statements of a batch run one after another, each
+    // seeing the ones before it, so a key may be in a batch twice.
+    Batcher::new(Shape::new(most, 1).same_key(), move |writes| {
         let on = on.clone();
         async move { write_all(&on, writes).await }
     })
@@ -100,8 +110,19 @@ async fn write_all(on: &On, writes: Vec<Write>) -> Answers<Wrote> {
     for write in &writes {
         match write_one(on, &mut tx, write).await {
             Ok(wrote) => answers.push(Ok(wrote)),
-            // The transaction is rolled back when dropped: nothing of the batch is written.
-            Err(error) => return all_fail(error, writes.len()),
+            Err(_) => {
+                // Nothing of the batch is written: each write goes again alone, so that the
+                // one that fails fails alone.
+                drop(tx.rollback().await);
+                let mut answers = Vec::with_capacity(writes.len());
+                for write in &writes {
+                    answers.push(match table.pool.acquire().await {
+                        Ok(mut conn) => write_one(on, &mut conn, write).await,
+                        Err(error) => Err(StoreError::backend(error)),
+                    });
+                }
+                return answers;
+            }
         }
     }
     match tx.commit().await {

@@ -35,14 +35,12 @@ impl Store for SqliteStore {
                     reclaim: stale.policy() == StalePolicy::Reclaim,
                     stale_us: micros(stale.after()),
                 };
-                match batches.write(write).await {
+                let claim = match batches.write(write).await {
                     Ok(Wrote::Row(row)) => row.into_claim(key, token, stale),
                     Ok(Wrote::Matched(_)) => Err(mixed_up()),
-                    Err(error) => {
-                        table.unanswered(key, token, &error);
-                        Err(error)
-                    }
-                }
+                    Err(error) => Err(error),
+                };
+                claim.inspect_err(|error| table.unanswered(key, token, error))
             }
         }
     }

@@ -354,6 +354,8 @@ impl SqliteStore {
     /// `1` commits each on its own. Set it before the store is used; clones made earlier keep
     /// theirs.
     ///
+    /// At most 4,096: a larger `most` counts as that.
+    ///
     /// # Panics
     ///
     /// If `most` is 0.
