@@ -1,8 +1,6 @@
 //! Checking an Ed25519 signature: the public keys a check is given, and the one verification
 //! every asymmetric scheme makes.
 
-use std::fmt;
-
 use ed25519_dalek::{Signature, VerifyingKey};
 
 use super::Check;
@@ -25,12 +23,6 @@ impl PublicKey {
             return Err("a weak key of small order, which verifies nothing".to_owned());
         }
         Ok(Self(key))
-    }
-}
-
-impl fmt::Debug for PublicKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "PublicKey({:02x?})", self.0.as_bytes())
     }
 }
 
