@@ -77,14 +77,23 @@ pub(crate) mod scheme {
     /// [`key::standard_webhooks`](crate::key::standard_webhooks).
     ///
     /// ```
+    /// use std::time::{Duration, UNIX_EPOCH};
     /// use tower_idempotency::verify;
     ///
-    /// // The endpoint's secret, and the public key of the sender's asymmetric signatures.
-    /// let both = verify::standard_webhooks([
-    ///     "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    /// // The sender's public key, and the endpoint's secret while `v1` is still signed too.
+    /// let verifier = verify::standard_webhooks([
     ///     "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=",
+    ///     "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
     /// ]);
-    /// # let _ = both;
+    /// let (parts, body) = http::Request::post("/webhooks")
+    ///     .header("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek")
+    ///     .header("webhook-timestamp", "1614265330")
+    ///     .header("webhook-signature", "v1a,fldxM4gAKugP6nnt1hdz3sgGfZ6d99nzrMFnZOELIxbzEHoVmAb2ADpkJK7zgPePmPsle0zV9jSeGlHFG2NVAw==")
+    ///     .body(r#"{"test": 2432232314}"#)
+    ///     .unwrap()
+    ///     .into_parts();
+    /// let signed_at = UNIX_EPOCH + Duration::from_secs(1_614_265_330);
+    /// assert_eq!(verifier.verify_at(&parts, body.as_bytes(), signed_at), Ok(()));
     /// ```
     ///
     /// Source: the Standard Webhooks specification (github.com/standard-webhooks,

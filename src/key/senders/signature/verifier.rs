@@ -11,7 +11,8 @@ use super::VerifyError;
 use super::ed25519::PublicKey;
 use crate::key::senders::{self, Sender};
 
-/// One or more secrets of a sender: several while one is rotated.
+/// One or more secrets of a sender: several while one is rotated. For Standard Webhooks, its
+/// public keys (`whpk_…`) may stand among them or instead of them.
 ///
 /// Made from a string, or an array or `Vec` of them. [`Debug`] never shows them.
 #[derive(Clone)]
