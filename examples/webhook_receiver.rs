@@ -32,10 +32,10 @@
 //! hung up included), then the receiver prints what the drain saw and exits.
 //!
 //! Set `STRIPE_WEBHOOK_SECRET`, `GITHUB_WEBHOOK_SECRET`, `SHOPIFY_WEBHOOK_SECRET` or
-//! `STANDARD_WEBHOOK_SECRET` (a `whsec_…` secret) and that route verifies the sender's
-//! signature before it claims the key: a forgery gets 401 and claims nothing. Without them
-//! the routes take unsigned deliveries, which the curl demo below sends; a real receiver sets
-//! every secret.
+//! `STANDARD_WEBHOOK_SECRET` (a `whsec_…` secret, or the `whpk_…` public key of a sender that
+//! signs with Ed25519) and that route verifies the sender's signature before it claims the
+//! key: a forgery gets 401 and claims nothing. Without them the routes take unsigned
+//! deliveries, which the curl demo below sends; a real receiver sets every secret.
 //!
 //! The operators' routes, `/admin/` (which settles claims), `GET /stuck` (keys in flight) and
 //! `GET /metrics`, ask for HTTP Basic credentials: any user name, the admin token as the

@@ -179,7 +179,7 @@ fn standard_webhooks_rotation_tolerance_and_versions() {
         wide.verify_at(&headers(SVIX_SIGNATURE), SVIX_BODY, at(1_614_267_000)),
         Ok(())
     );
-    // Only asymmetric signatures: not supported, and said so.
+    // Only an asymmetric entry that is not a signature (4 bytes, not 64): nothing to check.
     assert!(matches!(
         v.verify_at(&headers("v1a,ZmFrZQ=="), SVIX_BODY, now),
         Err(VerifyError::Malformed { .. })
@@ -269,6 +269,240 @@ async fn standard_webhooks_skips_entries_it_cannot_read() {
         .await
         .unwrap();
     assert_eq!(passed.status(), StatusCode::OK);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+// Standard Webhooks `v1a`: the specification shows a `v1a` header but publishes no key pair
+// behind it. These signatures of the Svix example above (same id, timestamp and body) are
+// made with the private keys of RFC 8032's TEST 1 and TEST 2, by OpenSSL and by another
+// Ed25519 implementation, which agree; Ed25519 signing is deterministic.
+const V1A_KEY: &str = "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=";
+const V1A_SIGNATURE: &str =
+    "v1a,fldxM4gAKugP6nnt1hdz3sgGfZ6d99nzrMFnZOELIxbzEHoVmAb2ADpkJK7zgPePmPsle0zV9jSeGlHFG2NVAw==";
+const V1A_OTHER_KEY: &str = "whpk_PUAXw+hDiVqStwqnTRt+vJyYLM8uxJaMwM1V8Sr0Zgw=";
+const V1A_OTHER_SIGNATURE: &str =
+    "v1a,7anDmyOh9LNskt5GJUTacHmbvyUkT0/S1jnxFAp+h2hcVXnQLWhtWA2+wP6vO0AUwEYP23IIZVuneGRhNj7hDQ==";
+
+/// The Svix example's headers with `signature` in `webhook-signature`.
+fn svix_example(signature: &str) -> Parts {
+    parts(
+        "/",
+        &[
+            ("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek"),
+            ("webhook-timestamp", "1614265330"),
+            ("webhook-signature", signature),
+        ],
+    )
+}
+
+#[test]
+fn standard_webhooks_v1a_signatures() {
+    let now = at(1_614_265_330);
+    let v = verify::standard_webhooks(V1A_KEY);
+    for prefix in ["webhook", "svix"] {
+        let headers = [
+            (format!("{prefix}-id"), "msg_p5jXN8AQM9LWM0D4loKWxJek"),
+            (format!("{prefix}-timestamp"), "1614265330"),
+            (format!("{prefix}-signature"), V1A_SIGNATURE),
+        ];
+        let headers: Vec<_> = headers.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+        assert_refuses_spoiled(&v, &headers, "/", SVIX_BODY, now);
+    }
+    // The id and the timestamp are signed too.
+    let other_id = parts(
+        "/",
+        &[
+            ("webhook-id", "msg_another"),
+            ("webhook-timestamp", "1614265330"),
+            ("webhook-signature", V1A_SIGNATURE),
+        ],
+    );
+    assert_eq!(
+        v.verify_at(&other_id, SVIX_BODY, now),
+        Err(VerifyError::Mismatch)
+    );
+    let other_time = parts(
+        "/",
+        &[
+            ("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek"),
+            ("webhook-timestamp", "1614265331"),
+            ("webhook-signature", V1A_SIGNATURE),
+        ],
+    );
+    assert_eq!(
+        v.verify_at(&other_time, SVIX_BODY, now),
+        Err(VerifyError::Mismatch)
+    );
+    // Five minutes, as `v1`.
+    let genuine = svix_example(V1A_SIGNATURE);
+    assert_eq!(
+        v.verify_at(&genuine, SVIX_BODY, at(1_614_265_631)),
+        Err(VerifyError::Expired {
+            skew_secs: 301,
+            tolerance_secs: 300
+        })
+    );
+    // Signed by another key than the one configured.
+    assert_eq!(
+        verify::standard_webhooks(V1A_OTHER_KEY).verify_at(&genuine, SVIX_BODY, now),
+        Err(VerifyError::Mismatch)
+    );
+    // Entries of unknown versions are skipped, and so is a `v1a` that is not 64 bytes.
+    let listed = svix_example(&format!("v2,abc v1a,ZmFrZQ== {V1A_SIGNATURE} v1a,%%%"));
+    assert_eq!(v.verify_at(&listed, SVIX_BODY, now), Ok(()));
+}
+
+#[test]
+fn standard_webhooks_v1a_rotation_on_either_side() {
+    let now = at(1_614_265_330);
+    let genuine = svix_example(V1A_SIGNATURE);
+    // Ours: the old and the new public key configured, in either order or joined with `or`.
+    for v in [
+        verify::standard_webhooks([V1A_OTHER_KEY, V1A_KEY]),
+        verify::standard_webhooks([V1A_KEY, V1A_OTHER_KEY]),
+        verify::standard_webhooks(V1A_OTHER_KEY).or(verify::standard_webhooks(V1A_KEY)),
+    ] {
+        assert_eq!(v.verify_at(&genuine, SVIX_BODY, now), Ok(()), "{v:?}");
+        assert_eq!(
+            v.verify_at(&svix_example(V1A_OTHER_SIGNATURE), SVIX_BODY, now),
+            Ok(()),
+            "{v:?}"
+        );
+    }
+    // The sender's: a signature by each key, space-separated; either key alone passes it.
+    let both = svix_example(&format!("{V1A_OTHER_SIGNATURE} {V1A_SIGNATURE}"));
+    for key in [V1A_KEY, V1A_OTHER_KEY] {
+        assert_eq!(
+            verify::standard_webhooks(key).verify_at(&both, SVIX_BODY, now),
+            Ok(()),
+            "{key}"
+        );
+    }
+}
+
+/// A verifier checks the entries of the kinds it holds keys for: `v1` with `whsec_` secrets,
+/// `v1a` with `whpk_` public keys. A header of the other kind only is a mismatch, not a
+/// pass; a header with both passes either verifier.
+#[test]
+fn standard_webhooks_v1_and_v1a_side_by_side() {
+    let now = at(1_614_265_330);
+    let symmetric = verify::standard_webhooks(SVIX_SECRET);
+    let asymmetric = verify::standard_webhooks(V1A_KEY);
+    let v1 = svix_example(SVIX_SIGNATURE);
+    let v1a = svix_example(V1A_SIGNATURE);
+    assert_eq!(
+        symmetric.verify_at(&v1a, SVIX_BODY, now),
+        Err(VerifyError::Mismatch)
+    );
+    assert_eq!(
+        asymmetric.verify_at(&v1, SVIX_BODY, now),
+        Err(VerifyError::Mismatch)
+    );
+    for mixed in [
+        format!("{SVIX_SIGNATURE} {V1A_SIGNATURE}"),
+        format!("{V1A_SIGNATURE} {SVIX_SIGNATURE}"),
+    ] {
+        let mixed = svix_example(&mixed);
+        for v in [&symmetric, &asymmetric] {
+            assert_eq!(v.verify_at(&mixed, SVIX_BODY, now), Ok(()), "{v:?}");
+            let mut tampered = SVIX_BODY.to_vec();
+            tampered.push(b' ');
+            assert_eq!(
+                v.verify_at(&mixed, &tampered, now),
+                Err(VerifyError::Mismatch)
+            );
+        }
+    }
+    // One verifier holding both kinds, given together or joined: each kind alone passes.
+    let together = verify::standard_webhooks([SVIX_SECRET, V1A_KEY]);
+    let joined = verify::standard_webhooks(SVIX_SECRET).or(verify::standard_webhooks(V1A_KEY));
+    for v in [together, joined] {
+        assert_eq!(format!("{v:?}").matches("Standard Webhooks").count(), 1);
+        assert!(
+            format!("{v:?}").contains("1 secrets, 1 public keys"),
+            "{v:?}"
+        );
+        assert_eq!(v.verify_at(&v1, SVIX_BODY, now), Ok(()));
+        assert_eq!(v.verify_at(&v1a, SVIX_BODY, now), Ok(()));
+        assert_eq!(
+            v.verify_at(&svix_example(V1A_OTHER_SIGNATURE), SVIX_BODY, now),
+            Err(VerifyError::Mismatch)
+        );
+    }
+}
+
+/// A key that cannot verify anything is a configuration error, found when the verifier is
+/// made, as an empty secret is.
+#[test]
+fn standard_webhooks_unusable_public_keys_panic() {
+    let cases = [
+        ("whpk_not*base64", "base64 after `whpk_`"),
+        ("whpk_", "32 bytes, not 0"),
+        // 31 bytes.
+        (
+            "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHUQ==",
+            "32 bytes, not 31",
+        ),
+        // y = 2: no point of the curve has it.
+        (
+            "whpk_AgAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+            "no point",
+        ),
+        // The identity, of order 1.
+        (
+            "whpk_AQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+            "small order",
+        ),
+        // The private key of RFC 8032's TEST 1, in the specification's format.
+        (
+            "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A=",
+            "stays with the sender",
+        ),
+    ];
+    for (key, expected) in cases {
+        let panicked =
+            std::panic::catch_unwind(|| verify::standard_webhooks([V1A_KEY, key])).expect_err(key);
+        let message = panicked
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panicked.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap();
+        assert!(message.contains(expected), "{key}: {message}");
+    }
+}
+
+/// Through the layer: a forged `v1a` is 401 and claims nothing; the genuine one runs once,
+/// and its retry is a duplicate.
+#[tokio::test]
+async fn standard_webhooks_v1a_through_the_layer() {
+    let store = Counting::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    // Signed in 2021: checked with a wide tolerance.
+    let layer = IdempotencyLayer::new(store.clone())
+        .key(key::standard_webhooks())
+        .verify(
+            verify::standard_webhooks(V1A_KEY).tolerance(Duration::from_secs(100 * 365 * 86_400)),
+        );
+    let svc = counting_body_service(layer, runs.clone());
+    let send = |signature: &str| {
+        let req = Request::post("/std")
+            .header("svix-id", "msg_p5jXN8AQM9LWM0D4loKWxJek")
+            .header("svix-timestamp", "1614265330")
+            .header("svix-signature", signature)
+            .body(Full::new(Bytes::from_static(SVIX_BODY)))
+            .unwrap();
+        svc.clone().oneshot(req)
+    };
+    let forged = send(V1A_OTHER_SIGNATURE).await.unwrap();
+    assert_eq!(forged.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(forged.headers()["content-type"], "application/problem+json");
+    assert_eq!(store.calls(), 0, "a forgery never reaches the store");
+    let genuine = send(V1A_SIGNATURE).await.unwrap();
+    assert_eq!(genuine.status(), StatusCode::OK);
+    assert_eq!(genuine.headers().get("idempotency-outcome"), None);
+    let retry = send(V1A_SIGNATURE).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::OK);
+    assert_eq!(retry.headers()["idempotency-outcome"], "duplicate");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 

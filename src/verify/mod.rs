@@ -46,13 +46,15 @@
 //!
 //! Each provider's function takes its secrets: one, or several while a secret is rotated (a
 //! signature made with any of them passes). Signatures are compared in constant time.
+//! Standard Webhooks also signs asymmetrically (`v1a`, Ed25519): its function takes the
+//! sender's `whpk_` public keys beside, or instead of, `whsec_` secrets.
 //!
 //! | provider | headers | the signature covers | timestamp tolerance |
 //! |---|---|---|---|
 //! | [`stripe`] | `Stripe-Signature` (`t=`, one or more `v1=`) | timestamp and body (the event id is in the body) | 5 minutes |
 //! | [`github`] | `X-Hub-Signature-256` | the body only | none: not signed |
 //! | [`shopify`] | `X-Shopify-Hmac-Sha256` | the body only | none: not signed |
-//! | [`standard_webhooks`] | `webhook-id`, `webhook-timestamp`, `webhook-signature`, or the same with `svix-` | message id, timestamp and body | 5 minutes |
+//! | [`standard_webhooks`] | `webhook-id`, `webhook-timestamp`, `webhook-signature` (`v1,` HMAC-SHA256 with a `whsec_` secret, `v1a,` Ed25519 with a `whpk_` public key), or the same with `svix-` | message id, timestamp and body | 5 minutes |
 //! | [`slack`] | `X-Slack-Signature`, `X-Slack-Request-Timestamp` | timestamp and body (`event_id` is in the body) | 5 minutes |
 //! | [`twitch`] | `Twitch-Eventsub-Message-Signature`, `-Id`, `-Timestamp` | message id, timestamp and body | 10 minutes |
 //! | [`twilio`] | `X-Twilio-Signature` | the full URL and the POST parameters (or, for JSON, the URL with its `bodySHA256`; any other body is refused) | none: not signed |
@@ -96,9 +98,12 @@
 //! signature: a key read from a form field should check the value's shape (Twilio's SIDs are
 //! two letters and 32 hex digits).
 //!
-//! **Standard Webhooks `v1a`** (asymmetric, ed25519) signatures are not checked: a header that
-//! carries only `v1a` signatures is refused as malformed. Use the endpoint's symmetric
-//! (`whsec_`) secret.
+//! **Standard Webhooks `v1a`** signatures are Ed25519, checked with the sender's public keys
+//! (`whpk_…`): only the sender holds the signing key, so a configuration that leaks lets
+//! nobody forge a delivery, which a leaked `whsec_` secret does. A verifier checks the entries
+//! of the kinds it has keys for: one given only `whpk_` keys refuses a delivery signed only
+//! with `v1` (a mismatch), and the other way round; give both kinds while the sender moves
+//! from one to the other.
 //!
 //! # With the `auto` extractor
 //!

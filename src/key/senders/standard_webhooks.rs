@@ -36,53 +36,113 @@ pub fn key() -> Or<Header, Header> {
     Header::preset(ID[0], SENDER.namespace).or(Header::preset(ID[1], SENDER.namespace))
 }
 
-/// The signature of Standard Webhooks (and Svix): `webhook-signature` (or `svix-signature`),
-/// of the id, timestamp and body.
+/// The signatures of Standard Webhooks (and Svix): `webhook-signature` (or `svix-signature`),
+/// of the id, timestamp and body, symmetric (`v1`) or asymmetric (`v1a`).
 #[cfg(feature = "verify")]
 pub(crate) mod scheme {
     use std::time::SystemTime;
 
     use base64::Engine as _;
     use base64::engine::general_purpose::STANDARD as BASE64;
+    use hmac::Hmac;
     use http::request::Parts;
+    use sha2::Sha256;
 
     use super::{ID, SENDER};
     use crate::key::senders::signature::{
         Check, Secrets, Verifier, VerifyError,
         clock::{fresh, seconds},
-        mac::any_matches,
+        ed25519::{self, PublicKey},
+        mac::signed_by,
         parse::{from_base64, header},
     };
 
-    /// Standard Webhooks and Svix: `webhook-id`, `webhook-timestamp` and `webhook-signature:
-    /// v1,<base64> [v1,<base64>…]` (or the same headers with `svix-`), HMAC-SHA256 of
-    /// `<id>.<timestamp>.<body>` keyed with the secret's bytes: the base64 after `whsec_`. Any
-    /// `v1` matching any secret passes; entries that are not `v1,<base64>` (another version such
-    /// as `v1a`, or text that does not decode) are skipped, and the header is malformed only when
-    /// no entry is usable. Tolerance: 5 minutes, as the specification. Pair it with
+    /// Standard Webhooks and Svix: `webhook-id`, `webhook-timestamp` and `webhook-signature`
+    /// (or the same headers with `svix-`), a space-separated list of signatures of
+    /// `<id>.<timestamp>.<body>`, each `<version>,<base64>`:
+    ///
+    /// - `v1`: HMAC-SHA256 keyed with a secret's bytes, the base64 after `whsec_` (the prefix
+    ///   may be left out);
+    /// - `v1a`: an Ed25519 signature (64 bytes), checked with a public key given as `whpk_`
+    ///   and the base64 of its 32 bytes. Only the sender holds the signing key (`whsk_`), so a
+    ///   public key that leaks lets nobody forge a delivery.
+    ///
+    /// Give the endpoint's keys, one or several of either kind: the prefix says which. Several
+    /// keep deliveries passing while one is rotated; the sender, rotating its own, lists a
+    /// signature by each. Any listed signature that one of the configured keys verifies
+    /// passes. Entries this verifier cannot read (another version, text that does not decode,
+    /// a `v1a` that is not 64 bytes) are skipped, and the header is malformed only when no
+    /// entry is usable; a usable entry of a kind with no configured key is a mismatch. The
+    /// timestamp must be within 5 minutes of now, as the specification says. Pair it with
     /// [`key::standard_webhooks`](crate::key::standard_webhooks).
     ///
+    /// ```
+    /// use std::time::{Duration, UNIX_EPOCH};
+    /// use tower_idempotency::verify;
+    ///
+    /// // The sender's public key, and the endpoint's secret while `v1` is still signed too.
+    /// let verifier = verify::standard_webhooks([
+    ///     "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=",
+    ///     "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    /// ]);
+    /// let (parts, body) = http::Request::post("/webhooks")
+    ///     .header("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek")
+    ///     .header("webhook-timestamp", "1614265330")
+    ///     .header("webhook-signature", "v1a,fldxM4gAKugP6nnt1hdz3sgGfZ6d99nzrMFnZOELIxbzEHoVmAb2ADpkJK7zgPePmPsle0zV9jSeGlHFG2NVAw==")
+    ///     .body(r#"{"test": 2432232314}"#)
+    ///     .unwrap()
+    ///     .into_parts();
+    /// let signed_at = UNIX_EPOCH + Duration::from_secs(1_614_265_330);
+    /// assert_eq!(verifier.verify_at(&parts, body.as_bytes(), signed_at), Ok(()));
+    /// ```
+    ///
     /// Source: the Standard Webhooks specification (github.com/standard-webhooks,
-    /// `spec/standard-webhooks.md`, "Verifying webhook authenticity") and
-    /// docs.svix.com/receiving/verifying-payloads/how-manual.
+    /// `spec/standard-webhooks.md`, "Signature scheme", "Webhook headers" and "Verifying
+    /// webhook authenticity") and docs.svix.com/receiving/verifying-payloads/how-manual.
     ///
     /// # Panics
     ///
-    /// If no secret is given, or one is not base64 after its optional `whsec_` prefix.
+    /// If no key is given; if a secret is not base64 after its optional `whsec_` prefix; if a
+    /// `whpk_` key is not base64 of 32 bytes that encode a usable Ed25519 public key; or if a
+    /// `whsk_` signing key is given, which belongs to the sender alone.
     #[doc(alias = "svix")]
-    pub fn verifier(secrets: impl Into<Secrets>) -> Verifier {
-        let Secrets(secrets) = secrets.into();
-        let decoded = secrets.iter().map(|secret| key_of(secret)).collect();
-        Verifier::of(&SENDER, Secrets(decoded))
+    #[doc(alias = "ed25519")]
+    pub fn verifier(keys: impl Into<Secrets>) -> Verifier {
+        let Secrets(keys) = keys.into();
+        let mut secrets = Vec::new();
+        let mut public_keys = Vec::new();
+        for key in &keys {
+            if let Some(public) = key.strip_prefix(b"whpk_") {
+                public_keys.push(public_key_of(public));
+            } else {
+                secrets.push(secret_of(key));
+            }
+        }
+        Verifier::of_keys(&SENDER, Secrets(secrets), public_keys)
     }
 
     /// The key of a Standard Webhooks secret: the base64 after its optional `whsec_` prefix.
-    fn key_of(secret: &[u8]) -> Box<[u8]> {
+    fn secret_of(secret: &[u8]) -> Box<[u8]> {
+        assert!(
+            !secret.starts_with(b"whsk_"),
+            "a `whsk_` key signs Standard Webhooks deliveries and stays with the sender: give \
+             its `whpk_` public key"
+        );
         let secret = secret.strip_prefix(b"whsec_").unwrap_or(secret);
         match BASE64.decode(secret) {
             Ok(key) => key.into(),
             Err(error) => panic!("a Standard Webhooks secret is base64 after `whsec_`: {error}"),
         }
+    }
+
+    /// A Standard Webhooks public key: the base64 after `whpk_`.
+    fn public_key_of(encoded: &[u8]) -> PublicKey {
+        let bytes = BASE64.decode(encoded).unwrap_or_else(|error| {
+            panic!("a Standard Webhooks public key is base64 after `whpk_`: {error}")
+        });
+        PublicKey::from_bytes(&bytes).unwrap_or_else(|reason| {
+            panic!("a `whpk_` key is no usable Standard Webhooks public key: {reason}")
+        })
     }
 
     pub(super) fn check(
@@ -102,25 +162,37 @@ pub(crate) mod scheme {
         let id = header(parts, &named("id"))?;
         let timestamp = header(parts, &named("timestamp"))?;
         let listed = header(parts, &named("signature"))?;
-        // As Stripe's: entries of other versions (`v1a`) and `v1` entries that are not base64 (or
-        // empty) are skipped, so that any `v1` that matches passes whatever else is listed.
-        let mut listed_v1 = false;
-        let signatures: Vec<Vec<u8>> = listed
-            .split(' ')
-            .filter_map(|entry| entry.strip_prefix("v1,"))
-            .inspect(|_| listed_v1 = true)
-            .filter_map(|signature| from_base64(signature).ok())
-            .filter(|signature| !signature.is_empty())
-            .collect();
-        if signatures.is_empty() {
-            return Err(VerifyError::malformed(if listed_v1 {
-                "no `v1,` signature is base64"
+        // As Stripe's: entries of other versions, and entries that do not decode, are
+        // skipped, so that any signature that verifies passes whatever else is listed.
+        let mut known = false;
+        let mut symmetric = Vec::new();
+        let mut asymmetric = Vec::new();
+        for entry in listed.split(' ') {
+            if let Some(signature) = entry.strip_prefix("v1,") {
+                known = true;
+                symmetric.extend(from_base64(signature).ok().filter(|s| !s.is_empty()));
+            } else if let Some(signature) = entry.strip_prefix("v1a,") {
+                known = true;
+                let decoded = from_base64(signature).ok();
+                asymmetric.extend(decoded.as_deref().and_then(ed25519::signature));
+            }
+        }
+        if symmetric.is_empty() && asymmetric.is_empty() {
+            return Err(VerifyError::malformed(if known {
+                "no `v1,` or `v1a,` signature can be read"
             } else {
-                "no `v1,` signature (asymmetric `v1a` signatures are not supported)"
+                "no `v1,` or `v1a,` signature"
             }));
         }
         fresh(seconds(timestamp)?, now, check.tolerance)?;
         let content = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body];
-        any_matches(check, &signatures, &content)
+        // The HMAC first, the cheaper.
+        if signed_by::<Hmac<Sha256>>(check, &symmetric, &content)
+            || ed25519::signed_by(check, &asymmetric, &content)
+        {
+            Ok(())
+        } else {
+            Err(VerifyError::Mismatch)
+        }
     }
 }

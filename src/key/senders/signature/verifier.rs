@@ -8,18 +8,25 @@ use std::time::{Duration, SystemTime};
 use http::request::Parts;
 
 use super::VerifyError;
+use super::ed25519::PublicKey;
 use crate::key::senders::{self, Sender};
 
-/// One or more secrets of a sender: several while one is rotated.
+/// One or more secrets of a sender: several while one is rotated. For Standard Webhooks, its
+/// public keys (`whpk_…`) may stand among them or instead of them.
 ///
 /// Made from a string, or an array or `Vec` of them. [`Debug`] never shows them.
 #[derive(Clone)]
 pub struct Secrets(pub(crate) Vec<Box<[u8]>>);
 
 impl Secrets {
-    fn into_keys(self, sender: &Sender) -> Arc<[Box<[u8]>]> {
+    /// The secrets as MAC keys, beside `public_keys`.
+    ///
+    /// # Panics
+    ///
+    /// If there is neither a secret nor a public key, or a secret is empty.
+    fn into_keys(self, sender: &Sender, public_keys: &[PublicKey]) -> Arc<[Box<[u8]>]> {
         assert!(
-            !self.0.is_empty() && self.0.iter().all(|s| !s.is_empty()),
+            (!self.0.is_empty() || !public_keys.is_empty()) && self.0.iter().all(|s| !s.is_empty()),
             "{} verification needs at least one secret, and no empty one",
             sender.name
         );
@@ -87,6 +94,8 @@ pub struct Verifier {
 pub(crate) struct Check {
     /// Its secrets, as the keys of its MAC.
     pub(crate) keys: Arc<[Box<[u8]>]>,
+    /// Its Ed25519 public keys, for a sender that signs with those too (Standard Webhooks).
+    pub(crate) public_keys: Arc<[PublicKey]>,
     /// How far a signed timestamp may be from now.
     pub(crate) tolerance: Duration,
     /// The public base URL, when configured, for a sender that signs the URL (Twilio).
@@ -100,8 +109,23 @@ impl Verifier {
     ///
     /// If no secret, or an empty one, is given.
     pub(crate) fn of(sender: &'static Sender, secrets: Secrets) -> Self {
+        Self::of_keys(sender, secrets, Vec::new())
+    }
+
+    /// Checks the deliveries of `sender` with `secrets` and Ed25519 `public_keys`, under its
+    /// tolerance: one or the other may be empty, not both.
+    ///
+    /// # Panics
+    ///
+    /// If neither a secret nor a public key is given, or a secret is empty.
+    pub(crate) fn of_keys(
+        sender: &'static Sender,
+        secrets: Secrets,
+        public_keys: Vec<PublicKey>,
+    ) -> Self {
         let check = Check {
-            keys: secrets.into_keys(sender),
+            keys: secrets.into_keys(sender, &public_keys),
+            public_keys: public_keys.into(),
             tolerance: sender.tolerance,
             public_url: None,
         };
@@ -112,15 +136,19 @@ impl Verifier {
 
     /// Also accepts the senders of `other`. A request is checked by the sender it looks like
     /// (the rule of [`key::auto`](crate::key::auto)). A sender configured twice accepts the
-    /// secrets of both configurations, under the first one's tolerance and public URL.
+    /// secrets (and public keys) of both configurations, under the first one's tolerance and
+    /// public URL.
     pub fn or(mut self, other: Verifier) -> Self {
         for (sender, check) in other.checks {
             match self.checks.iter_mut().find(|(s, _)| *s == sender) {
                 // The same sender again (`stripe(old).or(stripe(new))`): one check with the
-                // secrets of both, the first one's tolerance and URL.
+                // secrets and public keys of both, the first one's tolerance and URL.
                 Some((_, same)) => {
-                    let keys: Vec<_> = same.keys.iter().chain(check.keys.iter()).cloned().collect();
-                    same.keys = keys.into();
+                    same.keys = same.keys.iter().chain(check.keys.iter()).cloned().collect();
+                    same.public_keys = (same.public_keys.iter())
+                        .chain(check.public_keys.iter())
+                        .cloned()
+                        .collect();
                 }
                 None => self.checks.push((sender, check)),
             }
@@ -211,8 +239,12 @@ impl fmt::Debug for Verifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut list = f.debug_list();
         for (sender, check) in &self.checks {
+            let public_keys = match check.public_keys.len() {
+                0 => String::new(),
+                n => format!(", {n} public keys"),
+            };
             list.entry(&format_args!(
-                "{} ({} secrets, tolerance {:?}, public URL {:?})",
+                "{} ({} secrets{public_keys}, tolerance {:?}, public URL {:?})",
                 sender.name,
                 check.keys.len(),
                 check.tolerance,
