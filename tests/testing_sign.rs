@@ -459,3 +459,63 @@ async fn every_signer_passes_the_layer_and_its_forgeries_do_not() {
         );
     }
 }
+
+/// Standard Webhooks' asymmetric scheme: a `whsk_` signing key signs `v1a` entries, which
+/// the verifier checks with the matching `whpk_` public key. The seeds are RFC 8032's first
+/// two test vectors; its published public keys are what the signer derives.
+#[test]
+fn standard_webhooks_signs_v1a_with_an_ed25519_key() {
+    let first = "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A=";
+    let second = "whsk_TM0Imyj/ltqdtsNG7BFOD1uKMZ81q6Yk2oz27U+4pvs=";
+    let sender = sign::standard_webhooks(first).at(at(1_614_265_330));
+    let public = sender.public_key().expect("a signing key");
+    assert_eq!(public, "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=");
+    let public_second = sign::standard_webhooks(second).public_key().unwrap();
+    assert_eq!(
+        public_second,
+        "whpk_PUAXw+hDiVqStwqnTRt+vJyYLM8uxJaMwM1V8Sr0Zgw="
+    );
+
+    let now = at(1_614_265_330);
+    let verifier = verify::standard_webhooks(public.as_str());
+    let delivery = sender.delivery("msg_p5jXN8AQM9LWM0D4loKWxJek", r#"{"test": 2432232314}"#);
+    assert!(header(&delivery, "webhook-signature").starts_with("v1a,"));
+    assert_eq!(check(&verifier, &delivery, now), Ok(()));
+    assert_eq!(
+        check(&verifier, &delivery.tampered(), now),
+        Err(VerifyError::Mismatch)
+    );
+    assert!(matches!(
+        check(&verifier, &delivery.without_signature(), now),
+        Err(VerifyError::Missing { .. })
+    ));
+    assert!(matches!(
+        check(&verifier, &delivery, at(1_614_265_330 + 3600)),
+        Err(VerifyError::Expired { .. })
+    ));
+    // Signed by another key: refused by this one, passed by a verifier that holds both.
+    let other = sign::standard_webhooks(second)
+        .at(at(1_614_265_330))
+        .delivery("msg_1", "{}");
+    assert_eq!(check(&verifier, &other, now), Err(VerifyError::Mismatch));
+    let both = verify::standard_webhooks([public.as_str(), public_second.as_str()]);
+    assert_eq!(check(&both, &other, now), Ok(()));
+    // Rotation from a secret to a signing key: one header, a `v1` and a `v1a` entry, which
+    // either kind of verifier accepts.
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let rotating = sign::standard_webhooks(secret)
+        .and_secret(first)
+        .at(at(1_614_265_330))
+        .svix()
+        .delivery("msg_2", "{}");
+    let signature = header(&rotating, "svix-signature");
+    assert!(
+        signature.starts_with("v1,") && signature.contains(" v1a,"),
+        "{signature}"
+    );
+    assert_eq!(
+        check(&verify::standard_webhooks(secret), &rotating, now),
+        Ok(())
+    );
+    assert_eq!(check(&verifier, &rotating, now), Ok(()));
+}

@@ -1,5 +1,5 @@
-//! Standard Webhooks and Svix: `webhook-signature: v1,<base64>`, of the message id, the
-//! timestamp and the body.
+//! Standard Webhooks and Svix: `webhook-signature: v1,<base64>` (or `v1a,<base64>`, signed
+//! with an Ed25519 key), of the message id, the timestamp and the body.
 
 use std::time::SystemTime;
 
@@ -33,9 +33,10 @@ pub struct StandardWebhooks {
 /// `<version>,<base64>`.
 #[derive(Clone)]
 enum Key {
-    /// A symmetric secret: `v1`, HMAC-SHA256 keyed with the secret's bytes. (The asymmetric
-    /// scheme, `v1a` with Ed25519, would be another kind of key here.)
+    /// A symmetric secret: `v1`, HMAC-SHA256 keyed with the secret's bytes.
     Symmetric(Box<[u8]>),
+    /// An Ed25519 signing key: `v1a`, its signature of the content.
+    Asymmetric(Box<ed25519_dalek::SigningKey>),
 }
 
 impl Key {
@@ -43,6 +44,11 @@ impl Key {
     fn entry(&self, content: &[&[u8]]) -> String {
         match self {
             Self::Symmetric(secret) => format!("v1,{}", base64(&hmac_sha256(secret, content))),
+            Self::Asymmetric(key) => {
+                use ed25519_dalek::Signer as _;
+                let signature = key.sign(&content.concat());
+                format!("v1a,{}", base64(&signature.to_bytes()))
+            }
         }
     }
 }
@@ -53,11 +59,15 @@ impl Key {
 /// `<id>.<timestamp>.<body>` keyed with the decoded key, and `Content-Type:
 /// application/json`. [`svix`](StandardWebhooks::svix) names the headers as Svix does.
 ///
-/// Only the symmetric `v1` signature is made.
+/// A key that starts `whsk_` is an Ed25519 signing key instead (the 32 bytes of its seed in
+/// base64, or 64 bytes whose first 32 are the seed): its deliveries carry `v1a,<base64>`, the
+/// Ed25519 signature of the same content, which a receiver checks with the matching
+/// [`public_key`](StandardWebhooks::public_key) (`whpk_…`).
 ///
 /// # Panics
 ///
-/// If the secret is not base64 after its optional `whsec_`, or is empty.
+/// If the secret is not base64 after its optional `whsec_`, or is empty; or if a `whsk_` key
+/// is not base64 of 32 or 64 bytes.
 ///
 /// ```
 /// use std::time::{Duration, UNIX_EPOCH};
@@ -78,8 +88,24 @@ pub fn standard_webhooks(secret: &str) -> StandardWebhooks {
     }
 }
 
-/// The key of a `whsec_` secret.
+/// The key of a `whsec_` secret, or of a `whsk_` signing key.
 fn symmetric(secret: &str) -> Key {
+    if let Some(encoded) = secret.strip_prefix("whsk_") {
+        let bytes = BASE64.decode(encoded).unwrap_or_else(|error| {
+            panic!("a Standard Webhooks signing key is base64 after `whsk_`: {error}")
+        });
+        let seed: [u8; 32] = bytes
+            .get(..32)
+            .filter(|_| bytes.len() == 32 || bytes.len() == 64)
+            .and_then(|seed| seed.try_into().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "a Standard Webhooks signing key holds 32 or 64 bytes, not {}",
+                    bytes.len()
+                )
+            });
+        return Key::Asymmetric(Box::new(ed25519_dalek::SigningKey::from_bytes(&seed)));
+    }
     let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
     let key = BASE64.decode(encoded).unwrap_or_else(|error| {
         panic!("a Standard Webhooks secret is base64 after `whsec_`: {error}")
@@ -92,8 +118,9 @@ fn symmetric(secret: &str) -> Key {
 }
 
 impl StandardWebhooks {
-    /// Signs with this secret too, as a sender does while the endpoint's secret is rotated:
-    /// one `v1,` entry per secret, space-separated, any of which a receiver may hold.
+    /// Signs with this secret (or `whsk_` signing key) too, as a sender does while the
+    /// endpoint's secret is rotated: one entry per key, space-separated, any of which a
+    /// receiver may hold.
     ///
     /// # Panics
     ///
@@ -111,6 +138,34 @@ impl StandardWebhooks {
     pub fn and_secret(mut self, secret: &str) -> Self {
         self.keys.push(symmetric(secret));
         self
+    }
+
+    /// The public key (`whpk_` and the 32 bytes in base64) that checks the `v1a` signatures of
+    /// the first `whsk_` signing key given, for the receiver's verifier; `None` when every key
+    /// is a `whsec_` secret.
+    ///
+    /// ```
+    /// use tower_idempotency::testing::sign;
+    /// use tower_idempotency::verify;
+    ///
+    /// // The seed of RFC 8032's first test vector, as a Standard Webhooks signing key.
+    /// let sender = sign::standard_webhooks("whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A=");
+    /// let public = sender.public_key().unwrap();
+    /// assert_eq!(public, "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=");
+    ///
+    /// let delivery = sender.delivery("msg_1", "{}");
+    /// let header = delivery.headers()["webhook-signature"].to_str().unwrap();
+    /// assert!(header.starts_with("v1a,"));
+    /// let verifier = verify::standard_webhooks(public.as_str());
+    /// assert_eq!(verifier.verify_at(&delivery.parts(), delivery.body(), std::time::SystemTime::now()), Ok(()));
+    /// ```
+    pub fn public_key(&self) -> Option<String> {
+        self.keys.iter().find_map(|key| match key {
+            Key::Asymmetric(key) => {
+                Some(format!("whpk_{}", base64(key.verifying_key().as_bytes())))
+            }
+            Key::Symmetric(_) => None,
+        })
     }
 
     /// Names the headers `svix-id`, `svix-timestamp` and `svix-signature`, as Svix sends them.
@@ -186,7 +241,7 @@ impl StandardWebhooks {
 impl std::fmt::Debug for StandardWebhooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StandardWebhooks")
-            .field("secrets", &format_args!("{} redacted", self.keys.len()))
+            .field("keys", &format_args!("{} redacted", self.keys.len()))
             .field("at", &self.at)
             .field("svix", &self.svix)
             .finish()
