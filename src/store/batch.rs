@@ -81,6 +81,7 @@ impl Shape {
     }
 
     /// One batch may carry several writes on one key: the statement answers each.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn same_key(self) -> Self {
         Self {
             same_key: true,
@@ -362,3 +363,10 @@ fn short() -> StoreError {
 
 #[cfg(test)]
 mod tests;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod writes;
+
+#[cfg(feature = "postgres")]
+pub(crate) use writes::EnqueueWrite;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use writes::{ClaimWrite, CommitWrite, key_order};

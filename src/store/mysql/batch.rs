@@ -26,41 +26,13 @@ use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row as _};
 use super::queries::{AGE_US, IDLE_US, NOW};
 use super::server::{DEADLOCK, mysql_error};
 use crate::key::IdempotencyKey;
-use crate::store::batch::{Answers, Batcher, Keyed, Shape, all_fail};
+use crate::store::StoreError;
+use crate::store::batch::{Answers, Batcher, ClaimWrite, CommitWrite, Shape, all_fail, key_order};
 use crate::store::sql::{ClaimRow, ResultExt as _, TableName};
-use crate::store::{LeaseToken, StoreError};
 
 /// The batches of one kind in flight at once: a second delivery that arrives while one
 /// statement runs goes at once on the second, as it would without batching.
 const LANES: usize = 2;
-
-/// A claim's first statement, for one key.
-pub(super) struct ClaimWrite {
-    pub(super) key: IdempotencyKey,
-    pub(super) token: LeaseToken,
-}
-
-/// A commit (with its receipt, encoded), for one lease.
-pub(super) struct CommitWrite {
-    pub(super) key: IdempotencyKey,
-    pub(super) token: LeaseToken,
-    pub(super) receipt: Option<Vec<u8>>,
-}
-
-impl Keyed for ClaimWrite {
-    fn key(&self) -> &IdempotencyKey {
-        &self.key
-    }
-}
-
-impl Keyed for CommitWrite {
-    fn key(&self) -> &IdempotencyKey {
-        &self.key
-    }
-    fn bytes(&self) -> usize {
-        self.receipt.as_ref().map_or(0, Vec::len)
-    }
-}
 
 /// The batchers of one store's claims and commits. Clones share them.
 #[derive(Clone)]
@@ -126,7 +98,7 @@ impl Statements {
         if let [write] = &writes[..] {
             return vec![self.claim_one(write).await];
         }
-        let order = key_order(&writes, |w| &w.key);
+        let order = key_order(&writes);
         let size = writes.len().next_power_of_two();
         let sql = self.claims(size);
         let mut query = sqlx::query(AssertSqlSafe(sql));
@@ -180,7 +152,7 @@ impl Statements {
         if let [write] = &writes[..] {
             return vec![self.commit_one(write).await];
         }
-        let order = key_order(&writes, |w| &w.key);
+        let order = key_order(&writes);
         let size = writes.len().next_power_of_two();
         let mut query = sqlx::query(AssertSqlSafe(self.commits(size)));
         for &i in &order {
@@ -288,16 +260,6 @@ WHERE t.token = v.token AND t.state = 'processing'"#,
             t = self.table
         )
     }
-}
-
-/// The writes' indexes in key order.
-fn key_order<W>(writes: &[W], key: impl Fn(&W) -> &IdempotencyKey) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..writes.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (a, b) = (key(&writes[a]), key(&writes[b]));
-        (a.namespace(), a.value()).cmp(&(b.namespace(), b.value()))
-    });
-    order
 }
 
 /// The namespace and key in columns `at` and `at + 1` of `row`.

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
 
-use super::batch::{ClaimWrite, CommitWrite};
 use super::{MySqlFlavor, MySqlStore, flavor_of};
 use crate::key::IdempotencyKey;
+use crate::store::batch::{ClaimWrite, CommitWrite};
 use crate::store::sql::{self, AfterRead, ClaimRow, ResultExt as _};
 use crate::store::{
     Claim, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale, StalePolicy, Store,
@@ -92,11 +92,7 @@ impl MySqlStore {
         let Some(batches) = &self.batches else {
             return self.table.commit(lease, receipt).await;
         };
-        let write = CommitWrite {
-            key: lease.key().clone(),
-            token: lease.token(),
-            receipt: receipt.map(Receipt::encode),
-        };
+        let write = CommitWrite::of(lease, receipt);
         sql::held(batches.commits.write(write).await?)
     }
 

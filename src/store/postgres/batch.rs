@@ -24,58 +24,15 @@ use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, PgPool, Row as _};
 
-use crate::key::IdempotencyKey;
-use crate::store::LeaseToken;
 use crate::store::StoreError;
-use crate::store::batch::{Answers, Batcher, Keyed, Shape, all_fail};
+use crate::store::batch::{
+    Answers, Batcher, ClaimWrite, CommitWrite, EnqueueWrite, Shape, all_fail, key_order,
+};
 use crate::store::sql::{ClaimRow, ResultExt as _, TableName, retry_serialization_failure};
 
 /// The batches of one kind in flight at once: a second delivery that arrives while one
 /// statement runs goes at once on the second, as it would without batching.
 const LANES: usize = 2;
-
-/// A claim's first statement, for one key.
-pub(super) struct ClaimWrite {
-    pub(super) key: IdempotencyKey,
-    pub(super) token: LeaseToken,
-}
-
-/// A commit (with its receipt, encoded), for one lease.
-pub(super) struct CommitWrite {
-    pub(super) key: IdempotencyKey,
-    pub(super) token: LeaseToken,
-    pub(super) receipt: Option<Vec<u8>>,
-}
-
-/// An inbox entry's insert, with its request encoded.
-pub(super) struct EnqueueWrite {
-    pub(super) key: IdempotencyKey,
-    pub(super) request: Vec<u8>,
-}
-
-impl Keyed for EnqueueWrite {
-    fn key(&self) -> &IdempotencyKey {
-        &self.key
-    }
-    fn bytes(&self) -> usize {
-        self.request.len()
-    }
-}
-
-impl Keyed for ClaimWrite {
-    fn key(&self) -> &IdempotencyKey {
-        &self.key
-    }
-}
-
-impl Keyed for CommitWrite {
-    fn key(&self) -> &IdempotencyKey {
-        &self.key
-    }
-    fn bytes(&self) -> usize {
-        self.receipt.as_ref().map_or(0, Vec::len)
-    }
-}
 
 /// The batchers of one store's claims and commits. Clones share them.
 #[derive(Clone)]
@@ -162,7 +119,7 @@ impl Statements {
         if let [write] = &writes[..] {
             return vec![self.claim_one(write).await];
         }
-        let order = key_order(&writes, |w| &w.key);
+        let order = key_order(&writes);
         let (namespaces, keys, tokens) = order.iter().fold(
             (Vec::new(), Vec::new(), Vec::new()),
             |(mut n, mut k, mut t), &i| {
@@ -220,7 +177,7 @@ impl Statements {
         if let [write] = &writes[..] {
             return vec![self.commit_one(write).await];
         }
-        let order = key_order(&writes, |w| &w.key);
+        let order = key_order(&writes);
         let mut namespaces = Vec::with_capacity(order.len());
         let mut keys = Vec::with_capacity(order.len());
         let mut tokens = Vec::with_capacity(order.len());
@@ -281,7 +238,7 @@ impl Statements {
         if let [write] = &writes[..] {
             return vec![self.enqueue_one(write).await];
         }
-        let order = key_order(&writes, |w| &w.key);
+        let order = key_order(&writes);
         let mut namespaces = Vec::with_capacity(order.len());
         let mut keys = Vec::with_capacity(order.len());
         let mut requests = Vec::with_capacity(order.len());
@@ -318,16 +275,6 @@ impl Statements {
         }
         answers
     }
-}
-
-/// The writes' indexes in key order.
-fn key_order<W>(writes: &[W], key: impl Fn(&W) -> &IdempotencyKey) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..writes.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (a, b) = (key(&writes[a]), key(&writes[b]));
-        (a.namespace(), a.value()).cmp(&(b.namespace(), b.value()))
-    });
-    order
 }
 
 /// The index of the write at 1-based position `n` of the statement's arrays.

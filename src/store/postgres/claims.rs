@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
 
-use super::batch::{ClaimWrite, CommitWrite};
 use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
+use crate::store::batch::{ClaimWrite, CommitWrite};
 use crate::store::sql::{AfterRead, ClaimRow, held, retry_serialization_failure};
 use crate::store::{
     Claim, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, Store, StoreError, StuckClaim,
@@ -122,11 +122,7 @@ impl PostgresStore {
         let Some(batches) = &self.batches else {
             return self.table.commit(lease, receipt).await;
         };
-        let write = CommitWrite {
-            key: lease.key().clone(),
-            token: lease.token(),
-            receipt: receipt.map(Receipt::encode),
-        };
+        let write = CommitWrite::of(lease, receipt);
         held(batches.commits.write(write).await?)
     }
 }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row as _};
 
-use super::batch::EnqueueWrite;
 use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
+use crate::store::batch::EnqueueWrite;
 use crate::store::inbox::{
     Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement, Settling,
     StoredRequest, Take, Taken, Wake,

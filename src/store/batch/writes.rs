@@ -1,0 +1,75 @@
+//! The writes the SQL stores batch, whatever the database: a claim's first statement, a
+//! commit, an inbox entry's insert.
+
+use crate::key::IdempotencyKey;
+use crate::store::{Lease, LeaseToken, Receipt};
+
+use super::Keyed;
+
+/// A claim's first statement, for one key: `token` is written if it inserts the row.
+pub(crate) struct ClaimWrite {
+    pub(crate) key: IdempotencyKey,
+    pub(crate) token: LeaseToken,
+}
+
+/// A commit (with its receipt, encoded), for one lease.
+pub(crate) struct CommitWrite {
+    pub(crate) key: IdempotencyKey,
+    pub(crate) token: LeaseToken,
+    pub(crate) receipt: Option<Vec<u8>>,
+}
+
+impl CommitWrite {
+    /// The commit of `lease`, keeping `receipt`.
+    pub(crate) fn of(lease: &Lease, receipt: Option<&Receipt>) -> Self {
+        Self {
+            key: lease.key().clone(),
+            token: lease.token(),
+            receipt: receipt.map(Receipt::encode),
+        }
+    }
+}
+
+/// An inbox entry's insert, with its request encoded.
+#[cfg(feature = "postgres")]
+pub(crate) struct EnqueueWrite {
+    pub(crate) key: IdempotencyKey,
+    pub(crate) request: Vec<u8>,
+}
+
+impl Keyed for ClaimWrite {
+    fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+}
+
+impl Keyed for CommitWrite {
+    fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+    fn bytes(&self) -> usize {
+        self.receipt.as_ref().map_or(0, Vec::len)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Keyed for EnqueueWrite {
+    fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+    fn bytes(&self) -> usize {
+        self.request.len()
+    }
+}
+
+/// The indexes of `writes` in key order: the order in which a batch statement takes their
+/// rows, the same on every instance, so that two batches never wait for each other in a
+/// cycle.
+pub(crate) fn key_order<W: Keyed>(writes: &[W]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..writes.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (writes[a].key(), writes[b].key());
+        (a.namespace(), a.value()).cmp(&(b.namespace(), b.value()))
+    });
+    order
+}
