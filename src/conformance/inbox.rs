@@ -1,12 +1,12 @@
 //! The [`InboxStore`] contract: enqueue once per key, take under fenced leases, settle,
-//! reclaim or hold after a crash, the operator's actions, retention; and several instances
-//! enqueueing and taking at once.
+//! reclaim or hold after a crash, the operator's actions, retention. Several instances
+//! enqueueing and taking at once, and settlements in a batch, are in
+//! [`inbox_races`](super::inbox_races).
 //!
 //! The checks share the store's inbox with nothing else while they run
 //! ([`INBOX_TABLE`](super::INBOX_TABLE)): a worker takes entries of every namespace. Entries of
 //! other namespaces a check takes (left by an earlier, interrupted run) are settled done.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,7 +20,7 @@ use crate::store::{Stale, StoreError};
 
 use super::{PAST_SHORT, SHORT, key_in, unique_namespace};
 
-fn request(n: usize) -> StoredRequest {
+pub(super) fn request(n: usize) -> StoredRequest {
     StoredRequest::new(
         Method::POST,
         format!("/hooks?n={n}"),
@@ -32,7 +32,7 @@ fn request(n: usize) -> StoredRequest {
     )
 }
 
-fn take(limit: usize, stale: Stale, max_attempts: u32) -> Take {
+pub(super) fn take(limit: usize, stale: Stale, max_attempts: u32) -> Take {
     Take {
         limit,
         stale,
@@ -54,11 +54,11 @@ pub async fn take_ours<S: InboxStore>(store: &S, take: &Take, ns: &str) -> Vec<T
     ours
 }
 
-fn attempt(result: AttemptResult) -> Attempt {
+pub(super) fn attempt(result: AttemptResult) -> Attempt {
     Attempt::new(1_700_000_000_000, 12, result)
 }
 
-const LONG: Stale = Stale::reclaim_after(Duration::from_secs(600));
+pub(super) const LONG: Stale = Stale::reclaim_after(Duration::from_secs(600));
 
 /// A key is stored once; every later copy, in every state, is a duplicate that writes
 /// nothing; the stored request reads back whole.
@@ -356,148 +356,4 @@ pub async fn purge_keeps_dead_requests<S: InboxStore>(store: S) {
         .unwrap();
     assert_eq!(store.entry(&done).await.unwrap(), None);
     assert_eq!(store.stored_request(&dead).await.unwrap(), Some(request(2)));
-}
-
-/// 200 events, each enqueued 3 times, at once over `stores` (separate instances): each is
-/// stored once; then every instance takes at once until none is left: each entry is taken
-/// exactly once.
-pub async fn instances_enqueue_and_take_each_once<S: InboxStore + Clone>(stores: Vec<S>) {
-    let ns = unique_namespace("inbox-race");
-    let events = 200;
-    let mut tasks = Vec::new();
-    for copy in 0..3 {
-        for n in 0..events {
-            let store = stores[(n + copy) % stores.len()].clone();
-            let key = key_in(&ns, &format!("evt_{n}"));
-            tasks.push(tokio::spawn(async move {
-                store.enqueue(&key, &request(n)).await.unwrap()
-            }));
-        }
-    }
-    let mut stored = 0;
-    for task in tasks {
-        if task.await.unwrap() == Enqueued::Stored {
-            stored += 1;
-        }
-    }
-    assert_eq!(stored, events, "each event stored once");
-    let workers: Vec<_> = stores
-        .iter()
-        .map(|store| {
-            let store = store.clone();
-            let ns = ns.clone();
-            tokio::spawn(async move {
-                let mut took = Vec::new();
-                loop {
-                    let batch = take_ours(&store, &take(7, LONG, 5), &ns).await;
-                    if batch.is_empty() {
-                        return took;
-                    }
-                    for entry in batch {
-                        store
-                            .settle(&entry.lease, &Settlement::Done, &[])
-                            .await
-                            .unwrap();
-                        took.push(entry.lease.key().value().to_owned());
-                    }
-                }
-            })
-        })
-        .collect();
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    for worker in workers {
-        for key in worker.await.unwrap() {
-            *seen.entry(key).or_default() += 1;
-        }
-    }
-    assert_eq!(seen.len(), events, "every entry taken");
-    assert!(
-        seen.values().all(|&n| n == 1),
-        "an entry taken twice: {seen:?}"
-    );
-}
-
-/// A batch of settlements: each lands as its own would, each answered in order, a spent
-/// lease fenced off without failing the others.
-pub async fn settle_many_answers_each<S: InboxStore>(store: S) {
-    let ns = unique_namespace("inbox-batch");
-    for n in 0..5 {
-        store
-            .enqueue(&key_in(&ns, &format!("evt_{n}")), &request(n))
-            .await
-            .unwrap();
-    }
-    let policy = take(10, LONG, 5);
-    let mut taken = take_ours(&store, &policy, &ns).await;
-    taken.sort_by(|a, b| a.lease.key().value().cmp(b.lease.key().value()));
-    assert_eq!(taken.len(), 5);
-    // evt_4 is settled apart and taken again: its first lease is spent.
-    let spent = taken.pop().unwrap().lease;
-    store
-        .settle(
-            &spent,
-            &Settlement::Retry {
-                after: Duration::ZERO,
-            },
-            &[],
-        )
-        .await
-        .unwrap();
-    let again = take_ours(&store, &policy, &ns).await.remove(0).lease;
-    let history = vec![attempt(AttemptResult::Status(503))];
-    let batch = [
-        (taken[0].lease.clone(), Settlement::Done),
-        (taken[1].lease.clone(), Settlement::Dead),
-        (
-            taken[2].lease.clone(),
-            Settlement::Retry {
-                after: Duration::from_secs(3600),
-            },
-        ),
-        (taken[3].lease.clone(), Settlement::GiveBack),
-        (spent, Settlement::Done),
-        (again, Settlement::Done),
-    ]
-    .map(|(lease, settlement)| crate::store::inbox::Settling {
-        lease,
-        settlement,
-        history: history.clone(),
-    });
-    let results = store.settle_many(&batch).await;
-    assert_eq!(results.len(), 6);
-    for (n, result) in results.iter().enumerate() {
-        if n == 4 {
-            assert!(matches!(result, Err(StoreError::LeaseLost)), "{result:?}");
-        } else {
-            assert!(result.is_ok(), "{n}: {result:?}");
-        }
-    }
-    let state = |n: usize| {
-        let key = key_in(&ns, &format!("evt_{n}"));
-        let store = &store;
-        async move { store.entry(&key).await.unwrap().unwrap() }
-    };
-    assert_eq!(state(0).await.state, EntryState::Done);
-    assert_eq!(state(0).await.history, history);
-    assert_eq!(state(1).await.state, EntryState::Dead);
-    let later = state(2).await;
-    assert_eq!(later.state, EntryState::Queued);
-    assert!(later.due_in.unwrap() > Duration::from_secs(3000));
-    let given_back = state(3).await;
-    assert_eq!(
-        (given_back.state, given_back.attempts),
-        (EntryState::Queued, 0)
-    );
-    assert!(
-        given_back.history.is_empty(),
-        "a give-back keeps the history"
-    );
-    assert_eq!(state(4).await.state, EntryState::Done);
-    // Leave nothing due for the next check.
-    for entry in take_ours(&store, &policy, &ns).await {
-        store
-            .settle(&entry.lease, &Settlement::Done, &[])
-            .await
-            .unwrap();
-    }
 }

@@ -87,6 +87,7 @@
 
 mod claims;
 mod inbox;
+mod inbox_races;
 mod races;
 mod receipts;
 mod suite;
@@ -107,10 +108,10 @@ pub use claims::{
 };
 pub use inbox::{
     enqueue_once_then_duplicates, entries_and_stats, give_back_takes_the_attempt_back,
-    hold_leaves_a_crashed_entry_running, instances_enqueue_and_take_each_once,
-    purge_keeps_dead_requests, reclaim_counts_crashes_and_ends_dead,
-    retry_then_dead_then_retry_now, settle_many_answers_each, take_ours,
+    hold_leaves_a_crashed_entry_running, purge_keeps_dead_requests,
+    reclaim_counts_crashes_and_ends_dead, retry_then_dead_then_retry_now, take_ours,
 };
+pub use inbox_races::{instances_enqueue_and_take_each_once, settle_many_answers_each};
 pub use races::{concurrent_claims_have_one_winner, race_many_events, race_one_event};
 pub use receipts::{
     a_new_run_shows_no_receipt, a_repeated_commit_keeps_the_first_receipt, claimed_receipt,

@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Row as _};
 
 use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
-use crate::store::batch::{ClaimWrite, CommitWrite};
-use crate::store::sql::{AfterRead, ClaimRow, held, retry_serialization_failure};
+use crate::store::batch::{ClaimWrite, CommitWrite, EnqueueWrite};
+use crate::store::sql::{AfterRead, ClaimRow, ResultExt as _, held, retry_serialization_failure};
 use crate::store::{
     Claim, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, Store, StoreError, StuckClaim,
 };
@@ -124,5 +124,34 @@ impl PostgresStore {
         };
         let write = CommitWrite::of(lease, receipt);
         held(batches.commits.write(write).await?)
+    }
+}
+
+impl PostgresStore {
+    /// The enqueue's insert-or-read of `key`'s entry: its state, and whether this insert stored
+    /// it (none: an enqueue that committed after the statement's snapshot stored it). In the
+    /// next batch of inserts when one is in flight (see [`max_batch`](Self::max_batch)).
+    pub(super) async fn insert_entry(
+        &self,
+        key: &IdempotencyKey,
+        bytes: &[u8],
+    ) -> Result<Option<(String, bool)>, StoreError> {
+        if let Some(batches) = &self.batches {
+            let write = EnqueueWrite {
+                key: key.clone(),
+                request: bytes.to_vec(),
+            };
+            return batches.enqueues.write(write).await;
+        }
+        let first = || {
+            sqlx::query(AssertSqlSafe(self.inbox.enqueue.clone()))
+                .bind(key.namespace())
+                .bind(key.value())
+                .bind(bytes)
+                .fetch_optional(self.pool())
+        };
+        let row = retry_serialization_failure("enqueue", is_serialization_failure, first).await?;
+        row.map(|row| Ok((row.try_get(0).store()?, row.try_get(1).store()?)))
+            .transpose()
     }
 }

@@ -9,7 +9,6 @@ use sqlx::{AssertSqlSafe, Row as _};
 
 use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
-use crate::store::batch::EnqueueWrite;
 use crate::store::inbox::{
     Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement, Settling,
     StoredRequest, Take, Taken, Wake,
@@ -449,34 +448,5 @@ impl std::fmt::Display for SharedError {
 impl std::error::Error for SharedError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&*self.0)
-    }
-}
-
-impl PostgresStore {
-    /// The enqueue's insert-or-read of `key`'s entry: its state, and whether this insert stored
-    /// it (none: an enqueue that committed after the statement's snapshot stored it). In the
-    /// next batch of inserts when one is in flight (see [`max_batch`](Self::max_batch)).
-    async fn insert_entry(
-        &self,
-        key: &IdempotencyKey,
-        bytes: &[u8],
-    ) -> Result<Option<(String, bool)>, StoreError> {
-        if let Some(batches) = &self.batches {
-            let write = EnqueueWrite {
-                key: key.clone(),
-                request: bytes.to_vec(),
-            };
-            return batches.enqueues.write(write).await;
-        }
-        let first = || {
-            sqlx::query(AssertSqlSafe(self.inbox.enqueue.clone()))
-                .bind(key.namespace())
-                .bind(key.value())
-                .bind(bytes)
-                .fetch_optional(self.pool())
-        };
-        let row = retry_serialization_failure("enqueue", is_serialization_failure, first).await?;
-        row.map(|row| Ok((row.try_get(0).store()?, row.try_get(1).store()?)))
-            .transpose()
     }
 }
