@@ -142,17 +142,18 @@
 //!
 //! # Group commit
 //!
-//! Commits that arrive while the store's previous commit is in flight go together in the
-//! next statement, and on MariaDB 10.5 and later claims likewise: one statement, one
-//! transaction and one flush of the redo log for the lot, each delivery still answered with
-//! its own row and fenced by its own token (the statements are in `batch.rs`: a multi-row
-//! insert-or-read for the claims, an `UPDATE` joined to the bound rows for the commits). On
-//! MySQL and older MariaDB, whose claim reads after an ignored insert, claims go one by one.
-//! There is no timer: a write that finds none in flight is sent at once, alone, as the
-//! statement above, so a lone delivery pays nothing for it. A batch carries at most
-//! [`max_batch`](MySqlStore::max_batch) writes (128 unless set), never two on one key, sorted
-//! by key so that two instances' batches lock shared keys in one order. A batch chosen as a
-//! deadlock's victim is sent again write by write; any other failure answers its own
+//! Commits that arrive while the store's commit statements are in flight go together in the
+//! next one, and on MariaDB 10.5 and later so do claims: one statement, one transaction and
+//! one flush of the redo log for the lot, each delivery still answered with its own row and
+//! fenced by its own token (the statements are in `batch.rs`: a multi-row insert-or-read for
+//! claims, an `UPDATE` joined to the bound rows for commits). On MySQL and older MariaDB,
+//! whose claim reads after an ignored insert, claims go one by one. Each kind has two lanes,
+//! two statements in flight at once: a write that finds a lane free is sent at once, alone,
+//! as the statement above, with no timer, so a lone delivery pays nothing for it. A batch
+//! carries at most [`max_batch`](MySqlStore::max_batch) writes (128 unless set) and 1 MiB of
+//! receipts, never two on one key, sorted by key so that two instances' batches lock shared
+//! keys in one order. A batch chosen as a deadlock's victim, or one over the server's
+//! `max_allowed_packet`, is sent again write by write; any other failure answers its own
 //! deliveries 503. Every 2xx still goes out after that delivery's own claim and commit are
 //! durable. `max_batch(1)` turns it off.
 //!

@@ -125,18 +125,20 @@
 //!
 //! # Group commit
 //!
-//! Claims that arrive while the store's previous claim statement is in flight go together in
-//! the next one, and commits likewise, and the inbox's entries: one statement, one
-//! transaction and one flush of the WAL for the lot, each delivery still answered with its own row and fenced by its own token
-//! (the statements are in `batch.rs`: `unnest` of arrays, an insert-or-read for the claims, an
-//! `UPDATE … FROM` for the commits). There is no timer: a claim that finds none in flight is
-//! sent at once, alone, as the statement above, so a lone delivery pays nothing for it.
-//! A batch carries at most [`max_batch`](PostgresStore::max_batch) writes (128 unless set);
-//! two writes on one key never share a batch; the keys of a batch are sorted, so that two
-//! instances' batches take shared keys in one order. A batch that fails to serialize or
-//! deadlocks is sent again write by write; any other failure answers its own deliveries 503,
-//! never another's. Every 2xx still goes out after that delivery's own claim and commit are
-//! durable. `max_batch(1)` turns it off.
+//! Claims that arrive while the store's claim statements are in flight go together in the
+//! next one, and so do commits, and the inbox's new entries: one statement, one transaction
+//! and one flush of the WAL for the lot, each delivery still answered with its own row and
+//! fenced by its own token (the statements are in `batch.rs`: an insert-or-read over
+//! `unnest`ed arrays for claims and entries, an `UPDATE … FROM` for commits). Each kind has two
+//! lanes, two statements in flight at once: a write that finds a lane free is sent at once,
+//! alone, as the statement above, with no timer, so a lone delivery pays nothing for it. A
+//! batch carries at most [`max_batch`](PostgresStore::max_batch) writes (128 unless set) and
+//! 1 MiB of receipts or requests; a key may be twice in a batch of claims or entries (both
+//! answered with its row), never in a batch of commits. The keys of a batch are sorted, so
+//! that two instances' batches take shared keys in one order. A batch that fails to
+//! serialize or deadlocks is sent again write by write; any other failure answers its own
+//! deliveries 503, never another's. Every 2xx still goes out after that delivery's own claim
+//! and commit are durable. `max_batch(1)` turns it off.
 //!
 //! # Delivery counts
 //!

@@ -125,15 +125,16 @@
 //! # Group commit
 //!
 //! SQLite commits one transaction at a time, each waiting for its own sync of the disk. The
-//! claims that insert or take over a key, the commits and the inbox's new entries that arrive while the store's
-//! previous write is in flight go, in the next writer's turn, in one `BEGIN IMMEDIATE`
-//! transaction: each write its own statement, as alone, and one `COMMIT`, so one sync, for
-//! the lot. There is no timer: a write that finds none in flight is sent at once, alone, in
-//! its own transaction, so a lone delivery pays nothing for it. A batch carries at most
-//! [`max_batch`](SqliteStore::max_batch) writes (128 unless set), never two on one key, and
-//! is written whole or not at all: a failure answers its own deliveries 503. Every 2xx still
-//! goes out after that delivery's own claim and commit are durable. `max_batch(1)` turns it
-//! off.
+//! claims that insert or take over a key, the commits and the inbox's new entries that arrive
+//! while the store's previous write is in flight go, in the next writer's turn, in one `BEGIN
+//! IMMEDIATE` transaction: each write its own statement, as alone, and one `COMMIT`, so one
+//! sync, for the lot. There is no timer: a write that finds none in flight is sent at once,
+//! alone, in its own transaction, so a lone delivery pays nothing for it. A batch carries at
+//! most [`max_batch`](SqliteStore::max_batch) writes (128 unless set) and 1 MiB of receipts
+//! or requests. Should a statement of a batch fail, the batch is rolled back and its writes
+//! go again one by one, so that only the one that fails again is answered 503. Every 2xx
+//! still goes out after that delivery's own claim and commit are durable. `max_batch(1)`
+//! turns it off.
 //!
 //! # Delivery counts
 //!
