@@ -3,7 +3,8 @@
 //! 1. **Ingest**: deliveries of fresh keys through an axum `Router` (no socket) on a 2-worker
 //!    runtime, at 1, 16 and 64 concurrent senders: the inbox layer (store the delivery, answer
 //!    202) against the inline layer with a handler that does nothing, on the same store.
-//!    Throughput ratio and each side's p50/p99 answer time.
+//!    Throughput ratio and each side's p50/p99 answer time; on SQLite and PostgreSQL also with
+//!    the store's group commit off (`max_batch(1)`, shown as `-1by1`), the before of it.
 //! 2. **End to end**: 2,000 events sent through the router (16 at a time) with workers
 //!    running (64 entries at once, taken 16 at a time), timed until every handler (doing nothing) has run: the inbox
 //!    against a hand-written queue on the same database (an axum handler that inserts the
@@ -98,7 +99,8 @@ fn percentile(times: &mut [Duration], p: f64) -> Duration {
 /// What one store's part measured, for the summary.
 #[derive(Default)]
 struct Report {
-    ingest: Vec<(usize, f64, Duration, Duration, Duration, Duration)>,
+    /// Concurrency, throughput ratio, inline p50/p99, inbox p50/p99, inbox µs per delivery.
+    ingest: Vec<(usize, f64, Duration, Duration, Duration, Duration, f64)>,
     end_to_end: Option<(f64, f64)>,
     start: Option<(Duration, Duration)>,
 }
@@ -152,7 +154,8 @@ fn ingest<St: InboxStore + Store + Clone>(
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        let ratio = median(&mut timed.0) / median(&mut timed.2);
+        let inbox_each = median(&mut timed.2);
+        let ratio = median(&mut timed.0) / inbox_each;
         let (p50_inline, p99_inline) = (
             percentile(&mut timed.1, 0.5),
             percentile(&mut timed.1, 0.99),
@@ -161,9 +164,15 @@ fn ingest<St: InboxStore + Store + Clone>(
             percentile(&mut timed.3, 0.5),
             percentile(&mut timed.3, 0.99),
         );
-        report
-            .ingest
-            .push((concurrency, ratio, p50_inline, p99_inline, p50, p99));
+        report.ingest.push((
+            concurrency,
+            ratio,
+            p50_inline,
+            p99_inline,
+            p50,
+            p99,
+            inbox_each * 1e6,
+        ));
     }
 }
 
@@ -504,6 +513,11 @@ fn main() {
         rt.block_on(fresh_inbox(store))
     };
     ingest(&mut c, &rt, "sqlite", table("bench_ingest"), &mut sqlite);
+    // The same with each write on its own: ingest before group commit.
+    let mut unbatched = Report::default();
+    let store = table("bench_ingest").max_batch(1);
+    ingest(&mut c, &rt, "sqlite-1by1", store, &mut unbatched);
+    reports.push(("sqlite-1by1", unbatched));
     let ours = inbox_end_to_end(&rt, table("bench_e2e"));
     let theirs = sqlite_queue(&rt, pool.clone());
     sqlite.end_to_end = Some((ours, theirs));
@@ -521,6 +535,10 @@ fn main() {
                 rt.block_on(fresh_inbox(store))
             };
             ingest(&mut c, &rt, "postgres", table("bench_ingest"), &mut pg);
+            let mut unbatched = Report::default();
+            let store = table("bench_ingest").max_batch(1);
+            ingest(&mut c, &rt, "postgres-1by1", store, &mut unbatched);
+            reports.push(("postgres-1by1", unbatched));
             let ours = inbox_end_to_end(&rt, table("bench_e2e"));
             let theirs = postgres_queue(&rt, pool.clone());
             pg.end_to_end = Some((ours, theirs));
@@ -532,12 +550,15 @@ fn main() {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!("\nSUMMARY inbox: ingest vs the inline layer (no-op handler), same store");
     println!(
-        "store     conc  throughput ratio (inbox/inline)  inline p50/p99 ms  inbox p50/p99 ms"
+        "(-1by1: the same store with max_batch(1), each write on its own, as before group commit)"
+    );
+    println!(
+        "store          conc  throughput ratio (inbox/inline)  inbox µs/delivery  inline p50/p99 ms  inbox p50/p99 ms"
     );
     for (name, report) in &reports {
-        for (conc, ratio, p50i, p99i, p50, p99) in &report.ingest {
+        for (conc, ratio, p50i, p99i, p50, p99, each) in &report.ingest {
             println!(
-                "{name:<9} {conc:>4}  {ratio:>30.2}  {:>8.2} / {:<7.2}  {:>7.2} / {:.2}",
+                "{name:<14} {conc:>4}  {ratio:>30.2}  {each:>17.0}  {:>8.2} / {:<7.2}  {:>7.2} / {:.2}",
                 ms(*p50i),
                 ms(*p99i),
                 ms(*p50),
