@@ -22,6 +22,7 @@ use tower_service::Service;
 use crate::body::BoxError;
 
 pub use report::{Failure, Report};
+use scenario::Kind;
 pub use scenario::Scenario;
 
 /// An app's answer, its body boxed.
@@ -311,7 +312,17 @@ where
             retry_every: self.retry_every,
             give_up_after: self.give_up_after,
         };
-        play.run(scenario.kind).await
+        match scenario.kind {
+            Kind::InARow { delivery, copies } => play.in_a_row(&delivery, copies).await,
+            Kind::AtOnce { delivery, copies } => play.at_once(&delivery, copies).await,
+            Kind::NewerFirst {
+                older,
+                newer,
+                state,
+            } => play.newer_first(&older, &newer, state).await,
+            // Over a socket of its own: the only scenario that needs one.
+            Kind::HangUp { delivery, after } => socket::hang_up(play, &delivery, after).await,
+        }
     }
 
     /// Plays `scenario` as [`run`](Self::run) does, and panics with the failure's message if

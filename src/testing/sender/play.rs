@@ -13,8 +13,8 @@ use tokio::time::Instant;
 use super::report::{
     Attempt, EARLY_ANSWER, Failure, Report, effects_cause, endless_cause, plural, status_cause,
 };
-use super::scenario::{Kind, ReadState};
-use super::{Call, Count, socket};
+use super::scenario::ReadState;
+use super::{Call, Count};
 use crate::response::OUTCOME_HEADER;
 use crate::testing::Delivery;
 
@@ -45,19 +45,6 @@ pub(super) enum What {
 }
 
 impl Play<'_> {
-    pub(super) async fn run(self, kind: Kind) -> Result<Report, Failure> {
-        match kind {
-            Kind::InARow { delivery, copies } => self.in_a_row(&delivery, copies).await,
-            Kind::AtOnce { delivery, copies } => self.at_once(&delivery, copies).await,
-            Kind::NewerFirst {
-                older,
-                newer,
-                state,
-            } => self.newer_first(&older, &newer, state).await,
-            Kind::HangUp { delivery, after } => socket::hang_up(self, &delivery, after).await,
-        }
-    }
-
     /// The effect counter.
     pub(super) fn counter(&self) -> Count {
         self.effects
@@ -70,7 +57,11 @@ impl Play<'_> {
         &self.apps[n % self.apps.len()]
     }
 
-    async fn in_a_row(self, delivery: &Delivery, copies: usize) -> Result<Report, Failure> {
+    pub(super) async fn in_a_row(
+        self,
+        delivery: &Delivery,
+        copies: usize,
+    ) -> Result<Report, Failure> {
         let count = self.counter();
         let before = count().await;
         let mut report = Report::new(self.label.clone(), delivery.to_string());
@@ -98,7 +89,11 @@ impl Play<'_> {
         self.verdict(report, effects, troubles, Verdict::InARow)
     }
 
-    async fn at_once(self, delivery: &Delivery, copies: usize) -> Result<Report, Failure> {
+    pub(super) async fn at_once(
+        self,
+        delivery: &Delivery,
+        copies: usize,
+    ) -> Result<Report, Failure> {
         let count = self.counter();
         let before = count().await;
         let mut report = Report::new(self.label.clone(), delivery.to_string());
@@ -156,7 +151,7 @@ impl Play<'_> {
         self.verdict(report, effects, troubles, Verdict::AtOnce)
     }
 
-    async fn newer_first(
+    pub(super) async fn newer_first(
         self,
         older: &Delivery,
         newer: &Delivery,
