@@ -68,13 +68,14 @@ pub(crate) struct Shape {
 
 impl Shape {
     /// Batches of at most `most` writes (and 1 MiB of data), on `lanes` lanes, never two
-    /// writes on one key in a batch; up to 16 batches' worth waiting.
+    /// writes on one key in a batch; up to 16 batches' worth waiting. Batches of one write
+    /// have as many lanes as there are writes: each goes at once, alone, as without a batcher.
     pub(crate) fn new(most: usize, lanes: usize) -> Self {
         let most = most.clamp(1, LARGEST_MOST);
         Self {
             most,
             bytes: 1 << 20,
-            lanes: lanes.max(1),
+            lanes: if most == 1 { usize::MAX } else { lanes.max(1) },
             same_key: false,
             waiting: most * 16,
         }

@@ -12,7 +12,9 @@ pub(crate) struct ClaimWrite {
     pub(crate) token: LeaseToken,
 }
 
-/// A commit (with its receipt, encoded), for one lease.
+/// A commit (with its receipt, encoded), for one lease. It is answered with the rows it
+/// matched, not those it changed (MySQL: sqlx sets `CLIENT_FOUND_ROWS`), so that a repeated
+/// commit holds; the row keeps what the first commit wrote.
 pub(crate) struct CommitWrite {
     pub(crate) key: IdempotencyKey,
     pub(crate) token: LeaseToken,

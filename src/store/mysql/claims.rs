@@ -53,21 +53,12 @@ impl MySqlStore {
                 .bind(token.to_i64())
         };
         if flavor == MySqlFlavor::MariaDb {
-            let row = match &self.batches {
-                Some(batches) => {
-                    let write = ClaimWrite {
-                        key: key.clone(),
-                        token,
-                    };
-                    batches.claims.write(write).await
-                }
-                None => insert(&self.claims.insert_or_read)
-                    .fetch_one(&self.table.pool)
-                    .await
-                    .store()
-                    .and_then(|row| ClaimRow::read(&row)),
-            }
-            .inspect_err(|error| self.table.unanswered(key, token, error))?;
+            let write = ClaimWrite {
+                key: key.clone(),
+                token,
+            };
+            let row = (self.batches.claims.write(write).await)
+                .inspect_err(|error| self.table.unanswered(key, token, error))?;
             return self.table.after_read(key, Some(row), Some(token), stale);
         }
         let inserted = insert(&self.claims.insert_new)
@@ -89,11 +80,8 @@ impl MySqlStore {
         lease: &Lease,
         receipt: Option<&Receipt>,
     ) -> Result<(), StoreError> {
-        let Some(batches) = &self.batches else {
-            return self.table.commit(lease, receipt).await;
-        };
         let write = CommitWrite::of(lease, receipt);
-        sql::held(batches.commits.write(write).await?)
+        sql::held(self.batches.commits.write(write).await?)
     }
 
     /// MariaDB 10.5 and later: one upsert, returning the row.

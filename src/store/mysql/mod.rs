@@ -330,8 +330,8 @@ pub struct MySqlStore {
     /// The statements of the inbox table.
     inbox: Arc<InboxQueries>,
     flavor: Arc<OnceCell<MySqlFlavor>>,
-    /// Where concurrent claims and commits meet to go together; none when each goes alone.
-    batches: Option<batch::Batches>,
+    /// Where concurrent claims and commits meet to go together.
+    batches: batch::Batches,
 }
 
 impl MySqlStore {
@@ -341,14 +341,14 @@ impl MySqlStore {
         let table = TableName::default_table();
         let inbox = InboxQueries::new(&table);
         let (sql, claims) = queries(table);
+        let (table, claims) = (Table::new(pool, sql), Arc::new(claims));
         Self {
-            table: Table::new(pool, sql),
-            claims: Arc::new(claims),
+            batches: batches(&table, &claims, DEFAULT_MOST),
+            table,
+            claims,
             inbox: Arc::new(inbox),
             flavor: Arc::default(),
-            batches: None,
         }
-        .max_batch(DEFAULT_MOST)
     }
 
     /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes.
@@ -358,7 +358,7 @@ impl MySqlStore {
         let (sql, claims) = queries(table);
         self.table = self.table.with_queries(sql);
         self.claims = Arc::new(claims);
-        let most = self.batches.as_ref().map_or(1, |b| b.claims.most());
+        let most = self.batches.claims.most();
         Ok(self.max_batch(most))
     }
 
@@ -377,15 +377,7 @@ impl MySqlStore {
     /// If `most` is 0.
     pub fn max_batch(mut self, most: usize) -> Self {
         assert!(most > 0, "a batch carries at least one write");
-        self.batches = (most > 1).then(|| {
-            batch::Batches::new(
-                self.table.pool.clone(),
-                &self.table.sql.table,
-                self.claims.insert_or_read.clone(),
-                self.table.sql.commit.clone(),
-                most,
-            )
-        });
+        self.batches = batches(&self.table, &self.claims, most);
         self
     }
 
@@ -605,4 +597,15 @@ impl fmt::Debug for MySqlStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.table.debug("MySqlStore", f)
     }
+}
+
+/// The batchers of a store on `table`, at most `most` writes a batch.
+fn batches(table: &Table<MySql>, claims: &ClaimQueries, most: usize) -> batch::Batches {
+    batch::Batches::new(
+        table.pool.clone(),
+        &table.sql.table,
+        claims.insert_or_read.clone(),
+        table.sql.commit.clone(),
+        most,
+    )
 }

@@ -2,12 +2,10 @@
 
 use std::time::Duration;
 
-use sqlx::{AssertSqlSafe, Row as _};
-
 use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
 use crate::store::batch::{ClaimWrite, CommitWrite, EnqueueWrite};
-use crate::store::sql::{AfterRead, ClaimRow, ResultExt as _, held, retry_serialization_failure};
+use crate::store::sql::{AfterRead, ClaimRow, held};
 use crate::store::{
     Claim, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, Store, StoreError, StuckClaim,
 };
@@ -94,23 +92,11 @@ impl PostgresStore {
         key: &IdempotencyKey,
         token: LeaseToken,
     ) -> Result<Option<ClaimRow>, StoreError> {
-        if let Some(batches) = &self.batches {
-            let write = ClaimWrite {
-                key: key.clone(),
-                token,
-            };
-            return batches.claims.write(write).await;
-        }
-        let first = || {
-            sqlx::query(AssertSqlSafe(self.insert_or_read.clone()))
-                .bind(key.namespace())
-                .bind(key.value())
-                .bind(token.to_i64())
-                .fetch_optional(&self.table.pool)
+        let write = ClaimWrite {
+            key: key.clone(),
+            token,
         };
-        retry_serialization_failure("claim", is_serialization_failure, first)
-            .await
-            .and_then(|row| row.as_ref().map(ClaimRow::read).transpose())
+        self.batches.claims.write(write).await
     }
 
     /// The commit of `lease`, in the next batch of commits when one is in flight.
@@ -119,11 +105,8 @@ impl PostgresStore {
         lease: &Lease,
         receipt: Option<&Receipt>,
     ) -> Result<(), StoreError> {
-        let Some(batches) = &self.batches else {
-            return self.table.commit(lease, receipt).await;
-        };
         let write = CommitWrite::of(lease, receipt);
-        held(batches.commits.write(write).await?)
+        held(self.batches.commits.write(write).await?)
     }
 }
 
@@ -136,22 +119,10 @@ impl PostgresStore {
         key: &IdempotencyKey,
         bytes: &[u8],
     ) -> Result<Option<(String, bool)>, StoreError> {
-        if let Some(batches) = &self.batches {
-            let write = EnqueueWrite {
-                key: key.clone(),
-                request: bytes.to_vec(),
-            };
-            return batches.enqueues.write(write).await;
-        }
-        let first = || {
-            sqlx::query(AssertSqlSafe(self.inbox.enqueue.clone()))
-                .bind(key.namespace())
-                .bind(key.value())
-                .bind(bytes)
-                .fetch_optional(self.pool())
+        let write = EnqueueWrite {
+            key: key.clone(),
+            request: bytes.to_vec(),
         };
-        let row = retry_serialization_failure("enqueue", is_serialization_failure, first).await?;
-        row.map(|row| Ok((row.try_get(0).store()?, row.try_get(1).store()?)))
-            .transpose()
+        self.batches.enqueues.write(write).await
     }
 }

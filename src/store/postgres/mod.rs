@@ -302,28 +302,37 @@ use queries::{add_receipt, insert_or_read, queries, upgrade};
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub struct PostgresStore {
     table: Table<Postgres>,
-    /// A claim's first statement, which inserts a new key or reads an existing one.
-    insert_or_read: Arc<str>,
     /// The statements on the inbox table.
     inbox: Arc<InboxQueries>,
     /// Sends the notifications of new inbox entries.
     herald: Arc<Herald>,
-    /// Where concurrent claims and commits meet to go together; none when each goes alone.
-    batches: Option<Batches>,
+    /// Where concurrent claims, commits and inbox entries meet to go together.
+    batches: Batches,
 }
 
 impl PostgresStore {
     /// A store on `pool`, in the table `idempotency_keys`.
     pub fn new(pool: PgPool) -> Self {
-        let table = TableName::default_table();
+        Self::on(
+            Table::new(pool, queries(TableName::default_table())),
+            DEFAULT_MOST,
+        )
+    }
+
+    /// A store on `table`, its batches of at most `most` writes.
+    fn on(table: Table<Postgres>, most: usize) -> Self {
+        let inbox: Arc<InboxQueries> = inbox_queries(&table.sql.table).into();
+        let lone = batch::Lone {
+            claim: insert_or_read(&table.sql.table).into(),
+            commit: table.sql.commit.clone(),
+            enqueue: inbox.enqueue.clone(),
+        };
         Self {
-            insert_or_read: insert_or_read(&table).into(),
-            inbox: inbox_queries(&table).into(),
+            batches: Batches::new(table.pool.clone(), &table.sql.table, lone, most),
+            inbox,
             herald: Arc::default(),
-            table: Table::new(pool, queries(table)),
-            batches: None,
+            table,
         }
-        .max_batch(DEFAULT_MOST)
     }
 
     /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes, or
@@ -331,15 +340,8 @@ impl PostgresStore {
     /// case-sensitive.
     pub fn with_table_name(self, name: &str) -> Result<Self, ConfigError> {
         let table = TableName::parse(name, true)?;
-        let most = self.max_batch_size();
-        Ok(Self {
-            insert_or_read: insert_or_read(&table).into(),
-            inbox: inbox_queries(&table).into(),
-            herald: Arc::default(),
-            table: self.table.with_queries(queries(table)),
-            batches: None,
-        }
-        .max_batch(most))
+        let most = self.batches.claims.most();
+        Ok(Self::on(self.table.with_queries(queries(table)), most))
     }
 
     /// The most claims that go to the database in one statement, and apart the most commits:
@@ -355,22 +357,9 @@ impl PostgresStore {
     /// # Panics
     ///
     /// If `most` is 0.
-    pub fn max_batch(mut self, most: usize) -> Self {
+    pub fn max_batch(self, most: usize) -> Self {
         assert!(most > 0, "a batch carries at least one write");
-        self.batches = (most > 1).then(|| {
-            let lone = batch::Lone {
-                claim: self.insert_or_read.clone(),
-                commit: self.table.sql.commit.clone(),
-                enqueue: self.inbox.enqueue.clone(),
-            };
-            Batches::new(self.table.pool.clone(), &self.table.sql.table, lone, most)
-        });
-        self
-    }
-
-    /// The most writes of one kind in a batch (see [`max_batch`](Self::max_batch)).
-    fn max_batch_size(&self) -> usize {
-        self.batches.as_ref().map_or(1, |b| b.claims.most())
+        Self::on(self.table, most)
     }
 
     /// How often the deliveries answered without writing (duplicates, see the [module

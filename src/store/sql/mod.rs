@@ -38,8 +38,8 @@ pub(crate) use writer::Writer;
 
 use super::batch::{BatchFailed, NotSent};
 use super::{
-    Claim, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale, StalePolicy,
-    StoreError, StuckClaim, VersionLease,
+    Claim, KeyRecord, KeyState, Lease, LeaseToken, Resolution, Stale, StalePolicy, StoreError,
+    StuckClaim, VersionLease,
 };
 use crate::key::IdempotencyKey;
 
@@ -184,23 +184,6 @@ where
     pub(crate) async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
         self.fenced(&self.sql.renew, lease.key(), lease.token())
             .await
-    }
-
-    /// Marks the leased row `done`, keeping `receipt` with it (`commit` writes none: NULL), in
-    /// one statement fenced as the others are. Matched rows, not changed rows (MySQL: sqlx
-    /// sets `CLIENT_FOUND_ROWS`), so a repeated commit answers `Ok`; the row keeps what the
-    /// first commit wrote.
-    pub(crate) async fn commit(
-        &self,
-        lease: &Lease,
-        receipt: Option<&Receipt>,
-    ) -> Result<(), StoreError> {
-        let query = sqlx::query(AssertSqlSafe(self.sql.commit.clone()))
-            .bind(receipt.map(Receipt::encode))
-            .bind(lease.key().namespace())
-            .bind(lease.key().value())
-            .bind(lease.token().to_i64());
-        held(self.write(query).await?)
     }
 
     pub(crate) async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

@@ -29,7 +29,9 @@ where
     /// The claim: the upsert writes `token` if and only if it inserts the row or takes it
     /// over, and returns the row either way. Parameters: namespace, key, token, whether the
     /// policy reclaims, the stale limit in microseconds. On an error the caller gives back
-    /// whatever the statement may have granted to `token`.
+    /// whatever the statement may have granted to `token`. (SQLite runs the same statement in
+    /// its batches of writes.)
+    #[cfg(feature = "postgres")]
     pub(crate) async fn claim_upsert(
         &self,
         key: &IdempotencyKey,

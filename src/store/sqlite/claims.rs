@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use super::SqliteStore;
 use super::batch::{Write, Wrote};
-use super::{SqliteStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
 use crate::store::sql::{AfterRead, held, micros};
 use crate::store::{
@@ -23,19 +23,13 @@ impl Store for SqliteStore {
             AfterRead::Answer(claim) => Ok(claim),
             AfterRead::TakeOver | AfterRead::Absent => {
                 let token = LeaseToken::generate();
-                let Some(batches) = &self.batches else {
-                    return table
-                        .claim_upsert(key, token, stale, is_serialization_failure)
-                        .await
-                        .inspect_err(|error| table.unanswered(key, token, error));
-                };
                 let write = Write::Claim {
                     key: key.clone(),
                     token,
                     reclaim: stale.policy() == StalePolicy::Reclaim,
                     stale_us: micros(stale.after()),
                 };
-                let claim = match batches.write(write).await {
+                let claim = match self.batches.write(write).await {
                     Ok(Wrote::Row(row)) => row.into_claim(key, token, stale),
                     Ok(Wrote::Matched(_)) => Err(mixed_up()),
                     Err(error) => Err(error),
@@ -89,15 +83,12 @@ impl SqliteStore {
         lease: &Lease,
         receipt: Option<&Receipt>,
     ) -> Result<(), StoreError> {
-        let Some(batches) = &self.batches else {
-            return self.table.commit(lease, receipt).await;
-        };
         let write = Write::Commit {
             key: lease.key().clone(),
             token: lease.token(),
             receipt: receipt.map(Receipt::encode),
         };
-        match batches.write(write).await? {
+        match self.batches.write(write).await? {
             Wrote::Matched(matched) => held(matched),
             Wrote::Row(_) => Err(mixed_up()),
         }

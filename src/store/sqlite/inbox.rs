@@ -41,18 +41,11 @@ impl SqliteStore {
     /// Inserts the entry of `key` unless there is one: in the next batch of writes when one
     /// is in flight (see [`max_batch`](Self::max_batch)). Answers how many rows it stored.
     async fn insert_entry(&self, key: &IdempotencyKey, bytes: &[u8]) -> Result<u64, StoreError> {
-        let Some(batches) = &self.batches else {
-            let insert = statement(&self.inbox.enqueue)
-                .bind(key.namespace())
-                .bind(key.value())
-                .bind(bytes);
-            return self.inbox_write(insert).await;
-        };
         let write = Write::Enqueue {
             key: key.clone(),
             request: bytes.to_vec(),
         };
-        match batches.write(write).await? {
+        match self.batches.write(write).await? {
             Wrote::Matched(stored) => Ok(stored),
             Wrote::Row(_) => Err(StoreError::backend(
                 "a batched insert was answered for another kind of write",

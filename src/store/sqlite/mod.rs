@@ -273,7 +273,7 @@ pub struct SqliteStore {
     inbox: Arc<inbox::InboxQueries>,
     /// Where concurrent claims and commits meet to share a transaction; none when each goes
     /// alone.
-    batches: Option<Batcher<batch::Write, batch::Wrote>>,
+    batches: Batcher<batch::Write, batch::Wrote>,
 }
 
 impl SqliteStore {
@@ -326,25 +326,25 @@ impl SqliteStore {
     }
 
     fn queued(pool: SqlitePool, writer: Writer) -> Self {
-        let table = TableName::default_table();
+        let table = Table::new(pool, queries(TableName::default_table())).writing_through(writer);
+        Self::on(table, DEFAULT_MOST)
+    }
+
+    /// A store on `table`, its batches of at most `most` writes.
+    fn on(table: Table<Sqlite>, most: usize) -> Self {
+        let inbox = Arc::new(inbox::inbox_queries(&table.sql.table));
         Self {
-            inbox: Arc::new(inbox::inbox_queries(&table)),
-            table: Table::new(pool, queries(table)).writing_through(writer),
-            batches: None,
+            batches: batch::batcher(table.clone(), inbox.enqueue.clone(), most),
+            inbox,
+            table,
         }
-        .max_batch(DEFAULT_MOST)
     }
 
     /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes.
     pub fn with_table_name(self, name: &str) -> Result<Self, ConfigError> {
         let table = TableName::parse(name, false)?;
-        let most = self.batches.as_ref().map_or(1, Batcher::most);
-        Ok(Self {
-            inbox: Arc::new(inbox::inbox_queries(&table)),
-            table: self.table.with_queries(queries(table)),
-            batches: None,
-        }
-        .max_batch(most))
+        let most = self.batches.most();
+        Ok(Self::on(self.table.with_queries(queries(table)), most))
     }
 
     /// The most writes (claims that insert or take over a key, commits, and the inserts of
@@ -360,11 +360,9 @@ impl SqliteStore {
     /// # Panics
     ///
     /// If `most` is 0.
-    pub fn max_batch(mut self, most: usize) -> Self {
+    pub fn max_batch(self, most: usize) -> Self {
         assert!(most > 0, "a batch carries at least one write");
-        self.batches = (most > 1)
-            .then(|| batch::batcher(self.table.clone(), self.inbox.enqueue.clone(), most));
-        self
+        Self::on(self.table, most)
     }
 
     /// How often the deliveries answered without writing (duplicates, see the [module
