@@ -11,7 +11,6 @@ pub mod body;
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 mod engine;
-mod future;
 pub mod inbox;
 pub mod journal;
 pub mod key;
@@ -38,11 +37,11 @@ pub mod verify;
 pub mod version_guard;
 
 pub use engine::Guarded;
+pub use engine::ResponseFuture;
 pub use engine::{
     DEFAULT_BODY_LIMIT, Drain, DrainReport, LeaseHandle, LeftBehind, MissingKey, SharedSettings,
     Stage,
 };
-pub use future::ResponseFuture;
 pub use journal::{Journal, Seen};
 pub use key::{IdempotencyKey, Scope};
 pub use layer::IdempotencyLayer;

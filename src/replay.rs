@@ -138,7 +138,7 @@ use http_body_util::{BodyExt, Limited};
 use sha2::{Digest, Sha256};
 
 use crate::body::{BoxError, ResponseBody};
-use crate::engine::keep::Keep;
+use crate::engine::run::Keep;
 use crate::response::{self, Outcome};
 use crate::store::{Fingerprint, StoredResponse};
 

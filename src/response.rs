@@ -32,6 +32,8 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 
+use crate::body::ResponseBody;
+
 /// The header naming the outcome on the layer's own answers, e.g. `idempotency-outcome:
 /// duplicate`.
 pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("idempotency-outcome");
@@ -180,4 +182,21 @@ pub(crate) fn set_retry_after<B>(res: &mut Response<B>, after: Duration) {
         .saturating_add(u64::from(after.subsec_nanos() > 0));
     res.headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+}
+
+/// Tags the inner service's response with the delivery's outcome, unless a layer further in
+/// (the version guard) already named a more specific one.
+pub(crate) fn with_outcome<B>(res: Response<B>, outcome: Outcome) -> Response<ResponseBody<B>> {
+    tagged(res.map(ResponseBody::new), outcome)
+}
+
+/// [`with_outcome`] for a response whose body is the layer's already.
+pub(crate) fn tagged<B>(
+    mut res: Response<ResponseBody<B>>,
+    outcome: Outcome,
+) -> Response<ResponseBody<B>> {
+    if res.extensions().get::<Outcome>().is_none() {
+        res.extensions_mut().insert(outcome);
+    }
+    res
 }

@@ -14,13 +14,13 @@ use tower_service::Service;
 
 use crate::body::{BoxError, RequestBody, ResponseBody};
 use crate::engine::Guarded;
-use crate::engine::acquire::acquire;
 use crate::engine::drain::Entry;
 use crate::engine::guard::{LeaseGuard, Owner, Settle};
 use crate::engine::mode::Mode;
-use crate::engine::prepare::{find_key, record};
+use crate::engine::observe::record;
+use crate::engine::prepare::find_key;
 use crate::engine::refusal::{Refusal, Rejection};
-use crate::engine::run::{Ran, run};
+use crate::engine::run::{Ran, acquire, run};
 use crate::engine::settings::{HeldHook, Settings};
 use crate::engine::wait;
 use crate::journal::{Journal, attempt_of};
@@ -288,12 +288,7 @@ async fn claim<St: Store, K: ExtractKey>(
             Claim::Held(pending) => Claimed::Held(pending),
         })
     };
-    let started = crate::engine::observe::started();
-    let answer = acquire(claiming, owner.settings.store_timeout, "claim").await;
-    if let Some(started) = started {
-        crate::metrics::store_call("claim", started.elapsed());
-    }
-    answer
+    acquire(claiming, owner.settings.store_timeout, "claim").await
 }
 
 impl<St: Store, K: ExtractKey> Owner for Claims<St, K> {

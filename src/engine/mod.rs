@@ -8,18 +8,43 @@
 //!    size and time limits), verify, find what to claim, and answer what needs no store
 //!    (400, 401, 413, 408).
 //! 2. [`drain`]: count the delivery, or turn it away with 503 while the layer drains.
-//! 3. [`acquire`]: the mode's claim, bounded by the store timeout, with a granted claim wrapped
-//!    at once in a [`guard::LeaseGuard`] so that an answer nobody reads gives itself back.
+//! 3. [`run::acquire`]: the mode's claim, bounded by the store timeout, with a granted claim
+//!    wrapped at once in a [`guard::LeaseGuard`] so that an answer nobody reads gives itself
+//!    back.
 //! 4. [`run`]: the inner service under the claim, moved into a task of its own if the
 //!    delivery goes away ([`run::Detach`]), with the heartbeat renewing the claim meanwhile.
 //! 5. [`guard`]: commit or release as the answer says, retried in the background when the
 //!    store fails; a panic is abandoned as the stale policy says.
 //! 6. [`wait`]: optionally, a duplicate that meets a claim in flight waits for it to settle.
+//!
+//! # The path of one delivery
+//!
+//! A new event, claim-then-commit with a header key on PostgreSQL, from the service's `call`
+//! to its claim's row, file by file:
+//!
+//! | step | file |
+//! |---|---|
+//! | `Guarded::call`, `deliver` | `engine/mode.rs` |
+//! | the delivery's span and response future | `engine/observe.rs` |
+//! | the body (left unread), the signature | `engine/prepare.rs` |
+//! | `Claims::find` | `service.rs` |
+//! | `find_key`: extract, check the length, scope | `engine/prepare.rs`, `key/header.rs`, `key/scope.rs` |
+//! | `Drain::enter` | `engine/drain.rs` |
+//! | `Claims::claim` | `service.rs` |
+//! | [`run::acquire`] | `engine/run.rs` |
+//! | `Store::claim` | `store/postgres/claims.rs` |
+//! | the batcher: a lone write goes at once | `store/batch.rs` |
+//! | the insert-or-read, the row written | `store/postgres/batch.rs` |
+//!
+//! Then the row read back (`store/sql/rows.rs`, `store/sql/mod.rs`), the claim under its
+//! guard (`engine/guard/mod.rs`), the run (`engine/run.rs`, the handler itself, `replay.rs`
+//! when answers are kept), the settlement (`engine/guard/mod.rs`, `Owner::settle` in
+//! `service.rs`, and the same three store files for the commit), and the answer's report
+//! (`engine/observe.rs`, `metrics.rs`). The other modes take the same path through their own
+//! file in place of `service.rs`.
 
-pub(crate) mod acquire;
 pub(crate) mod drain;
 pub(crate) mod guard;
-pub(crate) mod keep;
 pub(crate) mod mode;
 pub(crate) mod observe;
 pub(crate) mod prepare;
@@ -31,6 +56,7 @@ pub(crate) mod wait;
 
 pub use drain::{Drain, DrainReport, LeftBehind, Stage};
 pub use mode::Guarded;
+pub use observe::ResponseFuture;
 
 pub(crate) use crate::body::later;
 pub use guard::LeaseHandle;

@@ -13,13 +13,13 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::drain::Entry;
+use super::observe::ResponseFuture;
 use super::observe::observed;
 use super::prepare::{pass_through, take_body, verified, verifies};
 use super::refusal::{Refusal, Rejection};
-use super::run::{Detach, Ran};
+use super::run::{Detach, Ran, detached_run};
 use super::settings::Settings;
 use crate::body::{BoxError, RequestBody, ResponseBody};
-use crate::future::ResponseFuture;
 use crate::key::KeyError;
 use crate::response::Outcome;
 
@@ -226,7 +226,7 @@ where
                 let run = mode
                     .clone()
                     .run(held, inner, Request::from_parts(parts, body));
-                match Detach::new(run).await {
+                match Detach::new(run, detached_run).await {
                     Ok(Ok(res)) => res,
                     Ok(Err(error)) => return Err(error),
                     Err(panic) => std::panic::resume_unwind(panic),

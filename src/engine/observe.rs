@@ -1,12 +1,13 @@
 //! What every delivery reports, whatever its mode: one tracing span, and the metric of its
-//! outcome.
+//! outcome, told by its response future.
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use http::Response;
 
-use crate::future::ResponseFuture;
 use crate::key::IdempotencyKey;
 use crate::response::Outcome;
 
@@ -29,6 +30,50 @@ pub(crate) fn observed<B, E>(
     // Boxed, and only when a subscriber records it: nothing to carry otherwise.
     let span = (!span.is_disabled()).then(|| Box::new(span));
     ResponseFuture::new(delivery, span, report)
+}
+
+/// The response future of [`Idempotency`](crate::Idempotency).
+///
+/// The delivery runs in its tracing span, `delivery`, which this future enters while it polls
+/// it, and whose outcome it reports when it answers.
+pub struct ResponseFuture<T, E> {
+    inner: Pin<Box<dyn Future<Output = Result<T, E>> + Send>>,
+    /// Boxed, and only when a subscriber records it.
+    span: Option<Box<tracing::Span>>,
+    report: fn(&Result<T, E>, Option<&tracing::Span>),
+}
+
+impl<T, E> ResponseFuture<T, E> {
+    /// `inner` in the delivery's span, with `report` to tell of its answer.
+    pub(crate) fn new(
+        inner: Pin<Box<dyn Future<Output = Result<T, E>> + Send>>,
+        span: Option<Box<tracing::Span>>,
+        report: fn(&Result<T, E>, Option<&tracing::Span>),
+    ) -> Self {
+        Self {
+            inner,
+            span,
+            report,
+        }
+    }
+}
+
+impl<T, E> Future for ResponseFuture<T, E> {
+    type Output = Result<T, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let _entered = this.span.as_deref().map(tracing::Span::enter);
+        let output = std::task::ready!(this.inner.as_mut().poll(cx));
+        (this.report)(&output, this.span.as_deref());
+        Poll::Ready(output)
+    }
+}
+
+impl<T, E> fmt::Debug for ResponseFuture<T, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
 }
 
 /// Tells of a delivery's answer: its span's `outcome`, and the metric.
@@ -76,4 +121,14 @@ pub(crate) fn keyed(key: &IdempotencyKey) {
 pub(crate) fn started() -> Option<std::time::Instant> {
     let wanted = cfg!(feature = "metrics") || span().is_some();
     wanted.then(std::time::Instant::now)
+}
+
+/// The one event every delivery with a key records.
+pub(crate) fn record(key: &IdempotencyKey, outcome: Outcome) {
+    tracing::debug!(
+        namespace = key.namespace(),
+        key = key.value(),
+        outcome = outcome.as_str(),
+        "delivery",
+    );
 }

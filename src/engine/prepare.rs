@@ -11,7 +11,7 @@ use super::refusal::Rejection;
 use super::settings::{MissingKey, Settings};
 use crate::body::{BoxError, RequestBody, ResponseBody};
 use crate::key::{ExtractKey, IdempotencyKey, KeyError};
-use crate::response::Outcome;
+use crate::response::{Outcome, with_outcome};
 
 /// Finds a delivery's key with `extractor` (given the body when it reads it), checks its
 /// length, joins the scope, and decides what happens to a delivery without one: `Ok(None)`
@@ -141,31 +141,4 @@ pub(crate) fn check_len(
         )));
     }
     Ok(key)
-}
-
-/// Tags the inner service's response with the delivery's outcome, unless a layer further in
-/// (the version guard) already named a more specific one.
-pub(crate) fn with_outcome<B>(res: Response<B>, outcome: Outcome) -> Response<ResponseBody<B>> {
-    tagged(res.map(ResponseBody::new), outcome)
-}
-
-/// [`with_outcome`] for a response whose body is the layer's already.
-pub(crate) fn tagged<B>(
-    mut res: Response<ResponseBody<B>>,
-    outcome: Outcome,
-) -> Response<ResponseBody<B>> {
-    if res.extensions().get::<Outcome>().is_none() {
-        res.extensions_mut().insert(outcome);
-    }
-    res
-}
-
-/// The one event every delivery with a key records.
-pub(crate) fn record(key: &IdempotencyKey, outcome: Outcome) {
-    tracing::debug!(
-        namespace = key.namespace(),
-        key = key.value(),
-        outcome = outcome.as_str(),
-        "delivery",
-    );
 }

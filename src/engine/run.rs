@@ -6,6 +6,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures_util::FutureExt;
 use http::{Request, Response};
@@ -14,12 +15,11 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::guard::{LeaseGuard, Leased, Owner, Settle};
-use super::keep::Keep;
-use super::prepare::tagged;
 use super::refusal::key_problem;
 use crate::body::{BodyWatch, RequestBody, ResponseBody};
 use crate::key::KeyError;
-use crate::response::Outcome;
+use crate::response::{Outcome, tagged};
+use crate::store::{StoreError, StoredResponse};
 
 /// A panic caught in the inner service.
 pub(crate) type Panic = Box<dyn Any + Send>;
@@ -81,57 +81,140 @@ impl<S: Service<Req>, Req> Future for Calling<S, Req> {
     }
 }
 
-/// A run that goes on when its caller stops waiting: dropped before it finished (hyper drops
-/// the response future when the client hangs up), it moves into a task of its own.
+/// A future that goes on when its caller stops waiting: dropped before it finished (hyper drops
+/// the response future when the client hangs up), it moves into a task of its own, and `then`
+/// takes its output there. A run is detached so, and so is a claim still waiting for the
+/// store ([`acquire`]).
 ///
-/// While the caller waits, the run is polled in the caller's task, so a delivery whose sender
-/// stays costs no task and no cross-thread wake-up.
-pub(crate) struct Detach<T: Send + 'static, E: Send + 'static> {
-    run: Option<BoxRun<T, E>>,
+/// While the caller waits, the future is polled in the caller's task, so a delivery whose
+/// sender stays costs no task and no cross-thread wake-up. Without a runtime there is no task
+/// to move to, and a dropped future is dropped: a run's guard then settles its claim, and a
+/// claim's answer gives itself back.
+pub(crate) struct Detach<F: Future<Output: Send + 'static> + Send + 'static> {
+    future: Option<Pin<Box<F>>>,
+    then: fn(F::Output),
 }
 
-type BoxRun<T, E> = Pin<Box<dyn Future<Output = Ran<T, E>> + Send>>;
-
-impl<T: Send + 'static, E: Send + 'static> Detach<T, E> {
-    pub(crate) fn new(run: impl Future<Output = Ran<T, E>> + Send + 'static) -> Self {
+impl<F: Future<Output: Send + 'static> + Send + 'static> Detach<F> {
+    /// `future`, with what becomes of its output if it finishes detached.
+    pub(crate) fn new(future: F, then: fn(F::Output)) -> Self {
         Self {
-            run: Some(Box::pin(run)),
+            future: Some(Box::pin(future)),
+            then,
         }
     }
 }
 
-impl<T: Send + 'static, E: Send + 'static> Future for Detach<T, E> {
-    type Output = Ran<T, E>;
+impl<F: Future<Output: Send + 'static> + Send + 'static> Future for Detach<F> {
+    type Output = F::Output;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Ran<T, E>> {
-        let Some(run) = self.run.as_mut() else {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // `Detach` is `Unpin`: the future it holds is boxed.
+        let Some(future) = self.future.as_mut() else {
             panic!("Detach polled after it completed");
         };
-        let output = std::task::ready!(run.as_mut().poll(cx));
-        self.run = None;
+        let output = std::task::ready!(future.as_mut().poll(cx));
+        self.future = None;
         Poll::Ready(output)
     }
 }
 
-impl<T: Send + 'static, E: Send + 'static> Drop for Detach<T, E> {
+impl<F: Future<Output: Send + 'static> + Send + 'static> Drop for Detach<F> {
     fn drop(&mut self) {
-        let Some(run) = self.run.take() else { return };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                tracing::debug!("the delivery went away; its handler runs on to completion");
-                runtime.spawn(async move {
-                    // The run settles its own claim; only a panic is left to report.
-                    if run.await.is_err() {
-                        tracing::error!(
-                            "a handler whose delivery went away panicked; its claim was \
-                             settled as the stale policy says"
-                        );
-                    }
-                });
-            }
-            // Without a runtime the run cannot go on; dropping it lets its guard settle.
-            Err(_) => drop(run),
+        let Some(future) = self.future.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let then = self.then;
+            runtime.spawn(async move { then(future.await) });
         }
+    }
+}
+
+/// What becomes of a run that finished detached: it settled its own claim; only a panic is
+/// left to report.
+pub(crate) fn detached_run<T, E>(ran: Ran<T, E>) {
+    if ran.is_err() {
+        tracing::error!(
+            "a handler whose delivery went away panicked; its claim was settled as the stale \
+             policy says"
+        );
+    }
+}
+
+/// Runs `acquiring`, a store call that may grant a claim, within `timeout`, and times it for
+/// the metrics as the store's `what`.
+///
+/// The call is polled in the delivery's own task, so a claim costs no task and no wake-up from
+/// another thread. Should the delivery stop waiting for it (dropped because the sender hung up,
+/// or past the timeout) while the store has not answered, the call is [detached](Detach) and
+/// finishes in a task: it is never cut off half way. Whatever it answers is owned by its
+/// output: `acquiring` wraps a granted claim in a [`LeaseGuard`] as soon as the store answers,
+/// and an output nobody reads is dropped, which gives the claim back. Nothing is lost between
+/// the store's answer and the delivery, by construction. The detached call has no bound beyond
+/// the store's own (pool and connection timeouts): cutting it off could lose a claim the store
+/// granted; while it waits, a drain reports the delivery as still claiming.
+pub(crate) async fn acquire<T, F>(
+    acquiring: F,
+    timeout: Duration,
+    what: &'static str,
+) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, StoreError>> + Send + 'static,
+{
+    let started = super::observe::started();
+    let mut acquiring = Detach::new(acquiring, drop);
+    // A store that answers at once (the memory store) costs no timer either.
+    let answer =
+        match std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut acquiring).poll(cx))).await {
+            Poll::Ready(answer) => answer,
+            // No timer and no task to move the call to: wait for it where it is.
+            Poll::Pending if tokio::runtime::Handle::try_current().is_err() => acquiring.await,
+            Poll::Pending => match tokio::time::timeout(timeout, &mut acquiring).await {
+                Ok(answer) => answer,
+                // Dropped on the way out, the call goes on in a task; should it grant the claim
+                // now, its answer gives it back.
+                Err(_elapsed) => Err(StoreError::backend(format!(
+                    "the store did not answer the {what} within {timeout:?}"
+                ))),
+            },
+        };
+    if let Some(started) = started {
+        crate::metrics::store_call(what, started.elapsed());
+    }
+    answer
+}
+
+/// What the run does with an answer that commits, before it commits: store it for replay, or
+/// pass it on. Answers the response to send and what to store of it, if anything.
+pub(crate) trait Keep<B>: Send + 'static {
+    /// Whether it may store anything: if not, the run does not ask.
+    fn stores(&self) -> bool;
+
+    fn keep(
+        self,
+        res: Response<B>,
+    ) -> impl Future<Output = (Response<ResponseBody<B>>, Option<StoredResponse>)> + Send;
+}
+
+/// Stores nothing: the modes without replay.
+pub(crate) struct Nothing;
+
+impl<B: Send + 'static> Keep<B> for Nothing {
+    fn stores(&self) -> bool {
+        false
+    }
+
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "the trait names the future's bounds"
+    )]
+    fn keep(
+        self,
+        res: Response<B>,
+    ) -> impl Future<Output = (Response<ResponseBody<B>>, Option<StoredResponse>)> + Send {
+        async move { (res.map(ResponseBody::new), None) }
     }
 }
 

@@ -20,12 +20,14 @@ use crate::engine::Guarded;
 use crate::engine::drain::{Entry, Stage};
 use crate::engine::guard::{LeaseState, Leased};
 use crate::engine::mode::Mode;
-use crate::engine::prepare::{find_key, record, with_outcome};
+use crate::engine::observe::record;
+use crate::engine::prepare::find_key;
 use crate::engine::refusal::{Refusal, Rejection};
 use crate::engine::run::{Ran, call};
 use crate::engine::settings::Settings;
 use crate::key::{Auto, ExtractKey, IdempotencyKey};
 use crate::response::Outcome;
+use crate::response::with_outcome;
 use crate::store::{Begin, LeaseToken, StoreError};
 
 /// The service of transactional mode, made by [`TransactionalLayer`](super::TransactionalLayer).

@@ -16,14 +16,13 @@ use super::version::ExtractVersion;
 use crate::MissingKey;
 use crate::body::{RequestBody, ResponseBody};
 use crate::engine::Guarded;
-use crate::engine::acquire::acquire;
 use crate::engine::drain::Entry;
 use crate::engine::guard::{LeaseGuard, Leased, Owner, Settle};
-use crate::engine::keep::Nothing;
 use crate::engine::mode::Mode;
 use crate::engine::prepare::check_len;
 use crate::engine::refusal::{Refusal, Rejection};
-use crate::engine::run::{Ran, run};
+use crate::engine::run::Nothing;
+use crate::engine::run::{Ran, acquire, run};
 use crate::engine::settings::{HeldHook, Settings};
 use crate::key::{ExtractKey, IdempotencyKey, KeyError};
 use crate::response::{Outcome, problem};
@@ -173,7 +172,7 @@ where
                 })
             };
             let timeout = self.settings.store_timeout;
-            match acquire(beginning, timeout, "version claim").await {
+            match acquire(beginning, timeout, "claim").await {
                 Ok(begun) => begun,
                 Err(error) => {
                     tracing::error!(
