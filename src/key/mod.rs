@@ -55,13 +55,8 @@ pub use extract::{ExtractKey, FromBodyFn, FromFn, Namespaced, Or, from_body_fn, 
 pub use header::{Header, header};
 pub use json::{Json, JsonFields, json, json_fields};
 pub use scope::Scope;
-pub use senders::github::key as github;
-pub use senders::shopify::key as shopify;
-pub use senders::slack::key as slack;
-pub use senders::standard_webhooks::key as standard_webhooks;
-pub use senders::stripe::key as stripe;
-pub use senders::twilio::key as twilio;
-pub use senders::twitch::key as twitch;
+// Each sender's key preset, `key::github()` and the others, from its own file.
+pub use senders::keys::*;
 
 /// The longest key value accepted, in bytes. Every store's column is sized for it.
 pub const MAX_KEY_LEN: usize = 255;

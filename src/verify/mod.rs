@@ -133,16 +133,11 @@ use std::time::SystemTime;
 
 use http::request::Parts;
 
-// Each sender's verifier is defined, with the docs of its scheme, in the sender's own file
-// beside its record and key preset: `src/key/senders/<name>.rs`.
-pub use crate::key::senders::github::scheme::verifier as github;
-pub use crate::key::senders::shopify::scheme::verifier as shopify;
+// Each sender's verifier, `verify::github(secret)` and the others, is defined with the docs of
+// its scheme in the sender's own file, beside its record and key preset:
+// `src/key/senders/<name>.rs`.
 pub use crate::key::senders::signature::{Secrets, Verifier, VerifyError};
-pub use crate::key::senders::slack::scheme::verifier as slack;
-pub use crate::key::senders::standard_webhooks::scheme::verifier as standard_webhooks;
-pub use crate::key::senders::stripe::scheme::verifier as stripe;
-pub use crate::key::senders::twilio::scheme::verifier as twilio;
-pub use crate::key::senders::twitch::scheme::verifier as twitch;
+pub use crate::key::senders::verifiers::*;
 
 /// Checks a delivery before the layer claims its key.
 ///

@@ -22,10 +22,9 @@
 //!    holding `pub fn verifier(secrets: impl Into<Secrets>) -> Verifier` with the docs of the
 //!    scheme (its format, what it covers, its tolerance, where it is published) and the
 //!    `check` the record names;
-//! 2. in this file, `pub(crate) mod acme;` and `&acme::SENDER` in [`ALL`], at the place its id
-//!    header takes in detection;
-//! 3. its public names, one line each: `pub use senders::acme::key as acme;` in `key/mod.rs`
-//!    and `pub use crate::key::senders::acme::scheme::verifier as acme;` in `verify/mod.rs`.
+//! 2. `acme` in the list of senders in this file, at the place its id header takes in
+//!    detection. The list declares the module, puts its record in [`ALL`], and gives it its
+//!    public names: `key::acme()` and `verify::acme(secret)`.
 //!
 //! Tests written against [`ALL`] then fail until they are told of it, so that nothing that
 //! names every sender forgets one: `tests.rs` here lists each sender's key preset and every
@@ -39,26 +38,42 @@ use std::sync::LazyLock;
 
 use http::request::Parts;
 
-pub(crate) mod github;
-pub(crate) mod shopify;
 #[cfg(feature = "verify")]
 pub(crate) mod signature;
-pub(crate) mod slack;
-pub(crate) mod standard_webhooks;
-pub(crate) mod stripe;
-pub(crate) mod twilio;
-pub(crate) mod twitch;
 
-/// Every sender, in the order its id header names it (see [`detect`]).
-pub(crate) static ALL: &[&Sender] = &[
-    &github::SENDER,
-    &shopify::SENDER,
-    &standard_webhooks::SENDER,
-    &twilio::SENDER,
-    &twitch::SENDER,
-    &stripe::SENDER,
-    &slack::SENDER,
-];
+/// Declares the senders, each the file of its name here, in the order their id headers name
+/// them (see [`detect`]): their modules, [`ALL`], and their public names, the key presets
+/// (`key::github()`, from [`keys`]) and the verifiers (`verify::github(secret)`, from
+/// `verifiers`).
+macro_rules! senders {
+    ($($sender:ident),+ $(,)?) => {
+        $(pub(crate) mod $sender;)+
+
+        /// Every sender, in the order its id header names it (see [`detect`]).
+        pub(crate) static ALL: &[&Sender] = &[$(&$sender::SENDER),+];
+
+        /// Each sender's key preset under the sender's name, for [`key`](crate::key).
+        pub(crate) mod keys {
+            $(pub use super::$sender::key as $sender;)+
+        }
+
+        /// Each sender's verifier under the sender's name, for [`verify`](crate::verify).
+        #[cfg(feature = "verify")]
+        pub(crate) mod verifiers {
+            $(pub use super::$sender::scheme::verifier as $sender;)+
+        }
+    };
+}
+
+senders!(
+    github,
+    shopify,
+    standard_webhooks,
+    twilio,
+    twitch,
+    stripe,
+    slack,
+);
 
 /// [`ALL`] in the order of [`Sender::signature_precedence`], sorted once: detection by a
 /// signature header stops at the first sender whose header is there.
