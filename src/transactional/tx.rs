@@ -17,9 +17,11 @@ pub(super) struct TxDatabase(pub(super) &'static str);
 
 /// The delivery's open transaction, in the request extensions of the inner service.
 ///
-/// Handlers that are not axum handlers reach the transaction through it:
+/// Handlers that are not axum handlers reach the transaction through it (here on PostgreSQL;
+/// the same with `Sqlite` or `MySql`):
 ///
-/// ```no_run
+#[cfg_attr(feature = "postgres", doc = "```no_run")]
+#[cfg_attr(not(feature = "postgres"), doc = "```ignore")]
 /// # use sqlx::Postgres;
 /// # use tower_idempotency::transactional::TxHandle;
 /// # async fn handler<B>(req: http::Request<B>) -> Result<(), sqlx::Error> {
