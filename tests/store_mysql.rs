@@ -684,8 +684,8 @@ async fn the_inbox_table_checks_its_states() {
     assert!(insert.is_err(), "{insert:?}");
 }
 
-/// An entry whose stored bytes are damaged reads as an error, never a panic: its request, its
-/// history, and a take that meets it (which then changes nothing).
+/// An entry whose stored bytes are damaged reads as an error, never a panic: its request and
+/// its history. A take that meets it settles it dead, kept for a person.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_inbox_entry_is_an_error() {
     use tower_idempotency::store::inbox::{EntryState, InboxStore, Take};
@@ -719,22 +719,17 @@ async fn a_damaged_inbox_entry_is_an_error() {
         store.entry(&key).await,
         Err(StoreError::Backend(_))
     ));
-    assert!(matches!(
-        store.take(&Take::default()).await,
-        Err(StoreError::Backend(_))
-    ));
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE {table}_inbox SET history = NULL"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
+    assert!(store.take(&Take::default()).await.unwrap().is_empty());
     let entry = store.entry(&key).await.unwrap().unwrap();
     assert_eq!(
         (entry.state, entry.attempts),
-        (EntryState::Queued, 0),
-        "the failed take changed nothing"
+        (EntryState::Dead, 1),
+        "the take settled the unreadable entry dead"
     );
+    assert!(matches!(
+        store.stored_request(&key).await,
+        Err(StoreError::Backend(_))
+    ));
     let drop = format!("DROP TABLE {table}, {table}_versions, {table}_inbox");
     sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
         .execute(&pool)
@@ -798,4 +793,25 @@ async fn an_inbox_duplicate_writes_nothing() {
         store.discard(&key).await.unwrap();
         store.discard(&other).await.unwrap();
     }
+}
+
+/// A damaged request goes dead at the take that meets it, and blocks nothing.
+#[tokio::test]
+async fn an_unreadable_inbox_entry_goes_dead() {
+    let Some(store) = common::inbox::mysql("inbox_unreadable").await else {
+        return;
+    };
+    let pool = store.pool().clone();
+    common::inbox::an_unreadable_entry_goes_dead(&store, |key| async move {
+        sqlx::query(
+            "UPDATE inbox_unreadable_inbox SET request = ? WHERE namespace = ? AND `key` = ?",
+        )
+        .bind(&b"not a stored request"[..])
+        .bind(key.namespace())
+        .bind(key.value())
+        .execute(&pool)
+        .await
+        .unwrap();
+    })
+    .await;
 }

@@ -631,8 +631,8 @@ async fn a_watcher_is_woken_by_another_instances_enqueue_and_outlives_its_connec
 }
 
 /// A damaged entry (bytes no release wrote) is an error, never a panic: reading its request
-/// or its history fails, and a take that leased it fails too, giving back the entries it
-/// leased with it.
+/// or its history fails. A take that leased it settles it dead and hands over the entries
+/// it leased with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_entry_is_an_error() {
     use tower_idempotency::store::inbox::{EntryState, InboxStore, Take};
@@ -655,14 +655,11 @@ async fn a_damaged_entry_is_an_error() {
         .await
         .unwrap();
     assert!(store.stored_request(&damaged).await.is_err());
-    assert!(store.take(&Take::default()).await.is_err());
-    let given_back = store.entry(&good).await.unwrap().unwrap();
-    assert_eq!(
-        (given_back.state, given_back.attempts),
-        (EntryState::Queued, 0)
-    );
+    let taken = store.take(&Take::default()).await.unwrap();
+    let keys: Vec<_> = taken.iter().map(|entry| entry.lease.key()).collect();
+    assert_eq!(keys, [&good]);
     let left = store.entry(&damaged).await.unwrap().unwrap();
-    assert_eq!((left.state, left.attempts), (EntryState::Running, 1));
+    assert_eq!((left.state, left.attempts), (EntryState::Dead, 1));
     let history = format!(r#"UPDATE {table}_inbox SET history = 'junk'::bytea WHERE "key" = $1"#);
     sqlx::query(sqlx::AssertSqlSafe(history))
         .bind(damaged.value())
@@ -672,4 +669,25 @@ async fn a_damaged_entry_is_an_error() {
     assert!(store.entry(&damaged).await.is_err());
     assert!(store.entries(Some(&ns), &[], 10).await.is_err());
     drop_tables(store.pool(), &table).await;
+}
+
+/// A damaged request goes dead at the take that meets it, and blocks nothing.
+#[tokio::test]
+async fn an_unreadable_inbox_entry_goes_dead() {
+    let Some(store) = common::inbox::postgres("inbox_unreadable").await else {
+        return;
+    };
+    let pool = store.pool().clone();
+    common::inbox::an_unreadable_entry_goes_dead(&store, |key| async move {
+        sqlx::query(
+            r#"UPDATE inbox_unreadable_inbox SET request = $1 WHERE namespace = $2 AND "key" = $3"#,
+        )
+        .bind(&b"not a stored request"[..])
+        .bind(key.namespace())
+        .bind(key.value())
+        .execute(&pool)
+        .await
+        .unwrap();
+    })
+    .await;
 }

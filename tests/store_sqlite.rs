@@ -668,8 +668,8 @@ VALUES ('{ns}', 'order_1', 7, 1, {now});"#
 }
 
 /// Bytes in an inbox row that no release wrote (a damaged file, a hand edit) give an error,
-/// never a panic: reading the request or the entry, and a take, which then leaves the entry
-/// as it was.
+/// never a panic, when the request or the entry is read; a take that meets the row settles it
+/// dead, kept with its bytes for a person, rather than failing every take after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_inbox_row_is_an_error() {
     use tower_idempotency::store::inbox::{EntryState, InboxStore, Take};
@@ -714,10 +714,7 @@ async fn a_damaged_inbox_row_is_an_error() {
         store.entries(Some(&ns), &[], 10).await,
         Err(StoreError::Backend(_))
     ));
-    assert!(matches!(
-        store.take(&Take::default()).await,
-        Err(StoreError::Backend(_))
-    ));
+    assert!(store.take(&Take::default()).await.unwrap().is_empty());
     let (state, attempts): (String, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         r#"SELECT state, attempts FROM {table}_inbox WHERE namespace = ?1 AND "key" = ?2"#
     )))
@@ -728,12 +725,37 @@ async fn a_damaged_inbox_row_is_an_error() {
     .unwrap();
     assert_eq!(
         (state.as_str(), attempts),
-        (EntryState::Queued.as_str(), 0),
-        "the failed take was rolled back"
+        (EntryState::Dead.as_str(), 1),
+        "the take settled the unreadable entry dead"
     );
+    assert!(matches!(
+        store.stored_request(&key).await,
+        Err(StoreError::Backend(_))
+    ));
     let drop = format!("DROP TABLE {table}; DROP TABLE {table}_versions; DROP TABLE {table}_inbox");
     sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
         .execute(&pool)
         .await
         .unwrap();
+}
+
+/// A damaged request goes dead at the take that meets it, and blocks nothing.
+#[tokio::test]
+async fn an_unreadable_inbox_entry_goes_dead() {
+    let unique = common::unique_namespace("unreadable");
+    let path = std::env::temp_dir().join(format!("tower-idempotency-{unique}.sqlite3"));
+    let store = common::inbox::sqlite(&path, "inbox_unreadable").await;
+    let pool = store.pool().clone();
+    common::inbox::an_unreadable_entry_goes_dead(&store, |key| async move {
+        sqlx::query(
+            r#"UPDATE inbox_unreadable_inbox SET request = ?1 WHERE namespace = ?2 AND "key" = ?3"#,
+        )
+        .bind(&b"not a stored request"[..])
+        .bind(key.namespace())
+        .bind(key.value())
+        .execute(&pool)
+        .await
+        .unwrap();
+    })
+    .await;
 }

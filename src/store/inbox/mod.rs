@@ -45,6 +45,7 @@ use super::{Lease, Stale, StoreError};
 use crate::key::IdempotencyKey;
 
 mod codec;
+pub(crate) mod unreadable;
 
 pub use codec::HISTORY_LIMIT;
 
@@ -395,6 +396,11 @@ pub trait InboxStore: Send + Sync + 'static {
     /// policy, running entries whose worker stopped renewing (counted as a crash; past their
     /// last attempt they become dead instead). Several workers, on several instances, calling
     /// at once never take the same entry.
+    ///
+    /// An entry whose stored request cannot be read (bytes no release wrote: a damaged row, a
+    /// hand edit) cannot run: the take settles it dead at once, its history ending with an
+    /// [`AttemptResult::Error`] that says why, and answers the others, so that one such row
+    /// never stops the inbox.
     fn take(&self, take: &Take) -> impl Future<Output = Result<Vec<Taken>, StoreError>> + Send;
 
     /// Renews a running entry's lease.

@@ -8,6 +8,7 @@ use sqlx::{AssertSqlSafe, Row as _};
 use super::server::{DEADLOCK, DUPLICATE_KEY, mysql_error};
 use super::{MySqlFlavor, MySqlStore};
 use crate::key::IdempotencyKey;
+use crate::store::inbox::unreadable;
 use crate::store::inbox::{
     Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement, Settling,
     StoredRequest, Take, Taken,
@@ -123,9 +124,9 @@ impl MySqlStore {
         // Oldest due first, up to the limit; a crash on the last attempt ends dead instead,
         // and takes no place.
         let mut plan: Vec<(Locked, Option<LeaseToken>)> = Vec::new();
-        let mut taken = Vec::new();
+        let (mut taken, mut unreadable) = (Vec::new(), Vec::new());
         for row in locked {
-            if taken.len() >= take.limit {
+            if taken.len() + unreadable.len() >= take.limit {
                 break;
             }
             if row.crashed && row.attempts >= take.max_attempts {
@@ -133,7 +134,10 @@ impl MySqlStore {
                 continue;
             }
             let token = LeaseToken::generate();
-            taken.push(row.taken(token)?);
+            match row.taken(token)? {
+                Ok(entry) => taken.push(entry),
+                Err(entry) => unreadable.push(entry),
+            }
             plan.push((row, Some(token)));
         }
         if !plan.is_empty() {
@@ -154,6 +158,7 @@ impl MySqlStore {
             }
         }
         tx.commit().await.store()?;
+        unreadable::bury(self, unreadable).await;
         Ok(taken)
     }
 

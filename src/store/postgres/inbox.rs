@@ -9,6 +9,7 @@ use sqlx::{AssertSqlSafe, Row as _};
 
 use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
+use crate::store::inbox::unreadable::{self, Unreadable};
 use crate::store::inbox::{
     Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement, Settling,
     StoredRequest, Take, Taken, Wake,
@@ -79,22 +80,16 @@ fn entry_of(row: &PgRow) -> Result<Entry, StoreError> {
 
 /// Reads what the take answers for one leased entry: namespace, key, token, attempts,
 /// crashes, whether it was taken over after a crash, request, history.
-fn taken_of(row: &PgRow) -> Result<Taken, StoreError> {
+fn taken_of(row: &PgRow) -> Result<Result<Taken, Unreadable>, StoreError> {
     let key = key_of(row.try_get(0).store()?, row.try_get(1).store()?)?;
     let token = LeaseToken::from_i64(row.try_get(2).store()?);
-    let Some(request) = row.try_get::<Option<&[u8]>, _>(6).store()? else {
-        // Retention never deletes the request of an entry that can still run.
-        return Err(StoreError::backend(format!(
-            "the inbox entry {key} lost its stored request"
-        )));
-    };
-    Ok(Taken {
-        lease: Lease::new(key, token, row.try_get(5).store()?),
-        request: StoredRequest::decode(request)?,
-        attempt: count(row.try_get(3).store()?),
-        crashes: count(row.try_get(4).store()?),
-        history: history_of(row.try_get(7).store()?)?,
-    })
+    Ok(unreadable::taken(
+        Lease::new(key, token, row.try_get(5).store()?),
+        row.try_get(6).store()?,
+        count(row.try_get(3).store()?),
+        count(row.try_get(4).store()?),
+        row.try_get(7).store()?,
+    ))
 }
 
 impl PostgresStore {
@@ -181,15 +176,18 @@ impl InboxStore for PostgresStore {
         };
         let rows = retry_serialization_failure("take", is_serialization_failure, statement).await?;
         let mut taken = Vec::with_capacity(rows.len());
+        let mut unreadable = Vec::new();
         let mut damaged = None;
         for row in &rows {
             match taken_of(row) {
-                Ok(entry) => taken.push(entry),
+                Ok(Ok(entry)) => taken.push(entry),
+                Ok(Err(entry)) => unreadable.push(entry),
                 Err(error) => {
                     damaged.get_or_insert(error);
                 }
             }
         }
+        unreadable::bury(self, unreadable).await;
         if let Some(error) = damaged {
             for entry in &taken {
                 let _ = self.settle(&entry.lease, &Settlement::GiveBack, &[]).await;

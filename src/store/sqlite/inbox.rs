@@ -12,6 +12,7 @@ use sqlx::{AssertSqlSafe, Row as _, Sqlite};
 use super::SqliteStore;
 use super::batch::{Write, Wrote};
 use crate::key::IdempotencyKey;
+use crate::store::inbox::unreadable::{self, Unreadable};
 use crate::store::inbox::{
     Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement, Settling,
     StoredRequest, Take, Taken,
@@ -146,21 +147,16 @@ fn entry(row: &SqliteRow) -> Result<Entry, StoreError> {
 }
 
 /// A taken entry, from what `take` returns, and its due time.
-fn taken(row: &SqliteRow) -> Result<(i64, Taken), StoreError> {
+fn taken(row: &SqliteRow) -> Result<(i64, Result<Taken, Unreadable>), StoreError> {
     let key = key(row.try_get(0).store()?, row.try_get(1).store()?)?;
     let token = LeaseToken::from_i64(row.try_get(2).store()?);
-    let request: Option<&[u8]> = row.try_get(7).store()?;
-    // Retention never deletes the request of an entry that can still run.
-    let request = request.ok_or_else(|| {
-        StoreError::backend(format!("the inbox entry {key} lost its stored request"))
-    })?;
-    let taken = Taken {
-        lease: Lease::new(key, token, row.try_get(5).store()?),
-        request: StoredRequest::decode(request)?,
-        attempt: count(row.try_get(3).store()?),
-        crashes: count(row.try_get(4).store()?),
-        history: history(row, 8)?,
-    };
+    let taken = unreadable::taken(
+        Lease::new(key, token, row.try_get(5).store()?),
+        row.try_get(7).store()?,
+        count(row.try_get(3).store()?),
+        count(row.try_get(4).store()?),
+        row.try_get(8).store()?,
+    );
     Ok((row.try_get(6).store()?, taken))
 }
 
@@ -208,7 +204,7 @@ impl InboxStore for SqliteStore {
         let reclaims = take.stale.policy() == StalePolicy::Reclaim;
         let stale = micros(take.stale.after());
         let max_attempts = i64::from(take.max_attempts);
-        let _turn = self.table.turn().await;
+        let turn = self.table.turn().await;
         let mut tx = self
             .table
             .pool
@@ -231,9 +227,18 @@ impl InboxStore for SqliteStore {
             .fetch_all(&mut *tx)
             .await
             .store()?;
-        // A row that cannot be read rolls the take back (the transaction is dropped).
-        let mut taken = rows.iter().map(taken).collect::<Result<Vec<_>, _>>()?;
+        // A row whose key cannot be read rolls the take back (the transaction is dropped).
+        let rows = rows.iter().map(taken).collect::<Result<Vec<_>, _>>()?;
         tx.commit().await.store()?;
+        drop(turn);
+        let (mut taken, mut unreadable) = (Vec::with_capacity(rows.len()), Vec::new());
+        for (due, row) in rows {
+            match row {
+                Ok(entry) => taken.push((due, entry)),
+                Err(entry) => unreadable.push(entry),
+            }
+        }
+        unreadable::bury(self, unreadable).await;
         // RETURNING's order is SQLite's: oldest due first, then by key.
         taken.sort_by(|(a, x), (b, y)| (a, x.lease.key()).cmp(&(b, y.lease.key())));
         Ok(taken.into_iter().map(|(_, taken)| taken).collect())

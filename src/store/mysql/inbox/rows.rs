@@ -7,7 +7,8 @@ use sqlx::Row as _;
 use sqlx::mysql::MySqlRow;
 
 use crate::key::IdempotencyKey;
-use crate::store::inbox::{Attempt, Entry, EntryState, StoredRequest, Taken};
+use crate::store::inbox::unreadable::{self, Unreadable};
+use crate::store::inbox::{Attempt, Entry, EntryState, Taken};
 use crate::store::sql::{ResultExt as _, duration_from_micros};
 use crate::store::{Lease, LeaseToken, StoreError};
 
@@ -58,22 +59,17 @@ impl Locked {
         })
     }
 
-    /// What the worker gets, under `token`.
-    pub(super) fn taken(&self, token: LeaseToken) -> Result<Taken, StoreError> {
-        let Some(request) = &self.request else {
-            // Retention never deletes the request of an entry that can still run.
-            return Err(StoreError::backend(
-                "an inbox entry lost its stored request",
-            ));
-        };
+    /// What the worker gets, under `token`: the entry, or one whose stored request cannot be
+    /// read.
+    pub(super) fn taken(&self, token: LeaseToken) -> Result<Result<Taken, Unreadable>, StoreError> {
         let key = key_of(self.namespace.clone(), self.key.clone())?;
-        Ok(Taken {
-            lease: Lease::new(key, token, self.crashed),
-            request: StoredRequest::decode(request)?,
-            attempt: self.attempts.saturating_add(1),
-            crashes: self.crashes + u32::from(self.crashed),
-            history: history(self.history.as_deref())?,
-        })
+        Ok(unreadable::taken(
+            Lease::new(key, token, self.crashed),
+            self.request.as_deref(),
+            self.attempts.saturating_add(1),
+            self.crashes + u32::from(self.crashed),
+            self.history.as_deref(),
+        ))
     }
 }
 
