@@ -172,7 +172,7 @@ async fn claimed<St: Store, K: ExtractKey>(
     let settings = &owner.settings;
     let mut claimed = claim(owner, key, entry).await;
     if let (Ok(Claimed::InFlight(_)), Some(wait)) = (&claimed, owner.claims.wait_in_flight) {
-        let until = crate::engine::later(tokio::time::Instant::now(), wait);
+        let until = crate::body::later(tokio::time::Instant::now(), wait);
         let (stale, timeout) = (owner.claims.stale, settings.store_timeout);
         if wait::settled(&owner.store, &settings.drain, key, stale, timeout, until).await {
             claimed = match settings.drain.enter() {

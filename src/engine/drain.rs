@@ -221,7 +221,7 @@ impl Drain {
     /// that shuts down drops the tasks that run handlers whose sender hung up.
     pub async fn drain(&self, deadline: Duration) -> DrainReport {
         let started = Instant::now();
-        let until = super::later(started, deadline);
+        let until = crate::body::later(started, deadline);
         self.close();
         loop {
             let idle = self.inner.idle.notified();

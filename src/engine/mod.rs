@@ -58,7 +58,6 @@ pub use drain::{Drain, DrainReport, LeftBehind, Stage};
 pub use mode::Guarded;
 pub use observe::ResponseFuture;
 
-pub(crate) use crate::body::later;
 pub use guard::LeaseHandle;
 pub use settings::{DEFAULT_BODY_LIMIT, MissingKey};
 pub use shared::SharedSettings;

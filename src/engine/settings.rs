@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use super::Drain;
+use super::drain::Drain;
 use crate::key::{MAX_KEY_LEN, Scope};
 
 /// The default limit on a body buffered to read a key: 1 MiB.
@@ -92,7 +92,7 @@ impl Default for Settings {
 
 /// The builder methods of the shared [`Settings`], for a layer with a `settings` field. One
 /// definition, so the three layers cannot drift apart in names or meaning. A layer that
-/// journals names the field whose `journal` [`SharedSettings`](super::SharedSettings) sets:
+/// journals names the field whose `journal` [`SharedSettings`](super::shared::SharedSettings) sets:
 /// `shared_settings!(journal: claims)`.
 macro_rules! shared_settings {
     ($(journal: $journaled:ident)?) => {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::Drain;
+use super::drain::Drain;
 use super::settings::Settings;
 use crate::journal::Journal;
 use crate::key::{MAX_KEY_LEN, Scope};

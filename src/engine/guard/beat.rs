@@ -16,7 +16,7 @@ use crate::store::{Receipt, StoreError};
 pub(super) async fn heartbeat<O: Owner>(owner: Arc<O>, state: Arc<LeaseState<O::Lease>>) {
     let every = owner.stale().renew_interval();
     let bound = owner.settings().store_timeout.min(every);
-    let mut next = crate::engine::later(tokio::time::Instant::now(), every);
+    let mut next = crate::body::later(tokio::time::Instant::now(), every);
     loop {
         let stopped = state.stop.notified();
         let mut stopped = std::pin::pin!(stopped);
@@ -30,7 +30,7 @@ pub(super) async fn heartbeat<O: Owner>(owner: Arc<O>, state: Arc<LeaseState<O::
         {
             return;
         }
-        next = crate::engine::later(next, every);
+        next = crate::body::later(next, every);
         let started = std::time::Instant::now();
         let result = bounded(owner.renew(state.lease()), bound).await;
         crate::metrics::store_call("renew", started.elapsed());
