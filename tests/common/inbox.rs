@@ -123,13 +123,10 @@ where
     damage(damaged.clone()).await;
 
     let taken = store.take(&Take::default()).await.unwrap();
-    let keys: Vec<_> = taken
-        .iter()
-        .map(|entry| entry.lease.key().clone())
-        .collect();
+    let keys: Vec<_> = taken.iter().map(|entry| entry.lease.key()).collect();
     assert_eq!(
         keys,
-        [sound.clone()],
+        [&sound],
         "the sound entry is taken, the damaged one is not"
     );
     let entry = store.entry(&damaged).await.unwrap().expect("kept");
