@@ -688,7 +688,7 @@ async fn the_inbox_table_checks_its_states() {
 /// its history. A take that meets it settles it dead, kept for a person.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_inbox_entry_is_an_error() {
-    use tower_idempotency::store::inbox::{EntryState, InboxStore, Take};
+    use tower_idempotency::store::inbox::{InboxStore, Take};
     let Some(pool) = common::db::mysql_pool().await else {
         return;
     };
@@ -720,12 +720,7 @@ async fn a_damaged_inbox_entry_is_an_error() {
         Err(StoreError::Backend(_))
     ));
     assert!(store.take(&Take::default()).await.unwrap().is_empty());
-    let entry = store.entry(&key).await.unwrap().unwrap();
-    assert_eq!(
-        (entry.state, entry.attempts),
-        (EntryState::Dead, 1),
-        "the take settled the unreadable entry dead"
-    );
+    common::inbox::assert_unreadable_and_dead(&store.entry(&key).await.unwrap().unwrap());
     assert!(matches!(
         store.stored_request(&key).await,
         Err(StoreError::Backend(_))
@@ -793,25 +788,4 @@ async fn an_inbox_duplicate_writes_nothing() {
         store.discard(&key).await.unwrap();
         store.discard(&other).await.unwrap();
     }
-}
-
-/// A damaged request goes dead at the take that meets it, and blocks nothing.
-#[tokio::test]
-async fn an_unreadable_inbox_entry_goes_dead() {
-    let Some(store) = common::inbox::mysql("inbox_unreadable").await else {
-        return;
-    };
-    let pool = store.pool().clone();
-    common::inbox::an_unreadable_entry_goes_dead(&store, |key| async move {
-        sqlx::query(
-            "UPDATE inbox_unreadable_inbox SET request = ? WHERE namespace = ? AND `key` = ?",
-        )
-        .bind(&b"not a stored request"[..])
-        .bind(key.namespace())
-        .bind(key.value())
-        .execute(&pool)
-        .await
-        .unwrap();
-    })
-    .await;
 }

@@ -635,7 +635,7 @@ async fn a_watcher_is_woken_by_another_instances_enqueue_and_outlives_its_connec
 /// it leased with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_entry_is_an_error() {
-    use tower_idempotency::store::inbox::{EntryState, InboxStore, Take};
+    use tower_idempotency::store::inbox::{InboxStore, Take};
 
     let table = format!("inbox_damaged_{}", std::process::id());
     let Some(store) = store_on(&table).await else {
@@ -658,8 +658,8 @@ async fn a_damaged_entry_is_an_error() {
     let taken = store.take(&Take::default()).await.unwrap();
     let keys: Vec<_> = taken.iter().map(|entry| entry.lease.key()).collect();
     assert_eq!(keys, [&good]);
-    let left = store.entry(&damaged).await.unwrap().unwrap();
-    assert_eq!((left.state, left.attempts), (EntryState::Dead, 1));
+    common::inbox::assert_unreadable_and_dead(&store.entry(&damaged).await.unwrap().unwrap());
+    assert!(store.take(&Take::default()).await.unwrap().is_empty());
     let history = format!(r#"UPDATE {table}_inbox SET history = 'junk'::bytea WHERE "key" = $1"#);
     sqlx::query(sqlx::AssertSqlSafe(history))
         .bind(damaged.value())
@@ -669,25 +669,4 @@ async fn a_damaged_entry_is_an_error() {
     assert!(store.entry(&damaged).await.is_err());
     assert!(store.entries(Some(&ns), &[], 10).await.is_err());
     drop_tables(store.pool(), &table).await;
-}
-
-/// A damaged request goes dead at the take that meets it, and blocks nothing.
-#[tokio::test]
-async fn an_unreadable_inbox_entry_goes_dead() {
-    let Some(store) = common::inbox::postgres("inbox_unreadable").await else {
-        return;
-    };
-    let pool = store.pool().clone();
-    common::inbox::an_unreadable_entry_goes_dead(&store, |key| async move {
-        sqlx::query(
-            r#"UPDATE inbox_unreadable_inbox SET request = $1 WHERE namespace = $2 AND "key" = $3"#,
-        )
-        .bind(&b"not a stored request"[..])
-        .bind(key.namespace())
-        .bind(key.value())
-        .execute(&pool)
-        .await
-        .unwrap();
-    })
-    .await;
 }

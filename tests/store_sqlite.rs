@@ -672,7 +672,7 @@ VALUES ('{ns}', 'order_1', 7, 1, {now});"#
 /// dead, kept with its bytes for a person, rather than failing every take after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_inbox_row_is_an_error() {
-    use tower_idempotency::store::inbox::{EntryState, InboxStore, Take};
+    use tower_idempotency::store::inbox::{InboxStore, Take};
 
     let pool = file_pool().await;
     let table = format!("inbox_damaged_{}", std::process::id());
@@ -715,19 +715,7 @@ async fn a_damaged_inbox_row_is_an_error() {
         Err(StoreError::Backend(_))
     ));
     assert!(store.take(&Take::default()).await.unwrap().is_empty());
-    let (state, attempts): (String, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        r#"SELECT state, attempts FROM {table}_inbox WHERE namespace = ?1 AND "key" = ?2"#
-    )))
-    .bind(key.namespace())
-    .bind(key.value())
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        (state.as_str(), attempts),
-        (EntryState::Dead.as_str(), 1),
-        "the take settled the unreadable entry dead"
-    );
+    common::inbox::assert_unreadable_and_dead(&store.entry(&key).await.unwrap().unwrap());
     assert!(matches!(
         store.stored_request(&key).await,
         Err(StoreError::Backend(_))
@@ -737,25 +725,4 @@ async fn a_damaged_inbox_row_is_an_error() {
         .execute(&pool)
         .await
         .unwrap();
-}
-
-/// A damaged request goes dead at the take that meets it, and blocks nothing.
-#[tokio::test]
-async fn an_unreadable_inbox_entry_goes_dead() {
-    let unique = common::unique_namespace("unreadable");
-    let path = std::env::temp_dir().join(format!("tower-idempotency-{unique}.sqlite3"));
-    let store = common::inbox::sqlite(&path, "inbox_unreadable").await;
-    let pool = store.pool().clone();
-    common::inbox::an_unreadable_entry_goes_dead(&store, |key| async move {
-        sqlx::query(
-            r#"UPDATE inbox_unreadable_inbox SET request = ?1 WHERE namespace = ?2 AND "key" = ?3"#,
-        )
-        .bind(&b"not a stored request"[..])
-        .bind(key.namespace())
-        .bind(key.value())
-        .execute(&pool)
-        .await
-        .unwrap();
-    })
-    .await;
 }

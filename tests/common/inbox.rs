@@ -97,49 +97,15 @@ pub async fn an_entry_runs<St: InboxStore>(store: &St, key: &tower_idempotency::
     assert_eq!((entry.state, entry.attempts), (EntryState::Done, 1));
 }
 
-/// An entry whose stored request is damaged in the table (`damage` overwrites its bytes) goes
-/// dead when a take meets it, its history ending with an attempt that says why, and the entry
-/// stored after it is taken as usual: one unreadable row never blocks the inbox. For an inbox
-/// only this test uses.
-pub async fn an_unreadable_entry_goes_dead<St, F, Fut>(store: &St, damage: F)
-where
-    St: InboxStore,
-    F: FnOnce(tower_idempotency::IdempotencyKey) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    use tower_idempotency::store::inbox::{AttemptResult, StoredRequest};
+/// Asserts that a take settled `entry`, whose stored request could not be read, dead after
+/// its one attempt, with an attempt that says why.
+pub fn assert_unreadable_and_dead(entry: &tower_idempotency::store::inbox::Entry) {
+    use tower_idempotency::store::inbox::AttemptResult;
 
-    emptied(store).await;
-    let ns = super::unique_namespace("unreadable");
-    let (damaged, sound) = (super::key_in(&ns, "evt_1"), super::key_in(&ns, "evt_2"));
-    let request = StoredRequest::new(
-        http::Method::POST,
-        "/hooks",
-        Vec::new(),
-        bytes::Bytes::from_static(b"{}"),
-    );
-    store.enqueue(&damaged, &request).await.unwrap();
-    store.enqueue(&sound, &request).await.unwrap();
-    damage(damaged.clone()).await;
-
-    let taken = store.take(&Take::default()).await.unwrap();
-    let keys: Vec<_> = taken.iter().map(|entry| entry.lease.key()).collect();
-    assert_eq!(
-        keys,
-        [&sound],
-        "the sound entry is taken, the damaged one is not"
-    );
-    let entry = store.entry(&damaged).await.unwrap().expect("kept");
-    assert_eq!(entry.state, EntryState::Dead);
+    assert_eq!((entry.state, entry.attempts), (EntryState::Dead, 1));
     let last = entry.history.last().expect("an attempt that says why");
     assert!(
         matches!(&last.result, AttemptResult::Error(why) if why.contains("could not be read")),
         "{last:?}"
     );
-    assert!(store.take(&Take::default()).await.unwrap().is_empty());
-    store
-        .settle(&taken[0].lease, &Settlement::Done, &[])
-        .await
-        .unwrap();
-    emptied(store).await;
 }
