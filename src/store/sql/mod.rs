@@ -427,6 +427,19 @@ pub(crate) fn held(changed: u64) -> Result<(), StoreError> {
     }
 }
 
+/// The one row a write's `RETURNING` answers, from every row it answered.
+///
+/// Fetched whole (`fetch_all`), not with `fetch_one`: SQLite commits a statement that runs
+/// outside a transaction only once it has been stepped to its end, and sqlx, which stops
+/// stepping after the first row `fetch_one` asks for, finishes it while resetting it and drops
+/// what the reset answers, a failed commit included. Stepped to its end, the statement has
+/// committed (and synced) before its row is read, or answers the error.
+pub(crate) fn returned<R>(rows: Vec<R>) -> Result<R, StoreError> {
+    rows.into_iter()
+        .next()
+        .ok_or_else(|| StoreError::backend("the write returned no row"))
+}
+
 /// Maps a backend result's error into a [`StoreError`], keeping the source.
 pub(crate) trait ResultExt<T> {
     fn store(self) -> Result<T, StoreError>;

@@ -7,7 +7,9 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, ColumnIndex, Decode, Encode, Executor, IntoArguments, Row as _, Type};
 
 use super::version_row;
-use super::{Backend, ClaimRow, NEVER_STALE, ResultExt as _, Table, micros, version_claim};
+use super::{
+    Backend, ClaimRow, NEVER_STALE, ResultExt as _, Table, micros, returned, version_claim,
+};
 use crate::key::IdempotencyKey;
 use crate::store::{Advance, Claim, LeaseToken, Stale, StalePolicy, StoreError, VersionClaim};
 
@@ -46,12 +48,12 @@ where
                 .bind(token.to_i64())
                 .bind(stale.policy() == StalePolicy::Reclaim)
                 .bind(micros(stale.after()))
-                .fetch_one(&self.pool)
+                .fetch_all(&self.pool)
         };
         let turn = self.writer.turn().await;
-        let row = retry_serialization_failure("claim", is_serialization_failure, upsert).await;
+        let rows = retry_serialization_failure("claim", is_serialization_failure, upsert).await;
         drop(turn);
-        row.and_then(|row| ClaimRow::read(&row)?.into_claim(key, token, stale))
+        rows.and_then(|rows| ClaimRow::read(&returned(rows)?)?.into_claim(key, token, stale))
     }
 
     /// The version claim, the same way. Parameters: namespace, entity, version, token,
@@ -72,14 +74,20 @@ where
                 .bind(token.to_i64())
                 .bind(stale.policy() == StalePolicy::Reclaim)
                 .bind(micros(stale.after()))
-                .fetch_one(&self.pool)
+                .fetch_all(&self.pool)
         };
         let what = "version claim";
         let turn = self.writer.turn().await;
-        let row = retry_serialization_failure(what, is_serialization_failure, upsert).await?;
+        let rows = retry_serialization_failure(what, is_serialization_failure, upsert).await;
         drop(turn);
-        version_claim(entity, version, token, stale, version_row(&row)?)
-            .ok_or_else(|| StoreError::backend("the versions row was left inconsistent"))
+        version_claim(
+            entity,
+            version,
+            token,
+            stale,
+            version_row(&returned(rows?)?)?,
+        )
+        .ok_or_else(|| StoreError::backend("the versions row was left inconsistent"))
     }
 
     /// Inserts the transactional marker of `key` as `done` in the transaction on `tx`, or

@@ -16,7 +16,7 @@ use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection};
 
 use crate::key::IdempotencyKey;
 use crate::store::batch::{Answers, Batcher, Keyed, Shape, all_fail};
-use crate::store::sql::{ClaimRow, ResultExt as _, Table};
+use crate::store::sql::{ClaimRow, ResultExt as _, Table, returned};
 use crate::store::{LeaseToken, StoreError};
 
 /// One write of a delivery.
@@ -151,10 +151,10 @@ async fn write_one(
                 .bind(token.to_i64())
                 .bind(*reclaim)
                 .bind(*stale_us)
-                .fetch_one(&mut *conn)
+                .fetch_all(&mut *conn)
                 .await
                 .store()?;
-            ClaimRow::read(&row).map(Wrote::Row)
+            ClaimRow::read(&returned(row)?).map(Wrote::Row)
         }
         Write::Commit {
             key,
