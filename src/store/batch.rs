@@ -158,14 +158,7 @@ where
     /// Writes `op`: at once and alone when a lane is free, else in a later batch.
     pub(crate) async fn write(&self, op: Op) -> Result<Out, StoreError> {
         let answer = match self.shared.lead_or_wait(op) {
-            Turn::Lead(op) => {
-                // Whatever arrives meanwhile is sent once this write is answered, or if this
-                // delivery goes away first.
-                let _next = HandOff(self.shared.clone());
-                tracing::trace!(target: BATCH_TARGET, writes = 1, "a batch of writes");
-                let mut answers = (self.shared.run)(vec![op]).await;
-                return answers.pop().unwrap_or_else(|| Err(short()));
-            }
+            Turn::Lead(op) => return self.lead(op).await,
             Turn::Wait(answer) => answer,
             Turn::Full => {
                 return Err(StoreError::backend(NotSent(
@@ -178,6 +171,32 @@ where
                 "the batch that carried this write stopped before it answered",
             ))
         })
+    }
+}
+
+impl<Op, Out> Batcher<Op, Out>
+where
+    Op: Keyed + Send + 'static,
+    Out: Send + 'static,
+{
+    /// Writes `op` at once and alone if a lane is free and nothing waits; else hands it back,
+    /// unsent, for the caller to do something else first.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) async fn write_if_idle(&self, op: Op) -> Result<Result<Out, StoreError>, Op> {
+        if !self.shared.lead_if_idle() {
+            return Err(op);
+        }
+        Ok(self.lead(op).await)
+    }
+
+    /// Sends `op` alone on the lane it took.
+    async fn lead(&self, op: Op) -> Result<Out, StoreError> {
+        // Whatever arrives meanwhile is sent once this write is answered, or if this
+        // delivery goes away first.
+        let _next = HandOff(self.shared.clone());
+        tracing::trace!(target: BATCH_TARGET, writes = 1, "a batch of writes");
+        let mut answers = (self.shared.run)(vec![op]).await;
+        answers.pop().unwrap_or_else(|| Err(short()))
     }
 }
 
@@ -208,6 +227,17 @@ impl<Op, Out> Shared<Op, Out> {
         let (reply, answer) = oneshot::channel();
         queue.waiting.push_back((op, reply));
         Turn::Wait(answer)
+    }
+
+    /// Takes a lane when one is free and nothing waits.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    fn lead_if_idle(&self) -> bool {
+        let mut queue = self.lock();
+        if queue.busy < self.shape.lanes && queue.waiting.is_empty() {
+            queue.busy += 1;
+            return true;
+        }
+        false
     }
 
     /// Gives a lane back, failing what waits if no lane is left to send it.

@@ -74,6 +74,33 @@ async fn a_lone_write_goes_at_once_and_alone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_if_idle_goes_alone_or_comes_back_unsent() {
+    let gate = Arc::new(Semaphore::new(1));
+    let (batcher, seen) = gated(8, gate.clone());
+    assert!(matches!(
+        batcher.write_if_idle(write("idle", 1)).await,
+        Ok(Ok(1))
+    ));
+    let first = tokio::spawn({
+        let batcher = batcher.clone();
+        async move { batcher.write(write("first", 2)).await }
+    });
+    while batcher.shared.lock().busy == 0 {
+        tokio::task::yield_now().await;
+    }
+    // A write is in flight: handed back, neither sent nor waiting.
+    match batcher.write_if_idle(write("busy", 3)).await {
+        Err(back) => assert_eq!(back.0.value(), "busy"),
+        Ok(_) => panic!("sent while a write was in flight"),
+    }
+    assert_eq!(batcher.shared.lock().waiting.len(), 0);
+    gate.add_permits(1);
+    assert_eq!(first.await.unwrap().unwrap(), 2);
+    assert_eq!(*seen.lock().unwrap(), vec![vec!["idle"], vec!["first"]]);
+    assert_eq!(batcher.shared.lock().busy, 0, "idle once nothing waits");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_that_arrive_meanwhile_share_the_next_batch_each_with_its_answer() {
     let gate = Arc::new(Semaphore::new(0));
     let (batcher, seen) = gated(4, gate.clone());
