@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection};
 
+use super::queries::enter;
 use crate::key::IdempotencyKey;
 use crate::store::batch::{Answers, Batcher, Keyed, Shape, all_fail};
 use crate::store::sql::{ClaimRow, ResultExt as _, Table, returned};
@@ -21,6 +22,12 @@ use crate::store::{LeaseToken, StoreError};
 
 /// One write of a delivery.
 pub(super) enum Write {
+    /// A claim that guesses its key is new: inserts the row with `token`, or reads the row
+    /// the key has (see [`super::queries::enter`]). Sent only when the writer is idle, alone.
+    Enter {
+        key: IdempotencyKey,
+        token: LeaseToken,
+    },
     /// A claim's upsert (a new key, or one to take over), writing `token` if it takes the row.
     Claim {
         key: IdempotencyKey,
@@ -45,6 +52,9 @@ pub(super) enum Write {
 
 /// What a write answers.
 pub(super) enum Wrote {
+    /// The row an `Enter` inserted (its token the claim's) or found (none: no row, the key's
+    /// row gone between the insert and the read).
+    Found(Option<ClaimRow>),
     /// The claimed row, as the upsert left it.
     Row(ClaimRow),
     /// The rows a commit matched (0 when the lease is lost), or an insert stored (0 when the
@@ -55,14 +65,15 @@ pub(super) enum Wrote {
 impl Keyed for Write {
     fn key(&self) -> &IdempotencyKey {
         match self {
-            Write::Claim { key, .. } | Write::Commit { key, .. } | Write::Enqueue { key, .. } => {
-                key
-            }
+            Write::Enter { key, .. }
+            | Write::Claim { key, .. }
+            | Write::Commit { key, .. }
+            | Write::Enqueue { key, .. } => key,
         }
     }
     fn bytes(&self) -> usize {
         match self {
-            Write::Claim { .. } => 0,
+            Write::Enter { .. } | Write::Claim { .. } => 0,
             Write::Commit { receipt, .. } => receipt.as_ref().map_or(0, Vec::len),
             Write::Enqueue { request, .. } => request.len(),
         }
@@ -76,7 +87,12 @@ pub(super) fn batcher(
     enqueue: Arc<str>,
     most: usize,
 ) -> Batcher<Write, Wrote> {
-    let on = Arc::new(On { table, enqueue });
+    let enter = enter(&table.sql.table).into();
+    let on = Arc::new(On {
+        table,
+        enter,
+        enqueue,
+    });
     // One writer at a time: one lane. The statements of a batch run one after another, each
     // seeing the ones before it, so a key may be in a batch twice.
     Batcher::new(Shape::new(most, 1).same_key(), move |writes| {
@@ -88,6 +104,8 @@ pub(super) fn batcher(
 /// Where a batch is written.
 struct On {
     table: Table<Sqlite>,
+    /// The insert of a claim that guesses its key is new.
+    enter: Arc<str>,
     /// The inbox's insert.
     enqueue: Arc<str>,
 }
@@ -139,6 +157,29 @@ async fn write_one(
 ) -> Result<Wrote, StoreError> {
     let table = &on.table;
     match write {
+        Write::Enter { key, token } => {
+            let inserted = sqlx::query(AssertSqlSafe(on.enter.clone()))
+                .bind(key.namespace())
+                .bind(key.value())
+                .bind(token.to_i64())
+                .fetch_optional(&mut *conn)
+                .await
+                .store()?;
+            let row = match inserted {
+                Some(row) => Some(row),
+                // The key has a row: read it on the same connection.
+                None => sqlx::query(AssertSqlSafe(table.sql.read.clone()))
+                    .bind(key.namespace())
+                    .bind(key.value())
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .store()?,
+            };
+            row.as_ref()
+                .map(ClaimRow::read)
+                .transpose()
+                .map(Wrote::Found)
+        }
         Write::Claim {
             key,
             token,

@@ -1,5 +1,6 @@
 //! The store contract on SQLite: [`Store`] for [`SqliteStore`], each step one statement.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::SqliteStore;
@@ -14,12 +15,43 @@ use crate::store::{
 /// Every operation is one statement, its round trip the only one (see the [module
 /// docs](crate::store::sqlite#round-trips) for the SQL).
 impl Store for SqliteStore {
-    /// A read, which answers a duplicate without writing; the upsert of the module docs for a
-    /// new key, a released one, or a stale one under reclaim.
+    /// When the store's last claim found its key new and no write is in flight, the insert
+    /// of a new key in the writer's turn, the row read only if the key has one; otherwise a
+    /// read first, which answers a duplicate without writing. Then, for a key with no row, a
+    /// released one, or a stale one under reclaim, the upsert of the module docs.
     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
         let table = &self.table;
-        let row = table.read_claim(key).await?;
-        match table.after_read(key, row, None, stale)? {
+        let token = LeaseToken::generate();
+        let mut entered = None;
+        if self.new_keys.load(Ordering::Relaxed) {
+            let write = Write::Enter {
+                key: key.clone(),
+                token,
+            };
+            match self.batches.write_if_idle(write).await {
+                Ok(Ok(Wrote::Found(row))) => entered = Some(row),
+                Ok(Ok(_)) => return Err(mixed_up()),
+                // The write lock is another connection's: nothing was written. Read, which
+                // does not wait for it.
+                Ok(Err(error)) if is_busy(&error) => {}
+                Ok(Err(error)) => {
+                    table.unanswered(key, token, &error);
+                    return Err(error);
+                }
+                // A write is in flight: read first, so that a duplicate need not wait for it.
+                Err(_) => {}
+            }
+        }
+        let row = match entered {
+            Some(row) => row,
+            None => table.read_claim(key).await?,
+        };
+        self.new_keys.store(
+            row.as_ref()
+                .is_none_or(|row| LeaseToken::from_i64(row.token) == token),
+            Ordering::Relaxed,
+        );
+        match table.after_read(key, row, Some(token), stale)? {
             AfterRead::Answer(claim) => Ok(claim),
             AfterRead::TakeOver | AfterRead::Absent => {
                 let token = LeaseToken::generate();
@@ -31,7 +63,7 @@ impl Store for SqliteStore {
                 };
                 let claim = match self.batches.write(write).await {
                     Ok(Wrote::Row(row)) => row.into_claim(key, token, stale),
-                    Ok(Wrote::Matched(_)) => Err(mixed_up()),
+                    Ok(_) => Err(mixed_up()),
                     Err(error) => Err(error),
                 };
                 claim.inspect_err(|error| table.unanswered(key, token, error))
@@ -90,7 +122,7 @@ impl SqliteStore {
         };
         match self.batches.write(write).await? {
             Wrote::Matched(matched) => held(matched),
-            Wrote::Row(_) => Err(mixed_up()),
+            Wrote::Row(_) | Wrote::Found(_) => Err(mixed_up()),
         }
     }
 }
@@ -98,4 +130,20 @@ impl SqliteStore {
 /// A write answered with what another kind of write answers: a defect of the batch.
 fn mixed_up() -> StoreError {
     StoreError::backend("a batched write was answered for another kind of write")
+}
+
+/// Whether `error` is SQLite's busy or locked: another connection holds the lock the
+/// statement needed, and the statement did not run.
+fn is_busy(error: &StoreError) -> bool {
+    let StoreError::Backend(source) = error else {
+        return false;
+    };
+    let Some(sqlx::Error::Database(error)) = source.downcast_ref::<sqlx::Error>() else {
+        return false;
+    };
+    // The primary result code is the extended one's low byte: SQLITE_BUSY 5, SQLITE_LOCKED 6.
+    error
+        .code()
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| matches!(code & 0xff, 5 | 6))
 }

@@ -48,7 +48,7 @@ impl SqliteStore {
         };
         match self.batches.write(write).await? {
             Wrote::Matched(stored) => Ok(stored),
-            Wrote::Row(_) => Err(StoreError::backend(
+            Wrote::Row(_) | Wrote::Found(_) => Err(StoreError::backend(
                 "a batched insert was answered for another kind of write",
             )),
         }

@@ -44,8 +44,10 @@
 //! duplicates, and every write of the [inbox](#the-inbox)) take turns in a queue of the process, first come first served, and only one at
 //! a time asks SQLite for the lock. Every store made by [`open`] on one file shares one queue
 //! (the path made absolute); a store made by [`new`](SqliteStore::new) has a queue of its
-//! own. Reads (a duplicate's claim, `describe`, `stuck_claims`) do not queue, and neither does
-//! transactional mode, whose transaction holds the write lock while the handler runs.
+//! own. A claim that guesses its key is new takes a turn when the queue is empty (see [round
+//! trips](#round-trips)); other reads (a duplicate's claim, `describe`, `stuck_claims`) do not
+//! queue, and neither does transactional mode, whose transaction holds the write lock while
+//! the handler runs.
 //!
 //! [`open`]: SqliteStore::open
 //!
@@ -110,13 +112,26 @@
 //! SQLite runs in-process, so a "round trip" is one statement on sqlx's worker thread. One per
 //! operation:
 //!
-//! - `claim`: a read of the key's row, which answers a duplicate (done, in flight, held)
-//!   without writing, and so without taking the write lock (see [delivery
-//!   counts](#delivery-counts)). A new key, a released one, or one not renewed for the limit
-//!   under reclaim then takes `INSERT … ON CONFLICT (namespace, "key") DO UPDATE SET deliveries
-//!   = deliveries + 1, <the claim's columns> = CASE WHEN <released, or processing and not
-//!   renewed for the limit under reclaim> THEN <a new run, its receipt NULL> ELSE <as was> END
-//!   RETURNING …`, as on PostgreSQL; acquired if the returned token is the one it generated.
+//! - `claim` guesses from the store's last claim whether its key is new:
+//!   - after a claim whose key had no row (and at first), when none of the store's writes is
+//!     in flight, it inserts first, in the writer's turn: `INSERT … VALUES (…, 'processing',
+//!     <a new token>, …) ON CONFLICT (namespace, "key") DO NOTHING RETURNING state, token, …`,
+//!     one statement for a new key, acquired if the returned token is the one it generated.
+//!     When the key has a row the insert writes nothing and returns nothing, and the row is
+//!     read on the same connection (`SELECT state, token, … WHERE namespace = ?1 AND "key" =
+//!     ?2`): two statements for a duplicate. Should another connection hold SQLite's write
+//!     lock (another process, transactional mode), the insert waits for it under the busy
+//!     timeout, and if it times out, having written nothing, the claim reads as below;
+//!   - otherwise (after a duplicate, or while a write is in flight), a read of the key's row
+//!     first, which answers a duplicate (done, in flight, held) without writing, and so
+//!     without taking the write lock (see [delivery counts](#delivery-counts)).
+//!
+//!   A key with no row after the read, a released one, or one not renewed for the limit
+//!   under reclaim then takes, in the writer's turn, `INSERT … ON CONFLICT (namespace, "key")
+//!   DO UPDATE SET deliveries = deliveries + 1, <the claim's columns> = CASE WHEN <released, or
+//!   processing and not renewed for the limit under reclaim> THEN <a new run, its receipt
+//!   NULL> ELSE <as was> END RETURNING …`, as on PostgreSQL; acquired if the returned token is
+//!   the one it generated.
 //! - `renew`, `release`: `UPDATE … WHERE namespace = ?1 AND "key" = ?2 AND token = ?3 AND
 //!   <state>`; `commit` and `commit_with` the same with the receipt first (`?1`, NULL for
 //!   `commit`, kept as it was on a row done already), the key and token after it.
@@ -129,7 +144,9 @@
 //! while the store's previous write is in flight go, in the next writer's turn, in one `BEGIN
 //! IMMEDIATE` transaction: each write its own statement, as alone, and one `COMMIT`, so one
 //! sync, for the lot. There is no timer: a write that finds none in flight is sent at once,
-//! alone, in its own transaction, so a lone delivery pays nothing for it. A batch carries at
+//! alone, in its own transaction, so a lone delivery pays nothing for it. (The insert of a
+//! claim that guesses its key new is only ever sent so: with a write in flight, the claim
+//! reads first instead.) A batch carries at
 //! most [`max_batch`](SqliteStore::max_batch) writes (128 unless set) and 1 MiB of receipts
 //! or requests. Should a statement of a batch fail, the batch is rolled back and its writes
 //! go again one by one, so that only the one that fails again is answered 503. Every 2xx
@@ -138,8 +155,9 @@
 //!
 //! # Delivery counts
 //!
-//! A duplicate (of a done key, or of one in flight or held) is answered from the read alone,
-//! which writes nothing and so never waits for a disk flush. Its delivery is counted in the
+//! A duplicate (of a done key, or of one in flight or held) is answered from the read (after
+//! an insert that did nothing, when the claim guessed its key new), which writes nothing and
+//! so never waits for a disk flush. Its delivery is counted in the
 //! process and added to the row's `deliveries` and `last_seen_at` by a background task about
 //! once a second ([`with_count_interval`](SqliteStore::with_count_interval)), one `UPDATE` per key
 //! that had duplicates meanwhile. [`describe`](crate::store::Store::describe) and
@@ -241,6 +259,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Sqlite, SqlitePool};
@@ -274,6 +293,9 @@ pub struct SqliteStore {
     /// Where concurrent claims and commits meet to share a transaction; none when each goes
     /// alone.
     batches: Batcher<batch::Write, batch::Wrote>,
+    /// Whether the store's last claim found its key new: the next claim, if the writer is
+    /// idle, then inserts first (see [round trips](self#round-trips)).
+    new_keys: Arc<AtomicBool>,
 }
 
 impl SqliteStore {
@@ -337,6 +359,7 @@ impl SqliteStore {
             batches: batch::batcher(table.clone(), inbox.enqueue.clone(), most),
             inbox,
             table,
+            new_keys: Arc::new(AtomicBool::new(true)),
         }
     }
 
