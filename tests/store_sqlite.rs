@@ -726,3 +726,38 @@ async fn a_damaged_inbox_row_is_an_error() {
         .await
         .unwrap();
 }
+
+/// A claim that guesses its key new inserts first; when that insert fails (here the database
+/// is read-only for this store), the claim reads the key's row instead, so that duplicates are
+/// still answered: a done key is a duplicate, an unknown one an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_insert_first_falls_back_to_the_read() {
+    use tower_idempotency::store::Claim;
+
+    let path = common::db::sqlite_file("insert-first");
+    let writer = SqliteStore::new(common::db::sqlite_file_pool(&path).await);
+    writer.migrate().await.unwrap();
+    let ns = common::unique_namespace("insert-first");
+    let (done, unknown) = (common::key_in(&ns, "done"), common::key_in(&ns, "unknown"));
+    let Claim::Acquired(lease) = writer.claim(&done, common::LONG).await.unwrap() else {
+        panic!("a new key is acquired");
+    };
+    writer.commit(&lease).await.unwrap();
+
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .read_only(true);
+    let reader = SqliteStore::new(
+        SqlitePoolOptions::new()
+            .connect_with(options)
+            .await
+            .unwrap(),
+    );
+    for _ in 0..3 {
+        assert!(matches!(
+            reader.claim(&done, common::LONG).await,
+            Ok(Claim::Done(_))
+        ));
+        assert!(reader.claim(&unknown, common::LONG).await.is_err());
+    }
+}

@@ -113,6 +113,12 @@ impl<DB: Database> Table<DB> {
         self.writer.turn().await
     }
 
+    /// Whether no write of this process holds or waits for the writer's turn, now.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) fn writer_idle(&self) -> bool {
+        self.writer.idle()
+    }
+
     /// The same table, whose deliveries answered without writing are written every `every`.
     pub(crate) fn count_every(self, every: Duration) -> Self {
         Self {
@@ -244,7 +250,8 @@ where
     }
 
     /// What a claim of `key` does with the row its first statement found. `ours` is the token
-    /// that statement wrote if it inserted the row (PostgreSQL's insert-or-read).
+    /// the claim wrote if an insert of its own made the row (PostgreSQL's insert-or-read,
+    /// SQLite's insert first), so that a row holding it is the claim's.
     pub(crate) fn after_read(
         &self,
         key: &IdempotencyKey,

@@ -37,6 +37,11 @@ impl Writer {
         Self(Some(queue))
     }
 
+    /// Whether no write of this process holds or waits for the turn, at the moment of asking.
+    pub(crate) fn idle(&self) -> bool {
+        self.0.as_ref().is_none_or(|queue| queue.try_lock().is_ok())
+    }
+
     /// Waits for this writer's turn; the turn lasts as long as what this answers.
     pub(crate) async fn turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
         match &self.0 {

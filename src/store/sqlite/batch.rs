@@ -158,14 +158,15 @@ async fn write_one(
     let table = &on.table;
     match write {
         Write::Enter { key, token } => {
+            // Stepped to its end, so that a commit that fails is answered (see `returned`).
             let inserted = sqlx::query(AssertSqlSafe(on.enter.clone()))
                 .bind(key.namespace())
                 .bind(key.value())
                 .bind(token.to_i64())
-                .fetch_optional(&mut *conn)
+                .fetch_all(&mut *conn)
                 .await
                 .store()?;
-            let row = match inserted {
+            let row = match inserted.into_iter().next() {
                 Some(row) => Some(row),
                 // The key has a row: read it on the same connection.
                 None => sqlx::query(AssertSqlSafe(table.sql.read.clone()))

@@ -15,29 +15,33 @@ use crate::store::{
 /// Every operation is one statement, its round trip the only one (see the [module
 /// docs](crate::store::sqlite#round-trips) for the SQL).
 impl Store for SqliteStore {
-    /// When the store's last claim found its key new and no write is in flight, the insert
-    /// of a new key in the writer's turn, the row read only if the key has one; otherwise a
-    /// read first, which answers a duplicate without writing. Then, for a key with no row, a
-    /// released one, or a stale one under reclaim, the upsert of the module docs.
+    /// When the store's last claim found its key new and no write of this process is in
+    /// flight or waiting, the insert of a new key in the writer's turn, the row read only if
+    /// the key has one; otherwise a read first, which answers a duplicate without writing.
+    /// Then, for a key with no row, a released one, or a stale one under reclaim, the upsert
+    /// of the module docs.
     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
         let table = &self.table;
         let token = LeaseToken::generate();
         let mut entered = None;
-        if self.new_keys.load(Ordering::Relaxed) {
+        if self.new_keys.load(Ordering::Relaxed) && table.writer_idle() {
             let write = Write::Enter {
                 key: key.clone(),
                 token,
             };
             match self.batches.write_if_idle(write).await {
                 Ok(Ok(Wrote::Found(row))) => entered = Some(row),
-                Ok(Ok(_)) => return Err(mixed_up()),
-                // The write lock is another connection's: nothing was written. Read, which
-                // does not wait for it.
-                Ok(Err(error)) if is_busy(&error) => {}
-                Ok(Err(error)) => {
-                    table.unanswered(key, token, &error);
-                    return Err(error);
+                Ok(Ok(_)) => {
+                    table.unanswered(key, token, &mixed_up());
+                    return Err(mixed_up());
                 }
+                // The insert failed: read first, as after a duplicate. Should it have written
+                // the row after all, the row holds this claim's token, and the read finds it
+                // so.
+                Ok(Err(error)) => tracing::debug!(
+                    error = &error as &dyn std::error::Error,
+                    "the insert of a key guessed new failed; reading the key's row instead",
+                ),
                 // A write is in flight: read first, so that a duplicate need not wait for it.
                 Err(_) => {}
             }
@@ -130,20 +134,4 @@ impl SqliteStore {
 /// A write answered with what another kind of write answers: a defect of the batch.
 fn mixed_up() -> StoreError {
     StoreError::backend("a batched write was answered for another kind of write")
-}
-
-/// Whether `error` is SQLite's busy or locked: another connection holds the lock the
-/// statement needed, and the statement did not run.
-fn is_busy(error: &StoreError) -> bool {
-    let StoreError::Backend(source) = error else {
-        return false;
-    };
-    let Some(sqlx::Error::Database(error)) = source.downcast_ref::<sqlx::Error>() else {
-        return false;
-    };
-    // The primary result code is the extended one's low byte: SQLITE_BUSY 5, SQLITE_LOCKED 6.
-    error
-        .code()
-        .and_then(|code| code.parse::<i32>().ok())
-        .is_some_and(|code| matches!(code & 0xff, 5 | 6))
 }

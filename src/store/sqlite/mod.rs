@@ -44,8 +44,8 @@
 //! duplicates, and every write of the [inbox](#the-inbox)) take turns in a queue of the process, first come first served, and only one at
 //! a time asks SQLite for the lock. Every store made by [`open`] on one file shares one queue
 //! (the path made absolute); a store made by [`new`](SqliteStore::new) has a queue of its
-//! own. A claim that guesses its key is new takes a turn when the queue is empty (see [round
-//! trips](#round-trips)); other reads (a duplicate's claim, `describe`, `stuck_claims`) do not
+//! own. A claim that guesses its key is new takes a turn only when the queue is empty (see
+//! [round trips](#round-trips)); other reads (a duplicate's claim, `describe`, `stuck_claims`) do not
 //! queue, and neither does transactional mode, whose transaction holds the write lock while
 //! the handler runs.
 //!
@@ -113,18 +113,20 @@
 //! operation:
 //!
 //! - `claim` guesses from the store's last claim whether its key is new:
-//!   - after a claim whose key had no row (and at first), when none of the store's writes is
-//!     in flight, it inserts first, in the writer's turn: `INSERT … VALUES (…, 'processing',
-//!     <a new token>, …) ON CONFLICT (namespace, "key") DO NOTHING RETURNING state, token, …`,
-//!     one statement for a new key, acquired if the returned token is the one it generated.
-//!     When the key has a row the insert writes nothing and returns nothing, and the row is
-//!     read on the same connection (`SELECT state, token, … WHERE namespace = ?1 AND "key" =
-//!     ?2`): two statements for a duplicate. Should another connection hold SQLite's write
-//!     lock (another process, transactional mode), the insert waits for it under the busy
-//!     timeout, and if it times out, having written nothing, the claim reads as below;
-//!   - otherwise (after a duplicate, or while a write is in flight), a read of the key's row
-//!     first, which answers a duplicate (done, in flight, held) without writing, and so
-//!     without taking the write lock (see [delivery counts](#delivery-counts)).
+//!   - after a claim whose key had no row (and at first), when no write of this process is
+//!     in flight or waiting for its turn, it inserts first, in the writer's turn: `INSERT …
+//!     VALUES (…, 'processing', <a new token>, …) ON CONFLICT (namespace, "key") DO NOTHING
+//!     RETURNING state, token, …`, one statement for a new key, acquired if the returned token
+//!     is the one it generated. When the key has a row the insert writes nothing and returns
+//!     nothing, and the row is read with a second statement on the same connection (`SELECT
+//!     state, token, … WHERE namespace = ?1 AND "key" = ?2`), each its own autocommit. Should
+//!     the insert fail, the claim reads as below. The insert asks for SQLite's write lock: a
+//!     duplicate that meets a lock held by another connection (another process's write, a
+//!     transaction of transactional mode) waits for it as a write does, under the busy
+//!     timeout;
+//!   - otherwise (after a duplicate, or while a write is in flight or queued), a read of the
+//!     key's row first, which answers a duplicate (done, in flight, held) without writing,
+//!     and so without taking the write lock (see [delivery counts](#delivery-counts)).
 //!
 //!   A key with no row after the read, a released one, or one not renewed for the limit
 //!   under reclaim then takes, in the writer's turn, `INSERT … ON CONFLICT (namespace, "key")
@@ -145,8 +147,8 @@
 //! IMMEDIATE` transaction: each write its own statement, as alone, and one `COMMIT`, so one
 //! sync, for the lot. There is no timer: a write that finds none in flight is sent at once,
 //! alone, in its own transaction, so a lone delivery pays nothing for it. (The insert of a
-//! claim that guesses its key new is only ever sent so: with a write in flight, the claim
-//! reads first instead.) A batch carries at
+//! claim that guesses its key new is only ever sent so: with a write in flight or queued,
+//! the claim reads first instead.) A batch carries at
 //! most [`max_batch`](SqliteStore::max_batch) writes (128 unless set) and 1 MiB of receipts
 //! or requests. Should a statement of a batch fail, the batch is rolled back and its writes
 //! go again one by one, so that only the one that fails again is answered 503. Every 2xx
@@ -156,8 +158,8 @@
 //! # Delivery counts
 //!
 //! A duplicate (of a done key, or of one in flight or held) is answered from the read (after
-//! an insert that did nothing, when the claim guessed its key new), which writes nothing and
-//! so never waits for a disk flush. Its delivery is counted in the
+//! an insert that did nothing, when the claim guessed its key new), which writes nothing. Its
+//! delivery is counted in the
 //! process and added to the row's `deliveries` and `last_seen_at` by a background task about
 //! once a second ([`with_count_interval`](SqliteStore::with_count_interval)), one `UPDATE` per key
 //! that had duplicates meanwhile. [`describe`](crate::store::Store::describe) and
