@@ -735,7 +735,7 @@ async fn a_failed_insert_first_falls_back_to_the_read() {
     use tower_idempotency::store::Claim;
 
     let path = common::db::sqlite_file("insert-first");
-    let writer = SqliteStore::new(common::db::sqlite_file_pool(&path).await);
+    let writer = SqliteStore::new(common::db::sqlite_file_pool(path).await);
     writer.migrate().await.unwrap();
     let ns = common::unique_namespace("insert-first");
     let (done, unknown) = (common::key_in(&ns, "done"), common::key_in(&ns, "unknown"));
@@ -745,7 +745,7 @@ async fn a_failed_insert_first_falls_back_to_the_read() {
     writer.commit(&lease).await.unwrap();
 
     let options = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(&path)
+        .filename(path)
         .read_only(true);
     let reader = SqliteStore::new(
         SqlitePoolOptions::new()
