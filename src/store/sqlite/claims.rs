@@ -1,4 +1,5 @@
-//! The store contract on SQLite: [`Store`] for [`SqliteStore`], each step one statement.
+//! The store contract on SQLite: [`Store`] for [`SqliteStore`], each step one statement but
+//! the claim, which takes one or two.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use crate::store::{
     StoreError, StuckClaim,
 };
 
-/// Every operation is one statement, its round trip the only one (see the [module
+/// Every operation but the claim is one statement (see the [module
 /// docs](crate::store::sqlite#round-trips) for the SQL).
 impl Store for SqliteStore {
     /// When the store's last claim found its key new and no write of this process is in
@@ -23,7 +24,7 @@ impl Store for SqliteStore {
     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
         let table = &self.table;
         let token = LeaseToken::generate();
-        let mut entered = None;
+        let (mut entered, mut insert_failed) = (None, false);
         if self.new_keys.load(Ordering::Relaxed) && table.writer_idle() {
             let write = Write::Enter {
                 key: key.clone(),
@@ -38,17 +39,25 @@ impl Store for SqliteStore {
                 // The insert failed: read first, as after a duplicate. Should it have written
                 // the row after all, the row holds this claim's token, and the read finds it
                 // so.
-                Ok(Err(error)) => tracing::debug!(
-                    error = &error as &dyn std::error::Error,
-                    "the insert of a key guessed new failed; reading the key's row instead",
-                ),
+                Ok(Err(error)) => {
+                    insert_failed = true;
+                    tracing::debug!(
+                        error = &error as &dyn std::error::Error,
+                        "the insert of a key guessed new failed; reading the key's row instead",
+                    );
+                }
                 // A write is in flight: read first, so that a duplicate need not wait for it.
                 Err(_) => {}
             }
         }
         let row = match entered {
             Some(row) => row,
-            None => table.read_claim(key).await?,
+            // Should the read fail too, a row the failed insert did write is given back.
+            None => table.read_claim(key).await.inspect_err(|error| {
+                if insert_failed {
+                    table.unanswered(key, token, error);
+                }
+            })?,
         };
         self.new_keys.store(
             row.as_ref()

@@ -110,7 +110,7 @@
 //! # Round trips
 //!
 //! SQLite runs in-process, so a "round trip" is one statement on sqlx's worker thread. One per
-//! operation:
+//! operation, but a claim, which takes one or two:
 //!
 //! - `claim` guesses from the store's last claim whether its key is new:
 //!   - after a claim whose key had no row (and at first), when no write of this process is
@@ -122,8 +122,9 @@
 //!     state, token, … WHERE namespace = ?1 AND "key" = ?2`), each its own autocommit. Should
 //!     the insert fail, the claim reads as below. The insert asks for SQLite's write lock: a
 //!     duplicate that meets a lock held by another connection (another process's write, a
-//!     transaction of transactional mode) waits for it as a write does, under the busy
-//!     timeout;
+//!     transaction of transactional mode, another pool or a store made by `new` on the same
+//!     file) waits for it as a write does, under the busy timeout, and past the layer's store
+//!     timeout is answered 503;
 //!   - otherwise (after a duplicate, or while a write is in flight or queued), a read of the
 //!     key's row first, which answers a duplicate (done, in flight, held) without writing,
 //!     and so without taking the write lock (see [delivery counts](#delivery-counts)).
