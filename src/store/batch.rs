@@ -217,8 +217,7 @@ impl<Op, Out> Shared<Op, Out> {
     /// Takes a lane and hands `op` back when one is free and nothing waits; else queues it.
     fn lead_or_wait(&self, op: Op) -> Turn<Op, Out> {
         let mut queue = self.lock();
-        if queue.busy < self.shape.lanes && queue.waiting.is_empty() {
-            queue.busy += 1;
+        if self.take_lane(&mut queue) {
             return Turn::Lead(op);
         }
         if queue.waiting.len() >= self.shape.waiting {
@@ -232,12 +231,16 @@ impl<Op, Out> Shared<Op, Out> {
     /// Takes a lane when one is free and nothing waits.
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     fn lead_if_idle(&self) -> bool {
-        let mut queue = self.lock();
-        if queue.busy < self.shape.lanes && queue.waiting.is_empty() {
+        self.take_lane(&mut self.lock())
+    }
+
+    /// Takes a lane of `queue` if one is free and nothing waits for one.
+    fn take_lane(&self, queue: &mut Queue<Op, Out>) -> bool {
+        let free = queue.busy < self.shape.lanes && queue.waiting.is_empty();
+        if free {
             queue.busy += 1;
-            return true;
         }
-        false
+        free
     }
 
     /// Gives a lane back, failing what waits if no lane is left to send it.
