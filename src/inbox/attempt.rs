@@ -6,7 +6,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::Poll;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response, Uri};
@@ -115,12 +115,6 @@ fn unit_random() -> f64 {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let bits = KEYS.get_or_init(RandomState::new).hash_one(n) >> 11;
     bits as f64 / (1u64 << 53) as f64
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// What the workers of one [`Workers::spawn`] share.
@@ -242,7 +236,7 @@ pub(super) async fn attempt<St, S, B, ResB>(
         mut history,
     } = taken;
     if lease.reclaimed() {
-        history.push(Attempt::new(now_ms(), 0, AttemptResult::Crashed));
+        history.push(Attempt::new(Attempt::now_ms(), 0, AttemptResult::Crashed));
     }
     let failure = if attempt >= config.backoff.max_attempts() {
         Settlement::Dead
@@ -272,7 +266,7 @@ pub(super) async fn attempt<St, S, B, ResB>(
             attempt,
             crashes,
         };
-        let started_ms = now_ms();
+        let started_ms = Attempt::now_ms();
         let rebuilt = request.uri.parse::<Uri>().map(|uri| {
             let mut req = Request::new(B::from(request.body.clone()));
             *req.method_mut() = request.method.clone();

@@ -177,6 +177,15 @@ pub struct Attempt {
 }
 
 impl Attempt {
+    /// Now, by this machine's clock, as an attempt's `started_ms` counts it.
+    pub(crate) fn now_ms() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| {
+                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+            })
+    }
+
     /// An attempt.
     pub fn new(started_ms: u64, duration_ms: u64, result: AttemptResult) -> Self {
         Self {

@@ -1,8 +1,6 @@
 //! An entry a take locked whose stored request cannot be read: it cannot run, so it goes dead
 //! at once, kept for a person, rather than failing every take after it.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use super::{Attempt, AttemptResult, InboxStore, Settlement, StoredRequest, Taken};
 use crate::store::{Lease, StoreError};
 
@@ -61,14 +59,13 @@ pub(crate) async fn bury<S: InboxStore>(store: &S, unreadable: Vec<Unreadable>) 
             "an inbox entry's stored request could not be read: it cannot run, and is dead, kept \
              for a person",
         );
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| {
-                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
-            });
         let why = format!("the stored entry could not be read: {}", entry.error);
         let mut history = entry.history;
-        history.push(Attempt::new(now_ms, 0, AttemptResult::Error(why)));
+        history.push(Attempt::new(
+            Attempt::now_ms(),
+            0,
+            AttemptResult::Error(why),
+        ));
         let settled = store
             .settle(&entry.lease, &Settlement::Dead, &history)
             .await;
