@@ -125,6 +125,7 @@ impl<F: Future<Output: Send + 'static> + Send + 'static> Drop for Detach<F> {
             return;
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            tracing::debug!("the delivery went away; what it started runs on to completion");
             let then = self.then;
             runtime.spawn(async move { then(future.await) });
         }
