@@ -45,6 +45,7 @@ use super::{Lease, Stale, StoreError};
 use crate::key::IdempotencyKey;
 
 mod codec;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(crate) mod unreadable;
 
 pub use codec::HISTORY_LIMIT;
