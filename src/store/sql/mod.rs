@@ -441,6 +441,7 @@ pub(crate) fn held(changed: u64) -> Result<(), StoreError> {
 /// stepping after the first row `fetch_one` asks for, finishes it while resetting it and drops
 /// what the reset answers, a failed commit included. Stepped to its end, the statement has
 /// committed (and synced) before its row is read, or answers the error.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn returned<R>(rows: Vec<R>) -> Result<R, StoreError> {
     rows.into_iter()
         .next()
