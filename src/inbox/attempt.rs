@@ -2,9 +2,7 @@
 //! and the entry settled as the answer says.
 
 use std::future::Future;
-use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -22,7 +20,7 @@ use crate::engine::settings::Settings;
 use crate::key::IdempotencyKey;
 use crate::response::Outcome;
 use crate::store::inbox::{Attempt, AttemptResult, InboxStore, Settlement, Settling, Taken};
-use crate::store::{Lease, Receipt, Stale, StoreError};
+use crate::store::{Lease, LeaseToken, Receipt, Stale, StoreError};
 
 /// What a worker's request carries in its extensions: which entry it is and which attempt.
 /// The inbox layer hands a request carrying it straight to its handler. A handler that wants
@@ -103,18 +101,8 @@ impl Backoff {
             .base
             .checked_mul(1 << doublings.min(31))
             .map_or(self.cap, |d| d.min(self.cap));
-        let half = full / 2;
-        half + half.mul_f64(unit_random())
+        LeaseToken::spread(full)
     }
-}
-
-/// A number in `[0, 1)`, different on each call: enough to spread retries.
-fn unit_random() -> f64 {
-    static KEYS: OnceLock<RandomState> = OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let bits = KEYS.get_or_init(RandomState::new).hash_one(n) >> 11;
-    bits as f64 / (1u64 << 53) as f64
 }
 
 /// What the workers of one [`Workers::spawn`] share.

@@ -75,6 +75,14 @@ impl LeaseToken {
         Self(KEYS.get_or_init(RandomState::new).hash_one(n))
     }
 
+    /// A duration from half of `full` to the whole of it, at random: waits that would start
+    /// together (retries of writes that failed together) start apart.
+    pub(crate) fn spread(full: Duration) -> Duration {
+        let half = full / 2;
+        let unit = (Self::generate().0 >> 11) as f64 / (1u64 << 53) as f64;
+        half + half.mul_f64(unit)
+    }
+
     /// The token as stored in a signed 64-bit column.
     pub fn to_i64(self) -> i64 {
         self.0 as i64

@@ -102,11 +102,8 @@ pub(super) async fn retried<O: Owner>(
     let timeout = owner.settings().store_timeout;
     let mut delay = FIRST_RETRY;
     for attempt in 1..=RETRIES {
-        // Half the delay to the whole of it, at random: settlements that failed together
-        // (one batch of commits, say) come back apart.
-        let jitter = crate::store::LeaseToken::generate().to_i64().unsigned_abs()
-            % (delay.as_micros() as u64 / 2 + 1);
-        tokio::time::sleep(delay / 2 + Duration::from_micros(jitter)).await;
+        // Settlements that failed together (one batch of commits, say) come back apart.
+        tokio::time::sleep(crate::store::LeaseToken::spread(delay)).await;
         delay = (delay * 2).min(MAX_RETRY_DELAY);
         crate::metrics::settle_retry(action.operation());
         let result = bounded(owner.settle(lease, action, receipt), timeout).await;
