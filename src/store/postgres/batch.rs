@@ -75,9 +75,10 @@ impl Batches {
             enqueues: enqueues(table),
         });
         let on = statements.clone();
-        // An insert-or-read answers every position of a key: one batch may carry it twice.
-        // An `UPDATE … FROM` changes a row once, however many bound rows name it: one commit
-        // of a key a batch.
+        // A claim's insert-or-read answers every position of a key, each telling its own
+        // token: one batch may carry a key twice. An `UPDATE … FROM` changes a row once,
+        // however many bound rows name it, and an inbox insert would tell every position of a
+        // key that it stored the entry: one commit, and one entry, of a key a batch.
         let shape = Shape::new(most, LANES);
         let claims = Batcher::new(shape.same_key(), move |writes| {
             let statements = on.clone();
@@ -88,7 +89,7 @@ impl Batches {
             let statements = on.clone();
             async move { statements.commit_all(writes).await }
         });
-        let enqueues = Batcher::new(shape.same_key(), move |writes| {
+        let enqueues = Batcher::new(shape, move |writes| {
             let statements = statements.clone();
             async move { statements.enqueue_all(writes).await }
         });

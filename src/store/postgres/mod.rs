@@ -133,8 +133,9 @@
 //! lanes, two statements in flight at once: a write that finds a lane free is sent at once,
 //! alone, as the statement above, with no timer, so a lone delivery pays nothing for it. A
 //! batch carries at most [`max_batch`](PostgresStore::max_batch) writes (128 unless set) and
-//! 1 MiB of receipts or requests; a key may be twice in a batch of claims or entries (both
-//! answered with its row), never in a batch of commits. The keys of a batch are sorted, so
+//! 1 MiB of receipts or requests; a key may be twice in a batch of claims (both answered with
+//! its row, each with its own token), never in a batch of commits or of inbox entries (a
+//! second entry of a key waits for the next batch, where it finds the first). The keys of a batch are sorted, so
 //! that two instances' batches take shared keys in one order. A batch that fails to
 //! serialize or deadlocks is sent again write by write; any other failure answers its own
 //! deliveries 503, never another's. Every 2xx still goes out after that delivery's own claim
