@@ -114,11 +114,7 @@ async fn write_all(on: &On, writes: Vec<Write>) -> Answers<Wrote> {
     let table = &on.table;
     let _turn = table.turn().await;
     if let [write] = &writes[..] {
-        let answer = match table.pool.acquire().await {
-            Ok(mut conn) => write_one(on, &mut conn, write).await,
-            Err(error) => Err(StoreError::backend(error)),
-        };
-        return vec![answer];
+        return vec![alone(on, write).await];
     }
     let mut tx = match table.pool.begin_with("BEGIN IMMEDIATE").await {
         Ok(tx) => tx,
@@ -134,10 +130,7 @@ async fn write_all(on: &On, writes: Vec<Write>) -> Answers<Wrote> {
                 drop(tx.rollback().await);
                 let mut answers = Vec::with_capacity(writes.len());
                 for write in &writes {
-                    answers.push(match table.pool.acquire().await {
-                        Ok(mut conn) => write_one(on, &mut conn, write).await,
-                        Err(error) => Err(StoreError::backend(error)),
-                    });
+                    answers.push(alone(on, write).await);
                 }
                 return answers;
             }
@@ -146,6 +139,14 @@ async fn write_all(on: &On, writes: Vec<Write>) -> Answers<Wrote> {
     match tx.commit().await {
         Ok(()) => answers,
         Err(error) => all_fail(error, writes.len()),
+    }
+}
+
+/// One write on its own, committed alone, in the writer's turn its caller holds.
+async fn alone(on: &On, write: &Write) -> Result<Wrote, StoreError> {
+    match on.table.pool.acquire().await {
+        Ok(mut conn) => write_one(on, &mut conn, write).await,
+        Err(error) => Err(StoreError::backend(error)),
     }
 }
 

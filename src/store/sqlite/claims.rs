@@ -74,11 +74,14 @@ impl Store for SqliteStore {
                     reclaim: stale.policy() == StalePolicy::Reclaim,
                     stale_us: micros(stale.after()),
                 };
-                let claim = match self.batches.write(write).await {
-                    Ok(Wrote::Row(row)) => row.into_claim(key, token, stale),
-                    Ok(_) => Err(mixed_up()),
-                    Err(error) => Err(error),
-                };
+                let claim = self
+                    .batches
+                    .write(write)
+                    .await
+                    .and_then(|wrote| match wrote {
+                        Wrote::Row(row) => row.into_claim(key, token, stale),
+                        _ => Err(mixed_up()),
+                    });
                 claim.inspect_err(|error| table.unanswered(key, token, error))
             }
         }
