@@ -509,25 +509,15 @@ mod mariadb {
 
     use super::*;
 
-    /// The server's count of `INSERT` and `UPDATE` statements, all sessions.
-    async fn writes(pool: &MySqlPool) -> i64 {
-        let rows =
-            sqlx::query("SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_insert', 'Com_update')")
-                .fetch_all(pool)
-                .await
-                .unwrap();
-        rows.iter()
-            .map(|row| row.get::<String, _>(1).parse::<i64>().unwrap())
-            .sum()
-    }
-
-    /// The `INSERT` and `UPDATE` statements of the pool's one connection.
-    async fn session_writes(pool: &MySqlPool) -> i64 {
-        let rows =
-            sqlx::query("SHOW SESSION STATUS WHERE Variable_name IN ('Com_insert', 'Com_update')")
-                .fetch_all(pool)
-                .await
-                .unwrap();
+    /// The server's count of `INSERT` and `UPDATE` statements: of all sessions (`GLOBAL`), or
+    /// of the pool's one connection (`SESSION`).
+    async fn writes(pool: &MySqlPool, scope: &str) -> i64 {
+        let sql =
+            format!("SHOW {scope} STATUS WHERE Variable_name IN ('Com_insert', 'Com_update')");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(pool)
+            .await
+            .unwrap();
         rows.iter()
             .map(|row| row.get::<String, _>(1).parse::<i64>().unwrap())
             .sum()
@@ -549,9 +539,9 @@ mod mariadb {
             let (store, pool) = (store(most), pool.clone());
             async move {
                 store.flavor().await.unwrap();
-                let before = writes(&pool).await;
+                let before = writes(&pool, "GLOBAL").await;
                 burst(&store, &ns).await;
-                let wrote = writes(&pool).await - before;
+                let wrote = writes(&pool, "GLOBAL").await - before;
                 all_done(&store, &ns).await;
                 wrote
             }
@@ -580,7 +570,7 @@ mod mariadb {
             .max_batch(128);
         store.flavor().await.unwrap();
         let ns = common::unique_namespace("gc_lone");
-        let before = session_writes(&one).await;
+        let before = writes(&one, "SESSION").await;
         let key = IdempotencyKey::new(ns, "lone").unwrap();
         let claim = store.claim(&key, Stale::default()).await.unwrap();
         let Claim::Acquired(lease) = claim else {
@@ -588,7 +578,7 @@ mod mariadb {
         };
         store.commit(&lease).await.unwrap();
         assert_eq!(
-            session_writes(&one).await - before,
+            writes(&one, "SESSION").await - before,
             2,
             "a lone delivery: its claim and its commit, as with batching off"
         );
