@@ -330,6 +330,57 @@ mod postgres {
             lone_batched, lone_alone,
             "a lone delivery with batching on costs what it costs with batching off"
         );
+        // After a new key the next claim inserts first: a duplicate then takes the insert
+        // and the read, and the duplicate after it the read alone. Counted as what a second
+        // key adds once every statement is prepared on the connection.
+        let keys = |second: bool| {
+            let ns = ns.clone();
+            async move {
+                transactions("gc_new_then_duplicates", &ns.clone(), (128, 1), |store| {
+                    new_then_duplicates(store, ns, second)
+                })
+                .await
+                .unwrap()
+            }
+        };
+        let (mut first, mut both) = (i64::MAX, i64::MAX);
+        for _ in 0..3 {
+            first = first.min(keys(false).await);
+            both = both.min(keys(true).await);
+        }
+        assert_eq!(
+            both - first,
+            5,
+            "a new key's claim and commit, then its duplicate's insert and read, then the next \
+             duplicate's read"
+        );
+    }
+
+    /// A new key claimed and committed, then claimed again; with `second`, then another new
+    /// key, claimed and committed, then claimed twice.
+    async fn new_then_duplicates(store: PostgresStore, ns: String, second: bool) {
+        // The duplicates' count, written in the background, is left out.
+        let store = store.with_count_interval(Duration::from_secs(3600));
+        let keys: &[(&str, usize)] = if second {
+            &[("first", 1), ("second", 2)]
+        } else {
+            &[("first", 1)]
+        };
+        for &(key, duplicates) in keys {
+            let key = IdempotencyKey::new(ns.clone(), key).unwrap();
+            let claim = store.claim(&key, Stale::default()).await.unwrap();
+            let Claim::Acquired(lease) = claim else {
+                panic!("a new key answered {claim:?}")
+            };
+            store.commit(&lease).await.unwrap();
+            for _ in 0..duplicates {
+                let claim = store.claim(&key, Stale::default()).await.unwrap();
+                assert!(
+                    matches!(claim, Claim::Done(_)),
+                    "a duplicate answered {claim:?}"
+                );
+            }
+        }
     }
 
     /// Receipts of 300 KiB each, 32 committed at once.

@@ -250,9 +250,10 @@ INSERT INTO {table} VALUES
         [format!("{table}_before_pkey"), format!("{table}_stuck_idx")],
         "the indexes every commit updated are gone, the one of processing rows is there"
     );
+    assert_eq!(checks(&pool, &table).await, Vec::<String>::new());
     common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
     common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
-    let drop = format!("DROP TABLE {table}, {table}_versions");
+    let drop = format!("DROP TABLE {table}, {table}_versions, {table}_inbox");
     sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
         .execute(&pool)
         .await
@@ -267,7 +268,7 @@ async fn migrate_adds_the_receipt_column_to_a_table_of_the_previous_release() {
     let table = format!("idempotency_prev_{}", std::process::id());
     let ns = common::unique_namespace("upgrade-receipt");
     let old = format!(
-        r#"DROP TABLE IF EXISTS {table}, {table}_versions;
+        r#"DROP TABLE IF EXISTS {table}, {table}_versions, {table}_inbox;
 CREATE TABLE {table} (
     namespace     TEXT        NOT NULL,
     "key"         TEXT        NOT NULL,
@@ -285,6 +286,21 @@ CREATE TABLE {table} (
     CONSTRAINT {table}_state_check CHECK (state IN ('processing', 'done', 'released'))
 );
 CREATE INDEX {table}_stuck_idx ON {table} (claimed_at) WHERE state = 'processing';
+CREATE TABLE {table}_inbox (
+    namespace   TEXT        NOT NULL,
+    "key"       TEXT        NOT NULL,
+    state       TEXT        NOT NULL CHECK (state IN ('queued', 'running', 'done', 'dead')),
+    token       BIGINT,
+    attempts    INTEGER     NOT NULL DEFAULT 0,
+    crashes     INTEGER     NOT NULL DEFAULT 0,
+    received_at TIMESTAMPTZ NOT NULL,
+    due_at      TIMESTAMPTZ NOT NULL,
+    renewed_at  TIMESTAMPTZ NOT NULL,
+    settled_at  TIMESTAMPTZ,
+    request     BYTEA,
+    history     BYTEA,
+    PRIMARY KEY (namespace, "key")
+);
 INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed,
     first_seen_at, last_seen_at, claimed_at, renewed_at, completed_at) VALUES
     ('{ns}', 'done', 'done', 1, 3, 1, FALSE, now() - interval '1 hour',
@@ -310,13 +326,32 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
     .await
     .unwrap();
     assert_eq!(receipt, "bytea");
+    for table in [table.clone(), format!("{table}_inbox")] {
+        assert_eq!(
+            checks(&pool, &table).await,
+            Vec::<String>::new(),
+            "the check on the state of {table}, which every write prepared anew, is gone"
+        );
+    }
     common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
     common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
-    let drop = format!("DROP TABLE {table}, {table}_versions");
+    let drop = format!("DROP TABLE {table}, {table}_versions, {table}_inbox");
     sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
         .execute(&pool)
         .await
         .unwrap();
+}
+
+/// The check constraints on `table`.
+async fn checks(pool: &PgPool, table: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT conname::text FROM pg_constraint \
+         WHERE conrelid = to_regclass($1) AND contype = 'c' ORDER BY conname",
+    )
+    .bind(table)
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }
 
 /// A store whose lock waits give up after 300 ms, its duplicate counts written only when

@@ -10,6 +10,9 @@ use super::Keyed;
 pub(crate) struct ClaimWrite {
     pub(crate) key: IdempotencyKey,
     pub(crate) token: LeaseToken,
+    /// Whether the key is likely new (the store's last claim found its key so): sent alone,
+    /// the write then inserts without reading first, and reads only if the key has a row.
+    pub(crate) likely_new: bool,
 }
 
 /// A commit (with its receipt, encoded), for one lease. It is answered with the rows it

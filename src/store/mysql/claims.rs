@@ -56,6 +56,7 @@ impl MySqlStore {
             let write = ClaimWrite {
                 key: key.clone(),
                 token,
+                likely_new: false,
             };
             let row = (self.batches.claims.write(write).await)
                 .inspect_err(|error| self.table.unanswered(key, token, error))?;

@@ -50,6 +50,8 @@ pub(super) struct Batches {
 /// The statements a write runs when it goes alone.
 pub(super) struct Lone {
     pub(super) claim: Arc<str>,
+    /// The claim of a key likely new: an insert alone.
+    pub(super) insert: Arc<str>,
     pub(super) commit: Arc<str>,
     pub(super) enqueue: Arc<str>,
 }
@@ -102,8 +104,12 @@ impl Batches {
 }
 
 impl Statements {
-    /// The insert-or-read of one key, tried once more after a serialization failure.
+    /// The insert-or-read of one key, tried once more after a serialization failure. A key
+    /// likely new is inserted first, and read only if it has a row.
     async fn claim_one(&self, write: &ClaimWrite) -> Result<Option<ClaimRow>, StoreError> {
+        if write.likely_new && self.insert_new(write).await? {
+            return Ok(Some(ClaimRow::inserted(write.token)));
+        }
         let statement = || {
             sqlx::query(AssertSqlSafe(self.lone.claim.clone()))
                 .bind(write.key.namespace())
@@ -114,6 +120,20 @@ impl Statements {
         retry_serialization_failure("claim", is_retryable, statement)
             .await
             .and_then(|row| row.as_ref().map(ClaimRow::read).transpose())
+    }
+
+    /// Inserts the row of a key likely new: whether it did (else the key has one). Tried once
+    /// more after a serialization failure.
+    async fn insert_new(&self, write: &ClaimWrite) -> Result<bool, StoreError> {
+        let statement = || {
+            sqlx::query(AssertSqlSafe(self.lone.insert.clone()))
+                .bind(write.key.namespace())
+                .bind(write.key.value())
+                .bind(write.token.to_i64())
+                .execute(&self.pool)
+        };
+        let done = retry_serialization_failure("claim", is_retryable, statement).await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn claim_all(&self, writes: Vec<ClaimWrite>) -> Answers<Option<ClaimRow>> {

@@ -1,5 +1,6 @@
 //! The store contract on PostgreSQL: [`Store`] for [`PostgresStore`], each step one statement.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{PostgresStore, is_serialization_failure};
@@ -30,6 +31,11 @@ impl Store for PostgresStore {
                 Some(row) => Some(row),
                 None => table.read_claim(key).await?,
             };
+            self.new_keys.store(
+                row.as_ref()
+                    .is_none_or(|row| LeaseToken::from_i64(row.token) == token),
+                Ordering::Relaxed,
+            );
             match table.after_read(key, row, Some(token), stale)? {
                 AfterRead::Answer(claim) => return Ok(claim),
                 AfterRead::TakeOver => {
@@ -95,6 +101,7 @@ impl PostgresStore {
         let write = ClaimWrite {
             key: key.clone(),
             token,
+            likely_new: self.new_keys.load(Ordering::Relaxed),
         };
         self.batches.claims.write(write).await
     }

@@ -31,6 +31,12 @@ fn column(name: &str) -> Option<&'static str> {
         .find(|line| line.split_whitespace().next() == Some(name))
 }
 
+/// The columns a new claim's row is inserted with, and their values: `$1` namespace, `$2`
+/// key, `$3` token.
+const NEW_ROW: &str = r#"(namespace, "key", state, token, deliveries, runs, reclaimed,
+        first_seen_at, last_seen_at, claimed_at, renewed_at)
+    SELECT $1, $2, 'processing', $3, 1, 1, FALSE, now(), now(), now(), now()"#;
+
 /// A claim's first statement: reads the key's row (`$1` namespace, `$2` key), and inserts a
 /// new one (`$3` token) only when the read found none, so that a duplicate is one index lookup
 /// that writes nothing and never starts the insert. The read sees the statement's snapshot: a
@@ -46,9 +52,7 @@ pub(super) fn insert_or_read(table: &TableName) -> String {
     SELECT state, token, deliveries, reclaimed, {age} AS age_us, {idle} AS idle_us, receipt
     FROM {t} WHERE namespace = $1 AND "key" = $2
 ), inserted AS (
-    INSERT INTO {t} (namespace, "key", state, token, deliveries, runs, reclaimed,
-        first_seen_at, last_seen_at, claimed_at, renewed_at)
-    SELECT $1, $2, 'processing', $3, 1, 1, FALSE, now(), now(), now(), now()
+    INSERT INTO {t} {NEW_ROW}
     WHERE NOT EXISTS (SELECT 1 FROM found)
     ON CONFLICT (namespace, "key") DO NOTHING
     RETURNING state, token, deliveries, reclaimed, 0::bigint AS age_us, 0::bigint AS idle_us,
@@ -60,9 +64,16 @@ SELECT state, token, deliveries, reclaimed, age_us, idle_us, receipt FROM insert
     )
 }
 
+/// The claim of a key that is likely new: the row of [`insert_or_read`] inserted, nothing
+/// read and nothing returned. The count of rows it inserted tells the claim: one, acquired;
+/// none, the key has a row, which a read then finds.
+pub(super) fn insert_new(table: &TableName) -> String {
+    let t = table.quoted('"');
+    format!(r#"INSERT INTO {t} {NEW_ROW} ON CONFLICT (namespace, "key") DO NOTHING"#)
+}
+
 pub(super) fn queries(table: TableName) -> Queries {
     let t = table.quoted('"');
-    let check = table.state_check('"');
     let age_of = |at: &str| format!("(extract(epoch FROM now() - {at}) * 1000000)::bigint");
     let heartbeat = "COALESCE(renewed_at, claimed_at)";
     let age = age_of("claimed_at");
@@ -72,8 +83,7 @@ pub(super) fn queries(table: TableName) -> Queries {
 SET LOCAL lock_timeout = '10s';
 CREATE TABLE IF NOT EXISTS {t} (
 {columns}
-    PRIMARY KEY (namespace, "key"),
-    CONSTRAINT {check} CHECK (state IN ('processing', 'done', 'released'))
+    PRIMARY KEY (namespace, "key")
 );
 CREATE INDEX IF NOT EXISTS {stuck} ON {t} (claimed_at) WHERE state = 'processing';
 DROP INDEX IF EXISTS {claimed};
@@ -240,20 +250,9 @@ pub(super) fn add_receipt(table: &TableName) -> String {
 }
 
 /// What turns a table of the first release (states `processing` and `done` only, no counts
-/// of runs, no heartbeat) into the current one. Existing rows keep everything they had; the
-/// constraint is replaced `NOT VALID` because every existing row satisfies it already.
-pub(super) fn upgrade(table: &TableName, checks: &[String]) -> String {
+/// of runs, no heartbeat) into the current one. Existing rows keep everything they had.
+pub(super) fn upgrade(table: &TableName) -> String {
     let t = table.quoted('"');
-    let check = table.state_check('"');
-    let drop: String = checks
-        .iter()
-        .map(|name| {
-            format!(
-                "ALTER TABLE {t} DROP CONSTRAINT \"{}\";\n",
-                name.replace('"', "\"\"")
-            )
-        })
-        .collect();
     let add = [
         "runs",
         "reclaimed",
@@ -272,9 +271,23 @@ pub(super) fn upgrade(table: &TableName, checks: &[String]) -> String {
     format!(
         r#"SET LOCAL lock_timeout = '10s';
 ALTER TABLE {t}{add};
-{drop}ALTER TABLE {t} ADD CONSTRAINT {check} CHECK (state IN ('processing', 'done', 'released')) NOT VALID;
 UPDATE {t} SET renewed_at = claimed_at WHERE state = 'processing' AND renewed_at IS NULL;"#
     )
+}
+
+/// What drops the checks on `state` that earlier releases made, each a table (as `regclass`
+/// writes it) and a check's name: PostgreSQL prepares a check's expression anew for every
+/// statement that writes a row, and the store writes no state but its own. Under the tables'
+/// locks, which `lock_timeout` bounds.
+pub(super) fn drop_checks(checks: &[(String, String)]) -> String {
+    let drops: String = checks
+        .iter()
+        .map(|(table, name)| {
+            let name = name.replace('"', "\"\"");
+            format!("\nALTER TABLE {table} DROP CONSTRAINT IF EXISTS \"{name}\";")
+        })
+        .collect();
+    format!("SET LOCAL lock_timeout = '10s';{drops}")
 }
 
 /// The statements on the versions table of the [version guard](crate::version_guard).

@@ -85,6 +85,20 @@ impl ClaimRow {
         })
     }
 
+    /// The row a claim with `token` has just inserted: in flight, its first delivery and run.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn inserted(token: LeaseToken) -> Self {
+        Self {
+            state: "processing".to_owned(),
+            token: token.to_i64(),
+            deliveries: 1,
+            reclaimed: false,
+            age_us: 0,
+            idle_us: 0,
+            receipt: None,
+        }
+    }
+
     /// What the claim answers. The upsert wrote `ours` if and only if it inserted the row or
     /// took it over (released, or stale under reclaim).
     pub(crate) fn into_claim(

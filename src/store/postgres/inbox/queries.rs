@@ -62,7 +62,7 @@ pub(crate) fn inbox_queries(table: &TableName) -> InboxQueries {
         r#"CREATE TABLE IF NOT EXISTS {t} (
     namespace   TEXT        NOT NULL,
     "key"       TEXT        NOT NULL,
-    state       TEXT        NOT NULL CHECK (state IN ('queued', 'running', 'done', 'dead')),
+    state       TEXT        NOT NULL,
     token       BIGINT,
     attempts    INTEGER     NOT NULL DEFAULT 0,
     crashes     INTEGER     NOT NULL DEFAULT 0,
