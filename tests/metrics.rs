@@ -151,12 +151,14 @@ async fn deliveries_are_counted_by_outcome() {
     metrics::set_global_recorder(values.clone()).expect("the only recorder of this binary");
     let store = MemoryStore::new();
     let gate = Arc::new(tokio::sync::Notify::new());
+    let started = Arc::new(tokio::sync::Notify::new());
     let handler = {
-        let gate = gate.clone();
+        let (gate, started) = (gate.clone(), started.clone());
         service_fn(move |req: Request<_>| {
-            let gate = gate.clone();
+            let (gate, started) = (gate.clone(), started.clone());
             async move {
                 if req.headers()["x-event-id"] == "slow" {
+                    started.notify_one();
                     gate.notified().await;
                 }
                 Ok::<_, std::convert::Infallible>(Response::new(Full::<Bytes>::default()))
@@ -182,10 +184,11 @@ async fn deliveries_are_counted_by_outcome() {
         StatusCode::OK
     );
     // In flight: a slow first delivery, and a copy meanwhile.
+    // Its handler running, so that the copy cannot claim first (the gauge counts a delivery
+    // from before its claim).
     let slow = tokio::spawn(svc.clone().oneshot(delivery("slow")));
-    while values.get("idempotency_claims_in_flight{}") < 1.0 {
-        tokio::task::yield_now().await;
-    }
+    started.notified().await;
+    assert_eq!(values.get("idempotency_claims_in_flight{}"), 1.0);
     let copy = svc.clone().oneshot(delivery("slow")).await.unwrap();
     assert_eq!(copy.status(), StatusCode::CONFLICT);
     gate.notify_one();
