@@ -11,12 +11,13 @@ use crate::store::{
     Claim, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, Store, StoreError, StuckClaim,
 };
 
-/// Every operation is one statement, its round trip the only one (see the [module
-/// docs](crate::store::postgres#round-trips) for the SQL).
+/// Every operation is one statement, its round trip the only one, but where the [module
+/// docs](crate::store::postgres#round-trips) say (they give the SQL).
 impl Store for PostgresStore {
-    /// The insert-or-read of the module docs; then, only for a released row or a stale one
-    /// under reclaim, the upsert that takes it over. Each is tried once more after a
-    /// serialization failure.
+    /// The insert-or-read of the module docs (while keys come new and the claim goes alone,
+    /// a plain insert first, the insert-or-read only if it inserted nothing); then, only for a
+    /// released row or a stale one under reclaim, the upsert that takes it over. Each is
+    /// tried once more after a serialization failure.
     async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
         let table = &self.table;
         // The row the insert ran into may be missing from the statement's snapshot (inserted

@@ -78,7 +78,10 @@
 //! check constraint says so: PostgreSQL prepares a check's expression anew for each statement
 //! that writes a row, which cost a lone new event (a claim and a commit) about a twentieth of
 //! its time. `migrate()` drops the check on `state` that earlier releases made (any check
-//! constraint of the table on `state` alone), under the same `lock_timeout` as below; should a row ever hold another state, claims of its key fail with an error that
+//! constraint of the table on `state` alone, one you added included, but one inherited from a
+//! parent table), under the same `lock_timeout` as below: dropping it locks the table for
+//! reads too, for an instant once the lock is granted, so a start-up that meets a long open
+//! transaction on the table fails and is tried again; should a row ever hold another state, claims of its key fail with an error that
 //! names it.
 //!
 //! A table of the first release (without `runs`) is upgraded in the same transaction: the new
@@ -128,8 +131,9 @@
 //!   the claim acquired, in one round trip that costs the server less than the statement
 //!   above; none, and the statement above follows, which then reads the row. So a duplicate
 //!   that comes right after a new key takes two round trips, and the next one, one again.
-//!   Such a duplicate's insert also waits for a transaction that is changing the key's row
-//!   (a transactional-mode claim still open, say), where the read would not.
+//!   Such a duplicate's insert also waits for an open transaction that has updated the key's
+//!   row (a transactional-mode duplicate's marker, a `resolve`, a transaction of your own),
+//!   where the read would not.
 //! - `renew`: `UPDATE … SET renewed_at = now() WHERE namespace = $1 AND "key" = $2 AND token =
 //!   $3 AND state = 'processing'`; `commit` and `commit_with` set `state = 'done'` and `receipt
 //!   = CASE WHEN state = 'done' THEN receipt ELSE $1 END` (NULL for `commit`: a repeated commit
@@ -457,11 +461,12 @@ impl PostgresStore {
             .store()?;
         // The checks on `state` of earlier releases, whatever their names (a renamed table
         // keeps the old one): each table's as `regclass` names it, and the check's.
+        // A check inherited from a parent table cannot be dropped here, and is left.
         let checks: Vec<(String, String)> = sqlx::query_as(
             "SELECT c.conrelid::regclass::text, c.conname::text FROM pg_constraint c \
              JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attname = 'state' \
              WHERE c.conrelid IN (to_regclass($1), to_regclass($2)) AND c.contype = 'c' \
-             AND c.conkey = ARRAY[a.attnum]",
+             AND c.conkey = ARRAY[a.attnum] AND c.coninhcount = 0",
         )
         .bind(table.quoted('"'))
         .bind(table.inbox().quoted('"'))

@@ -142,9 +142,9 @@ impl TableName {
         format!("{quote}{}{INBOX_RUNNING_INDEX_SUFFIX}{quote}", self.table)
     }
 
-    /// The quoted, unqualified name of the check constraint on `state`: `<table>_state_check`,
-    /// the name PostgreSQL gave the unnamed constraint of earlier releases.
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    /// The quoted, unqualified name of the MySQL table's check constraint on `state`:
+    /// `<table>_state_check`.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) fn state_check(&self, quote: char) -> String {
         format!("{quote}{}_state_check{quote}", self.table)
     }
