@@ -615,10 +615,12 @@ mod mariadb {
             .connect(&common::db::mysql_url())
             .await
             .unwrap();
+        // The duplicates' count, written in the background, is left out.
         let store = MySqlStore::new(one.clone())
             .with_table_name("gc_mariadb")
             .unwrap()
-            .max_batch(128);
+            .max_batch(128)
+            .with_count_interval(Duration::from_secs(3600));
         store.flavor().await.unwrap();
         let ns = common::unique_namespace("gc_lone");
         let before = writes(&one, "SESSION").await;
@@ -632,6 +634,21 @@ mod mariadb {
             writes(&one, "SESSION").await - before,
             2,
             "a lone delivery: its claim and its commit, as with batching off"
+        );
+        // After a new key the next claim inserts first: a duplicate then takes the insert
+        // and the insert-or-read, and the duplicate after it the insert-or-read alone.
+        let before = writes(&one, "SESSION").await;
+        for _ in 0..2 {
+            let claim = store.claim(&key, Stale::default()).await.unwrap();
+            assert!(
+                matches!(claim, Claim::Done(_)),
+                "a duplicate answered {claim:?}"
+            );
+        }
+        assert_eq!(
+            writes(&one, "SESSION").await - before,
+            3,
+            "a duplicate after a new key: two statements; the next one: one"
         );
     }
 

@@ -12,8 +12,7 @@ pub(crate) struct ClaimWrite {
     pub(crate) token: LeaseToken,
     /// Whether the key is likely new (the store's last claim found its key so): sent alone,
     /// the write then inserts without reading first, and reads only if the key has a row.
-    /// PostgreSQL only.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    /// PostgreSQL and MariaDB.
     pub(crate) likely_new: bool,
 }
 

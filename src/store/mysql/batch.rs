@@ -49,6 +49,8 @@ struct Statements {
     table: String,
     /// MariaDB's lone insert-or-read.
     claim: Arc<str>,
+    /// The insert alone (`INSERT IGNORE`), for a key likely new.
+    insert: Arc<str>,
     /// The lone commit.
     commit: Arc<str>,
 }
@@ -57,7 +59,7 @@ impl Batches {
     pub(super) fn new(
         pool: MySqlPool,
         table: &TableName,
-        claim: Arc<str>,
+        (claim, insert): (Arc<str>, Arc<str>),
         commit: Arc<str>,
         most: usize,
     ) -> Self {
@@ -65,6 +67,7 @@ impl Batches {
             pool,
             table: table.quoted('`'),
             claim,
+            insert,
             commit,
         });
         let on = statements.clone();
@@ -83,7 +86,21 @@ impl Batches {
 }
 
 impl Statements {
+    /// The insert-or-read of one key. A key likely new is inserted first (`INSERT IGNORE`,
+    /// nothing returned), and read with the insert-or-read only if it has a row.
     async fn claim_one(&self, write: &ClaimWrite) -> Result<ClaimRow, StoreError> {
+        if write.likely_new {
+            let inserted = sqlx::query(AssertSqlSafe(self.insert.clone()))
+                .bind(write.key.namespace())
+                .bind(write.key.value())
+                .bind(write.token.to_i64())
+                .execute(&self.pool)
+                .await
+                .store()?;
+            if inserted.rows_affected() == 1 {
+                return Ok(ClaimRow::inserted(write.token));
+            }
+        }
         let row = sqlx::query(AssertSqlSafe(self.claim.clone()))
             .bind(write.key.namespace())
             .bind(write.key.value())

@@ -3,6 +3,7 @@
 //! (unless it inserted) on MySQL and on older MariaDB.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
@@ -56,10 +57,12 @@ impl MySqlStore {
             let write = ClaimWrite {
                 key: key.clone(),
                 token,
-                likely_new: false,
+                likely_new: self.new_keys.load(Ordering::Relaxed),
             };
             let row = (self.batches.claims.write(write).await)
                 .inspect_err(|error| self.table.unanswered(key, token, error))?;
+            self.new_keys
+                .store(LeaseToken::from_i64(row.token) == token, Ordering::Relaxed);
             return self.table.after_read(key, Some(row), Some(token), stale);
         }
         let inserted = insert(&self.claims.insert_new)

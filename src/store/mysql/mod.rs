@@ -130,7 +130,11 @@
 //!   returns the existing row, which assigning a column to itself leaves unchanged (InnoDB
 //!   skips the write, nothing reaches the redo log; the row is locked for the statement). On
 //!   MySQL and older MariaDB it is `INSERT IGNORE`, followed by a read of the row unless it
-//!   inserted. A duplicate (done, in flight, held) is answered so, writing nothing (see
+//!   inserted. On MariaDB too, while keys come new (the store's last claim found its key
+//!   so), a claim sent alone is that `INSERT IGNORE` first, which returns nothing and costs
+//!   the server less; only when it inserted nothing does the statement with `RETURNING`
+//!   follow, to read the row. A duplicate that comes right after a new key so takes two
+//!   round trips, and the next one, one again. A duplicate (done, in flight, held) is answered so, writing nothing (see
 //!   [delivery counts](#delivery-counts)). Only a released row, or one not renewed for the
 //!   limit under reclaim, then takes the upsert described above, which takes it over.
 //! - `renew`, `commit`, `release`: `UPDATE … WHERE namespace = ? AND `key` = ? AND token = ?
@@ -278,6 +282,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, MySql, MySqlPool};
@@ -332,6 +337,9 @@ pub struct MySqlStore {
     flavor: Arc<OnceCell<MySqlFlavor>>,
     /// Where concurrent claims and commits meet to go together.
     batches: batch::Batches,
+    /// Whether the store's last claim found its key new: on MariaDB the next claim, sent
+    /// alone, then inserts first (see [round trips](self#round-trips)).
+    new_keys: Arc<AtomicBool>,
 }
 
 impl MySqlStore {
@@ -348,6 +356,7 @@ impl MySqlStore {
             claims,
             inbox: Arc::new(inbox),
             flavor: Arc::default(),
+            new_keys: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -604,7 +613,7 @@ fn batches(table: &Table<MySql>, claims: &ClaimQueries, most: usize) -> batch::B
     batch::Batches::new(
         table.pool.clone(),
         &table.sql.table,
-        claims.insert_or_read.clone(),
+        (claims.insert_or_read.clone(), claims.insert_new.clone()),
         table.sql.commit.clone(),
         most,
     )

@@ -86,7 +86,7 @@ impl ClaimRow {
     }
 
     /// The row a claim with `token` has just inserted: in flight, its first delivery and run.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn inserted(token: LeaseToken) -> Self {
         Self {
             state: "processing".to_owned(),
