@@ -89,25 +89,19 @@ impl Statements {
     /// The insert-or-read of one key. A key likely new is inserted first (`INSERT IGNORE`,
     /// nothing returned), and read with the insert-or-read only if it has a row.
     async fn claim_one(&self, write: &ClaimWrite) -> Result<ClaimRow, StoreError> {
-        if write.likely_new {
-            let inserted = sqlx::query(AssertSqlSafe(self.insert.clone()))
+        let statement = |sql: &Arc<str>| {
+            sqlx::query(AssertSqlSafe(sql.clone()))
                 .bind(write.key.namespace())
                 .bind(write.key.value())
                 .bind(write.token.to_i64())
-                .execute(&self.pool)
-                .await
-                .store()?;
+        };
+        if write.likely_new {
+            let inserted = statement(&self.insert).execute(&self.pool).await.store()?;
             if inserted.rows_affected() == 1 {
                 return Ok(ClaimRow::inserted(write.token));
             }
         }
-        let row = sqlx::query(AssertSqlSafe(self.claim.clone()))
-            .bind(write.key.namespace())
-            .bind(write.key.value())
-            .bind(write.token.to_i64())
-            .fetch_one(&self.pool)
-            .await
-            .store()?;
+        let row = statement(&self.claim).fetch_one(&self.pool).await.store()?;
         ClaimRow::read(&row)
     }
 

@@ -107,33 +107,23 @@ impl Statements {
     /// The insert-or-read of one key, tried once more after a serialization failure. A key
     /// likely new is inserted first, and read only if it has a row.
     async fn claim_one(&self, write: &ClaimWrite) -> Result<Option<ClaimRow>, StoreError> {
-        if write.likely_new && self.insert_new(write).await? {
-            return Ok(Some(ClaimRow::inserted(write.token)));
-        }
-        let statement = || {
-            sqlx::query(AssertSqlSafe(self.lone.claim.clone()))
+        let statement = |sql: &Arc<str>| {
+            sqlx::query(AssertSqlSafe(sql.clone()))
                 .bind(write.key.namespace())
                 .bind(write.key.value())
                 .bind(write.token.to_i64())
-                .fetch_optional(&self.pool)
         };
-        retry_serialization_failure("claim", is_retryable, statement)
+        if write.likely_new {
+            let insert = || statement(&self.lone.insert).execute(&self.pool);
+            let done = retry_serialization_failure("claim", is_retryable, insert).await?;
+            if done.rows_affected() == 1 {
+                return Ok(Some(ClaimRow::inserted(write.token)));
+            }
+        }
+        let read = || statement(&self.lone.claim).fetch_optional(&self.pool);
+        retry_serialization_failure("claim", is_retryable, read)
             .await
             .and_then(|row| row.as_ref().map(ClaimRow::read).transpose())
-    }
-
-    /// Inserts the row of a key likely new: whether it did (else the key has one). Tried once
-    /// more after a serialization failure.
-    async fn insert_new(&self, write: &ClaimWrite) -> Result<bool, StoreError> {
-        let statement = || {
-            sqlx::query(AssertSqlSafe(self.lone.insert.clone()))
-                .bind(write.key.namespace())
-                .bind(write.key.value())
-                .bind(write.token.to_i64())
-                .execute(&self.pool)
-        };
-        let done = retry_serialization_failure("claim", is_retryable, statement).await?;
-        Ok(done.rows_affected() == 1)
     }
 
     async fn claim_all(&self, writes: Vec<ClaimWrite>) -> Answers<Option<ClaimRow>> {
