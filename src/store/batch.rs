@@ -403,4 +403,4 @@ mod writes;
 #[cfg(feature = "postgres")]
 pub(crate) use writes::EnqueueWrite;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) use writes::{ClaimWrite, CommitWrite, key_order};
+pub(crate) use writes::{ClaimWrite, CommitWrite, key_order, or_alone};

@@ -4,7 +4,10 @@
 use crate::key::IdempotencyKey;
 use crate::store::{Lease, LeaseToken, Receipt};
 
-use super::Keyed;
+use std::future::Future;
+
+use super::{Answers, Keyed, all_fail};
+use crate::store::StoreError;
 
 /// A claim's first statement, for one key: `token` is written if it inserts the row.
 pub(crate) struct ClaimWrite {
@@ -78,4 +81,26 @@ pub(crate) fn key_order<W: Keyed>(writes: &[W]) -> Vec<usize> {
         (a.namespace(), a.value()).cmp(&(b.namespace(), b.value()))
     });
     order
+}
+
+/// What a batch statement answered, or else the answers of its writes: each sent again alone
+/// (`alone`) when `retryable` says the statement wrote nothing and may be sent again (a
+/// deadlock's victim, a failure to serialize), every one failing with the statement's error
+/// otherwise.
+pub(crate) async fn or_alone<'w, W, Rows, Out, Fut>(
+    answered: Result<Rows, sqlx::Error>,
+    writes: &'w [W],
+    retryable: fn(&sqlx::Error) -> bool,
+    alone: impl FnMut(&'w W) -> Fut,
+) -> Result<Rows, Answers<Out>>
+where
+    Fut: Future<Output = Result<Out, StoreError>>,
+{
+    match answered {
+        Ok(rows) => Ok(rows),
+        Err(error) if retryable(&error) => {
+            Err(futures_util::future::join_all(writes.iter().map(alone)).await)
+        }
+        Err(error) => Err(all_fail(error, writes.len())),
+    }
 }

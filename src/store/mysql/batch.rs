@@ -27,7 +27,9 @@ use super::queries::{AGE_US, IDLE_US, NOW};
 use super::server::{DEADLOCK, mysql_error};
 use crate::key::IdempotencyKey;
 use crate::store::StoreError;
-use crate::store::batch::{Answers, Batcher, ClaimWrite, CommitWrite, Shape, all_fail, key_order};
+use crate::store::batch::{
+    Answers, Batcher, ClaimWrite, CommitWrite, Shape, all_fail, key_order, or_alone,
+};
 use crate::store::sql::{ClaimRow, ResultExt as _, TableName};
 
 /// The batches of one kind in flight at once: a second delivery that arrives while one
@@ -120,13 +122,10 @@ impl Statements {
                 .bind(write.key.value())
                 .bind(write.token.to_i64());
         }
-        let rows = match query.fetch_all(&self.pool).await {
+        let rows = query.fetch_all(&self.pool).await;
+        let rows = match or_alone(rows, &writes, is_deadlock, |write| self.claim_one(write)).await {
             Ok(rows) => rows,
-            Err(error) if is_deadlock(&error) => {
-                let alone = writes.iter().map(|write| self.claim_one(write));
-                return futures_util::future::join_all(alone).await;
-            }
-            Err(error) => return all_fail(error, writes.len()),
+            Err(answers) => return answers,
         };
         let mut answers: Answers<ClaimRow> = writes
             .iter()
@@ -178,14 +177,12 @@ impl Statements {
             // Matches no row: no key has an empty namespace.
             query = query.bind("").bind("").bind(0_i64).bind(None::<&[u8]>);
         }
-        let matched = match query.execute(&self.pool).await {
-            Ok(done) => done.rows_affected(),
-            Err(error) if is_deadlock(&error) => {
-                let alone = writes.iter().map(|write| self.commit_one(write));
-                return futures_util::future::join_all(alone).await;
-            }
-            Err(error) => return all_fail(error, writes.len()),
-        };
+        let done = query.execute(&self.pool).await;
+        let matched =
+            match or_alone(done, &writes, is_deadlock, |write| self.commit_one(write)).await {
+                Ok(done) => done.rows_affected(),
+                Err(answers) => return answers,
+            };
         if matched == writes.len() as u64 {
             return writes.iter().map(|_| Ok(1)).collect();
         }

@@ -26,7 +26,7 @@ use sqlx::{AssertSqlSafe, PgPool, Row as _};
 
 use crate::store::StoreError;
 use crate::store::batch::{
-    Answers, Batcher, ClaimWrite, CommitWrite, EnqueueWrite, Shape, all_fail, key_order,
+    Answers, Batcher, ClaimWrite, CommitWrite, EnqueueWrite, Shape, all_fail, key_order, or_alone,
 };
 use crate::store::sql::{ClaimRow, ResultExt as _, TableName, retry_serialization_failure};
 
@@ -146,13 +146,10 @@ impl Statements {
             .bind(tokens)
             .fetch_all(&self.pool)
             .await;
-        let rows = match rows {
+        let rows = match or_alone(rows, &writes, is_retryable, |write| self.claim_one(write)).await
+        {
             Ok(rows) => rows,
-            Err(error) if is_retryable(&error) => {
-                let alone = writes.iter().map(|write| self.claim_one(write));
-                return futures_util::future::join_all(alone).await;
-            }
-            Err(error) => return all_fail(error, writes.len()),
+            Err(answers) => return answers,
         };
         let mut answers: Answers<Option<ClaimRow>> = writes.iter().map(|_| Ok(None)).collect();
         for row in &rows {
@@ -206,13 +203,10 @@ impl Statements {
             .bind(receipts)
             .fetch_all(&self.pool)
             .await;
-        let rows = match rows {
+        let rows = match or_alone(rows, &writes, is_retryable, |write| self.commit_one(write)).await
+        {
             Ok(rows) => rows,
-            Err(error) if is_retryable(&error) => {
-                let alone = writes.iter().map(|write| self.commit_one(write));
-                return futures_util::future::join_all(alone).await;
-            }
-            Err(error) => return all_fail(error, writes.len()),
+            Err(answers) => return answers,
         };
         let mut answers: Answers<u64> = writes.iter().map(|_| Ok(0)).collect();
         for row in &rows {
@@ -264,14 +258,11 @@ impl Statements {
             .bind(requests)
             .fetch_all(&self.pool)
             .await;
-        let rows = match rows {
-            Ok(rows) => rows,
-            Err(error) if is_retryable(&error) => {
-                let alone = writes.iter().map(|write| self.enqueue_one(write));
-                return futures_util::future::join_all(alone).await;
-            }
-            Err(error) => return all_fail(error, writes.len()),
-        };
+        let rows =
+            match or_alone(rows, &writes, is_retryable, |write| self.enqueue_one(write)).await {
+                Ok(rows) => rows,
+                Err(answers) => return answers,
+            };
         let mut answers: Answers<Option<(String, bool)>> =
             writes.iter().map(|_| Ok(None)).collect();
         for row in &rows {
