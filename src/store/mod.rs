@@ -60,9 +60,9 @@
 //! | store | feature | time source | claim round trips |
 //! |---|---|---|---|
 //! | [`MemoryStore`] | `memory` (default) | [`tokio::time::Instant`] | none |
-//! | `SqliteStore` | `sqlite` | SQLite's `unixepoch('subsec')` | 1 |
-//! | `PostgresStore` | `postgres` | Postgres' `now()` | 1 |
-//! | `MySqlStore` | `mysql` | the server's `UTC_TIMESTAMP(6)` | 1 on MariaDB 10.5+; on MySQL and older MariaDB 1 for a new key, 2 otherwise |
+//! | `SqliteStore` | `sqlite` | SQLite's `unixepoch('subsec')` | 1; 2 for a duplicate right after a new key |
+//! | `PostgresStore` | `postgres` | Postgres' `now()` | 1; 2 for a duplicate right after a new key |
+//! | `MySqlStore` | `mysql` | the server's `UTC_TIMESTAMP(6)` | 1 on MariaDB 10.5+ (2 for a duplicate right after a new key); on MySQL and older MariaDB 1 for a new key, 2 otherwise |
 //! | `RedisStore` | `redis` | the server's `TIME` | 1 (one server script), on one server or a Redis Cluster |
 //!
 //! The SQL stores take time from the database, never from the application's clock, so app

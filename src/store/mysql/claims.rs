@@ -1,9 +1,9 @@
 //! The store contract on MySQL and on MariaDB: [`Store`] for [`MySqlStore`], and how a claim
-//! is made: one upsert with `RETURNING` on MariaDB 10.5 and later, an upsert then a read
-//! (unless it inserted) on MySQL and on older MariaDB.
+//! is made: one upsert with `RETURNING` on MariaDB 10.5 and later (while keys come new, an
+//! `INSERT IGNORE` first), an insert then a read (unless it inserted) on MySQL and on older
+//! MariaDB.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
@@ -38,8 +38,9 @@ impl MySqlStore {
     }
 
     /// A claim's first statement, and what the claim does next: `key` inserted if it is
-    /// new, or its row read without writing it. MariaDB does both in one statement; MySQL
-    /// reads after an insert that was ignored.
+    /// new, or its row read without writing it. MariaDB does both in one statement (while keys
+    /// come new, after an `INSERT IGNORE` that inserted nothing); MySQL reads after an insert
+    /// that was ignored.
     pub(super) async fn insert_or_read(
         &self,
         flavor: MySqlFlavor,
@@ -57,12 +58,11 @@ impl MySqlStore {
             let write = ClaimWrite {
                 key: key.clone(),
                 token,
-                likely_new: self.new_keys.load(Ordering::Relaxed),
+                likely_new: self.new_keys.likely(),
             };
             let row = (self.batches.claims.write(write).await)
                 .inspect_err(|error| self.table.unanswered(key, token, error))?;
-            self.new_keys
-                .store(LeaseToken::from_i64(row.token) == token, Ordering::Relaxed);
+            self.new_keys.saw(Some(&row), token);
             return self.table.after_read(key, Some(row), Some(token), stale);
         }
         let inserted = insert(&self.claims.insert_new)

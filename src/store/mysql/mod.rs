@@ -131,11 +131,11 @@
 //!   skips the write, nothing reaches the redo log; the row is locked for the statement). On
 //!   MySQL and older MariaDB it is `INSERT IGNORE`, followed by a read of the row unless it
 //!   inserted. On MariaDB too, while keys come new (the store's last claim found its key
-//!   so), a claim sent alone is that `INSERT IGNORE` first, which returns nothing and costs
-//!   the server less; only when it inserted nothing does the statement with `RETURNING`
-//!   follow, to read the row. A duplicate that comes right after a new key so takes two
-//!   round trips, and the next one, one again. A duplicate (done, in flight, held) is answered so, writing nothing (see
-//!   [delivery counts](#delivery-counts)). Only a released row, or one not renewed for the
+//!   so), a claim sent alone is that `INSERT IGNORE` first, which returns nothing; only when
+//!   it inserted nothing does the statement with `RETURNING` follow, to read the row. A
+//!   duplicate that comes right after a new key takes two round trips, and the next one, one
+//!   again. A duplicate (done, in flight, held) is answered from the row it read, writing
+//!   nothing (see [delivery counts](#delivery-counts)). Only a released row, or one not renewed for the
 //!   limit under reclaim, then takes the upsert described above, which takes it over.
 //! - `renew`, `commit`, `release`: `UPDATE … WHERE namespace = ? AND `key` = ? AND token = ?
 //!   AND <state>`, one each. sqlx connects with `CLIENT_FOUND_ROWS`, so the server reports
@@ -282,14 +282,13 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, MySql, MySqlPool};
 use tokio::sync::OnceCell;
 
 use super::batch::DEFAULT_MOST;
-use super::sql::{ResultExt as _, Table, TableName};
+use super::sql::{NewKeys, ResultExt as _, Table, TableName};
 use super::{ConfigError, StoreError};
 
 mod batch;
@@ -339,7 +338,7 @@ pub struct MySqlStore {
     batches: batch::Batches,
     /// Whether the store's last claim found its key new: on MariaDB the next claim, sent
     /// alone, then inserts first (see [round trips](self#round-trips)).
-    new_keys: Arc<AtomicBool>,
+    new_keys: NewKeys,
 }
 
 impl MySqlStore {
@@ -356,7 +355,7 @@ impl MySqlStore {
             claims,
             inbox: Arc::new(inbox),
             flavor: Arc::default(),
-            new_keys: Arc::new(AtomicBool::new(true)),
+            new_keys: NewKeys::default(),
         }
     }
 

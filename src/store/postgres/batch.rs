@@ -1,6 +1,6 @@
 //! Group commit on PostgreSQL: the claims of concurrent deliveries go in one statement, and
-//! so do their commits and the inbox's entries (see [`Batcher`]). A lone claim or commit is the statement of the
-//! [module docs](super#round-trips); a batch binds arrays and `unnest`s them:
+//! so do their commits and the inbox's entries (see [`Batcher`]). A lone claim or commit is
+//! sent as the [module docs](super#round-trips) say; a batch binds arrays and `unnest`s them:
 //!
 //! - claims: `WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH
 //!   ORDINALITY …), found AS (<the rows of the keys that exist>), inserted AS (INSERT … SELECT

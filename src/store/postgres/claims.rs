@@ -1,6 +1,6 @@
-//! The store contract on PostgreSQL: [`Store`] for [`PostgresStore`], each step one statement.
+//! The store contract on PostgreSQL: [`Store`] for [`PostgresStore`], each step one statement
+//! but where the module docs say.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{PostgresStore, is_serialization_failure};
@@ -32,11 +32,7 @@ impl Store for PostgresStore {
                 Some(row) => Some(row),
                 None => table.read_claim(key).await?,
             };
-            self.new_keys.store(
-                row.as_ref()
-                    .is_none_or(|row| LeaseToken::from_i64(row.token) == token),
-                Ordering::Relaxed,
-            );
+            self.new_keys.saw(row.as_ref(), token);
             match table.after_read(key, row, Some(token), stale)? {
                 AfterRead::Answer(claim) => return Ok(claim),
                 AfterRead::TakeOver => {
@@ -102,7 +98,7 @@ impl PostgresStore {
         let write = ClaimWrite {
             key: key.clone(),
             token,
-            likely_new: self.new_keys.load(Ordering::Relaxed),
+            likely_new: self.new_keys.likely(),
         };
         self.batches.claims.write(write).await
     }

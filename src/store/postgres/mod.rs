@@ -77,12 +77,14 @@
 //! `state` is one of `processing`, `done` and `released`, and the store writes no other. No
 //! check constraint says so: PostgreSQL prepares a check's expression anew for each statement
 //! that writes a row, which cost a lone new event (a claim and a commit) about a twentieth of
-//! its time. `migrate()` drops the check on `state` that earlier releases made (any check
-//! constraint of the table on `state` alone, one you added included, but one inherited from a
-//! parent table), under the same `lock_timeout` as below: dropping it locks the table for
-//! reads too, for an instant once the lock is granted, so a start-up that meets a long open
-//! transaction on the table fails and is tried again; should a row ever hold another state, claims of its key fail with an error that
+//! its time. Should a row ever hold another state, claims of its key fail with an error that
 //! names it.
+//!
+//! `migrate()` drops the check on `state` that earlier releases made: any check constraint of
+//! the table on `state` alone, one you added included, except one inherited from a parent
+//! table. Dropping it locks the table, reads included, for an instant once the lock is
+//! granted, under the same 10 s `lock_timeout` as below: a start-up that meets a long open
+//! transaction on the table fails, and `migrate()` is then called again.
 //!
 //! A table of the first release (without `runs`) is upgraded in the same transaction: the new
 //! columns are added (`ADD COLUMN IF NOT EXISTS`, instant for these defaults), its check on
@@ -108,7 +110,8 @@
 //!
 //! # Round trips
 //!
-//! One per operation (once sqlx has prepared the statement on the connection):
+//! One per operation but where said below (once sqlx has prepared the statement on the
+//! connection):
 //!
 //! - `claim`: `WITH found AS (SELECT state, token, deliveries, reclaimed, <age>, <since
 //!   renewal>, receipt FROM … WHERE namespace = $1 AND "key" = $2), inserted AS (INSERT … SELECT
@@ -116,8 +119,8 @@
 //!   RETURNING …) SELECT … FROM found UNION ALL SELECT … FROM inserted`: a new key is inserted,
 //!   an existing one read (with its receipt), in one statement. The
 //!   primary key decides between concurrent claims; the claim acquired if the returned token is
-//!   the one it generated. A duplicate (done, in flight, held) is this one statement, which
-//!   then writes nothing and waits for no flush (see [delivery counts](#delivery-counts)). Only
+//!   the one it generated. A duplicate (done, in flight, held) is this one statement (two
+//!   right after a new key, see below), which then writes nothing and waits for no flush (see [delivery counts](#delivery-counts)). Only
 //!   a released row, or one not renewed for the limit under reclaim, takes a second: `INSERT …
 //!   ON CONFLICT (namespace, "key") DO UPDATE SET deliveries = deliveries + 1, <the claim's
 //!   columns> = CASE WHEN <released, or processing and not renewed for the limit under
@@ -148,7 +151,7 @@
 //! fenced by its own token (the statements are in `batch.rs`: an insert-or-read over
 //! `unnest`ed arrays for claims and entries, an `UPDATE … FROM` for commits). Each kind has two
 //! lanes, two statements in flight at once: a write that finds a lane free is sent at once,
-//! alone, as the statement above, with no timer, so a lone delivery pays nothing for it. A
+//! alone, as the statements above, with no timer, so a lone delivery pays nothing for it. A
 //! batch carries at most [`max_batch`](PostgresStore::max_batch) writes (128 unless set) and
 //! 1 MiB of receipts or requests; a key may be twice in a batch of claims (both answered with
 //! its row, each with its own token), never in a batch of commits or of inbox entries (a
@@ -295,13 +298,12 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, PgPool, Postgres};
 
 use super::batch::DEFAULT_MOST;
-use super::sql::{ResultExt as _, Table, TableName};
+use super::sql::{NewKeys, ResultExt as _, Table, TableName};
 use super::{ConfigError, StoreError};
 
 mod batch;
@@ -332,7 +334,7 @@ pub struct PostgresStore {
     batches: Batches,
     /// Whether the store's last claim found its key new: the next claim, sent alone, then
     /// inserts first (see [round trips](self#round-trips)).
-    new_keys: Arc<AtomicBool>,
+    new_keys: NewKeys,
 }
 
 impl PostgresStore {
@@ -358,7 +360,7 @@ impl PostgresStore {
             inbox,
             herald: Arc::default(),
             table,
-            new_keys: Arc::new(AtomicBool::new(true)),
+            new_keys: NewKeys::default(),
         }
     }
 
@@ -460,8 +462,8 @@ impl PostgresStore {
             .await
             .store()?;
         // The checks on `state` of earlier releases, whatever their names (a renamed table
-        // keeps the old one): each table's as `regclass` names it, and the check's.
-        // A check inherited from a parent table cannot be dropped here, and is left.
+        // keeps the old one), but one inherited from a parent table, which cannot be dropped
+        // here: each table's as `regclass` names it, and the check's.
         let checks: Vec<(String, String)> = sqlx::query_as(
             "SELECT c.conrelid::regclass::text, c.conname::text FROM pg_constraint c \
              JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attname = 'state' \

@@ -275,19 +275,17 @@ UPDATE {t} SET renewed_at = claimed_at WHERE state = 'processing' AND renewed_at
     )
 }
 
-/// What drops the checks on `state` that earlier releases made, each a table (as `regclass`
-/// writes it) and a check's name: PostgreSQL prepares a check's expression anew for every
-/// statement that writes a row, and the store writes no state but its own. Under the tables'
-/// locks, which `lock_timeout` bounds.
+/// What drops the checks on `state` that earlier releases made (see the module docs), each a
+/// table (as `regclass` writes it) and a check's name. In `migrate()`'s transaction, under its
+/// `lock_timeout`.
 pub(super) fn drop_checks(checks: &[(String, String)]) -> String {
-    let drops: String = checks
+    checks
         .iter()
         .map(|(table, name)| {
             let name = name.replace('"', "\"\"");
-            format!("\nALTER TABLE {table} DROP CONSTRAINT IF EXISTS \"{name}\";")
+            format!("ALTER TABLE {table} DROP CONSTRAINT IF EXISTS \"{name}\";\n")
         })
-        .collect();
-    format!("SET LOCAL lock_timeout = '10s';{drops}")
+        .collect()
 }
 
 /// The statements on the versions table of the [version guard](crate::version_guard).

@@ -28,7 +28,7 @@ pub(crate) use backend::Backend;
 use backend::Statement;
 pub(crate) use queries::{Bounded, Purge, Queries, VersionQueries};
 pub(crate) use rows::{
-    ClaimRow, NEVER_STALE, duration_from_micros, key_record, micros, stuck_claim,
+    ClaimRow, NEVER_STALE, NewKeys, duration_from_micros, key_record, micros, stuck_claim,
     undecodable_stuck_row, version_claim, version_row,
 };
 pub(crate) use table::TableName;

@@ -3,6 +3,7 @@
 //! table.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::ResultExt as _;
@@ -44,6 +45,31 @@ where
     bytes
         .map(|bytes| Receipt::decode(bytes).map(Arc::new))
         .transpose()
+}
+
+/// Whether a store's keys come new: its last claim found no row for its key, or the one it
+/// inserted. The next claim then inserts first (see each store's round trips). Clones share it.
+#[derive(Debug, Clone)]
+pub(crate) struct NewKeys(Arc<AtomicBool>);
+
+impl Default for NewKeys {
+    /// Keys come new until a claim finds one that does not.
+    fn default() -> Self {
+        Self(Arc::new(AtomicBool::new(true)))
+    }
+}
+
+impl NewKeys {
+    /// Whether the next key is likely new.
+    pub(crate) fn likely(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// A claim with `token` found `row` for its key (none: no row).
+    pub(crate) fn saw(&self, row: Option<&ClaimRow>, token: LeaseToken) {
+        let new = row.is_none_or(|row| LeaseToken::from_i64(row.token) == token);
+        self.0.store(new, Ordering::Relaxed);
+    }
 }
 
 /// The row an upsert left behind (or a claim's follow-up read).

@@ -1,7 +1,6 @@
 //! The store contract on SQLite: [`Store`] for [`SqliteStore`], each step one statement but
 //! the claim, which takes one or two.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::SqliteStore;
@@ -25,7 +24,7 @@ impl Store for SqliteStore {
         let table = &self.table;
         let token = LeaseToken::generate();
         let (mut entered, mut insert_failed) = (None, false);
-        if self.new_keys.load(Ordering::Relaxed) && table.writer_idle() {
+        if self.new_keys.likely() && table.writer_idle() {
             let write = Write::Enter {
                 key: key.clone(),
                 token,
@@ -59,11 +58,7 @@ impl Store for SqliteStore {
                 }
             })?,
         };
-        self.new_keys.store(
-            row.as_ref()
-                .is_none_or(|row| LeaseToken::from_i64(row.token) == token),
-            Ordering::Relaxed,
-        );
+        self.new_keys.saw(row.as_ref(), token);
         match table.after_read(key, row, Some(token), stale)? {
             AfterRead::Answer(claim) => Ok(claim),
             AfterRead::TakeOver | AfterRead::Absent => {

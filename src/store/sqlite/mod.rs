@@ -262,13 +262,12 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Sqlite, SqlitePool};
 
 use super::batch::{Batcher, DEFAULT_MOST};
-use super::sql::{ResultExt as _, Table, TableName, Writer};
+use super::sql::{NewKeys, ResultExt as _, Table, TableName, Writer};
 use super::{ConfigError, StoreError};
 
 mod batch;
@@ -298,7 +297,7 @@ pub struct SqliteStore {
     batches: Batcher<batch::Write, batch::Wrote>,
     /// Whether the store's last claim found its key new: the next claim, if the writer is
     /// idle, then inserts first (see [round trips](self#round-trips)).
-    new_keys: Arc<AtomicBool>,
+    new_keys: NewKeys,
 }
 
 impl SqliteStore {
@@ -362,7 +361,7 @@ impl SqliteStore {
             batches: batch::batcher(table.clone(), inbox.enqueue.clone(), most),
             inbox,
             table,
-            new_keys: Arc::new(AtomicBool::new(true)),
+            new_keys: NewKeys::default(),
         }
     }
 
