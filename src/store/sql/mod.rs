@@ -240,10 +240,19 @@ where
         &self,
         key: &IdempotencyKey,
     ) -> Result<Option<ClaimRow>, StoreError> {
+        self.read_claim_on(&self.pool, key).await
+    }
+
+    /// [`read_claim`](Self::read_claim) on the connection `on`.
+    pub(crate) async fn read_claim_on<'c, E: Executor<'c, Database = DB>>(
+        &self,
+        on: E,
+        key: &IdempotencyKey,
+    ) -> Result<Option<ClaimRow>, StoreError> {
         let row = sqlx::query(AssertSqlSafe(self.sql.read.clone()))
             .bind(key.namespace())
             .bind(key.value())
-            .fetch_optional(&self.pool)
+            .fetch_optional(on)
             .await
             .store()?;
         row.as_ref().map(ClaimRow::read).transpose()

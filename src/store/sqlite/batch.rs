@@ -167,20 +167,11 @@ async fn write_one(
                 .fetch_all(&mut *conn)
                 .await
                 .store()?;
-            let row = match inserted.into_iter().next() {
-                Some(row) => Some(row),
+            match inserted.first() {
+                Some(row) => ClaimRow::read(row).map(|row| Wrote::Found(Some(row))),
                 // The key has a row: read it on the same connection.
-                None => sqlx::query(AssertSqlSafe(table.sql.read.clone()))
-                    .bind(key.namespace())
-                    .bind(key.value())
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .store()?,
-            };
-            row.as_ref()
-                .map(ClaimRow::read)
-                .transpose()
-                .map(Wrote::Found)
+                None => table.read_claim_on(&mut *conn, key).await.map(Wrote::Found),
+            }
         }
         Write::Claim {
             key,
