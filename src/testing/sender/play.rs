@@ -110,25 +110,13 @@ impl Play<'_> {
                     let mut tries = Vec::new();
                     loop {
                         let attempt = send(&app, &delivery).await;
-                        tries.push(attempt.clone());
-                        let what = match attempt {
-                            Attempt::Answer(status, _) if status.is_success() => {
-                                match seen(&count, before).await {
-                                    0 => Some(What::Early(status)),
-                                    _ => None,
-                                }
-                            }
-                            Attempt::Answer(StatusCode::CONFLICT, _)
-                                if Instant::now() < deadline =>
-                            {
-                                tokio::time::sleep(retry_every).await;
-                                continue;
-                            }
-                            Attempt::Answer(StatusCode::CONFLICT, _) => Some(What::Endless),
-                            Attempt::Answer(status, _) => Some(What::Refused(status)),
-                            Attempt::HungUp | Attempt::Error(_) => Some(What::NoAnswer),
-                        };
-                        break (tries, what);
+                        let next = until_2xx(&attempt, &count, before, deadline).await;
+                        tries.push(attempt);
+                        match next {
+                            Next::Again => tokio::time::sleep(retry_every).await,
+                            Next::Done => break (tries, None),
+                            Next::Wrong(what) => break (tries, Some(what)),
+                        }
                     }
                 })
             })
@@ -272,6 +260,36 @@ pub(super) enum Verdict {
 /// How many effects there were since `before`.
 pub(super) async fn seen(count: &Count, before: usize) -> usize {
     count().await.saturating_sub(before)
+}
+
+/// What follows an attempt of a delivery sent again until it is answered 2xx.
+pub(super) enum Next {
+    /// Answered 2xx, its effect seen.
+    Done,
+    /// Answered 409 before the deadline: sent again after a pause.
+    Again,
+    /// Gone wrong.
+    Wrong(What),
+}
+
+/// Judges `attempt` of a delivery sent again until it is answered 2xx, answered 409 until
+/// `deadline`; `before`: the count of effects before the scenario.
+pub(super) async fn until_2xx(
+    attempt: &Attempt,
+    count: &Count,
+    before: usize,
+    deadline: Instant,
+) -> Next {
+    match attempt {
+        Attempt::Answer(status, _) if status.is_success() => match seen(count, before).await {
+            0 => Next::Wrong(What::Early(*status)),
+            _ => Next::Done,
+        },
+        Attempt::Answer(StatusCode::CONFLICT, _) if Instant::now() < deadline => Next::Again,
+        Attempt::Answer(StatusCode::CONFLICT, _) => Next::Wrong(What::Endless),
+        Attempt::Answer(status, _) => Next::Wrong(What::Refused(*status)),
+        Attempt::HungUp | Attempt::Error(_) => Next::Wrong(What::NoAnswer),
+    }
 }
 
 /// Sends `delivery` to `app` and reads its whole answer.

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
-use super::play::{Play, Trouble, Verdict, What, seen};
+use super::play::{Next, Play, Trouble, Verdict, What, seen, until_2xx};
 use super::report::{Attempt, Failure, Report};
 use super::{Answer, Call};
 use crate::body::BoxError;
@@ -60,22 +60,16 @@ pub(super) async fn hang_up(
         let attempt = servers[n % servers.len()]
             .send(delivery, play.give_up_after)
             .await;
-        tries.push(attempt.clone());
-        let what = match attempt {
-            Attempt::Answer(status, _) if status.is_success() => match seen(&count, before).await {
-                0 => What::Early(status),
-                _ => break,
-            },
-            Attempt::Answer(StatusCode::CONFLICT, _) if Instant::now() < deadline => {
-                tokio::time::sleep(play.retry_every).await;
-                continue;
+        let next = until_2xx(&attempt, &count, before, deadline).await;
+        tries.push(attempt);
+        match next {
+            Next::Again => tokio::time::sleep(play.retry_every).await,
+            Next::Done => break,
+            Next::Wrong(what) => {
+                let who = "the delivery sent again".to_owned();
+                troubles.push(Trouble { who, what });
             }
-            Attempt::Answer(StatusCode::CONFLICT, _) => What::Endless,
-            Attempt::Answer(status, _) => What::Refused(status),
-            Attempt::HungUp | Attempt::Error(_) => What::NoAnswer,
-        };
-        let who = "the delivery sent again".to_owned();
-        troubles.push(Trouble { who, what });
+        }
     }
     report.chains.push(tries);
     // A run the hang-up did not stop ends before the effects are counted.
