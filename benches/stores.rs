@@ -45,12 +45,11 @@
 //! makes every part short (samples of a fraction of a second, 200 deliveries per count, the
 //! smallest growth), as a run as a test does: to check that the bench runs, not to measure; `BENCH_GROWTH=0` skips the
 //! growth and purge part; `BENCH_SHELL=tower` drives the bare tower services instead of the
-//! `Router`; `BENCH_SEED_INDEXES=1` gives the patterns' table the store's index of
-//! processing rows; `BENCH_BASELINE=store` replaces the patterns with the store called by hand
+//! `Router`; `BENCH_BASELINE=store` replaces the patterns with the store called by hand
 //! (claim, work, commit) to isolate what the layer adds; `BENCH_COUNT_INTERVAL_S=3600` keeps
 //! the stores from writing the counts of duplicates while they are timed, to show what writing
-//! them costs; `BENCH_NO_STUCK_INDEX=1` drops the store's index of processing rows
-//! (PostgreSQL, SQLite) after `migrate`, to show what it costs a commit.
+//! them costs; `BENCH_STUCK_INDEX=1` gives the store's table the index of processing rows
+//! that the store once kept (PostgreSQL, SQLite), to show what it costs a commit.
 //!
 //! ```sh
 //! cargo bench --all-features --bench stores
@@ -840,24 +839,16 @@ async fn prepare<St: BenchStore>(db: &Db, store: &St) {
     db.drop_table(SEED_TABLE).await;
     store.create().await.expect("migrate");
     db.create_seed_table().await;
-    if std::env::var("BENCH_NO_STUCK_INDEX").is_ok_and(|v| v == "1")
+    if std::env::var("BENCH_STUCK_INDEX").is_ok_and(|v| v == "1")
         && !matches!(db.kind(), Kind::MySql)
     {
-        // MySQL's store has none.
-        db.exec(format!("DROP INDEX IF EXISTS {STORE_TABLE}_stuck_idx"))
-            .await;
-    }
-    if std::env::var("BENCH_SEED_INDEXES").is_ok_and(|v| v == "1") {
-        // The store's index of processing rows (for `stuck_claims`) on the patterns' table
-        // too, where the backend has one (MySQL has no partial index, and the store none):
-        // separates its cost from the rest.
-        if !matches!(db.kind(), Kind::MySql) {
-            db.exec(format!(
-                "CREATE INDEX {SEED_TABLE}_stuck ON {SEED_TABLE} (claimed_at) \
-                 WHERE status = 'processing'"
-            ))
-            .await;
-        }
+        // The index of processing rows the store kept until it was found to cost every
+        // commit (MySQL has no partial index).
+        db.exec(format!(
+            "CREATE INDEX {STORE_TABLE}_stuck_idx ON {STORE_TABLE} (claimed_at) \
+             WHERE state = 'processing'"
+        ))
+        .await;
     }
     db.fill(STORE_TABLE, "dup-", 0, DUP_KEYS, 60).await;
     db.fill(SEED_TABLE, "dup-", 0, DUP_KEYS, 60).await;

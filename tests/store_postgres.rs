@@ -247,8 +247,8 @@ INSERT INTO {table} VALUES
     assert_eq!(
         indexes,
         // The primary key keeps the name it had before the table was renamed.
-        [format!("{table}_before_pkey"), format!("{table}_stuck_idx")],
-        "the indexes every commit updated are gone, the one of processing rows is there"
+        [format!("{table}_before_pkey")],
+        "the indexes every commit updated are gone"
     );
     assert_eq!(checks(&pool, &table).await, Vec::<String>::new());
     common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
@@ -286,6 +286,8 @@ CREATE TABLE {table} (
     CONSTRAINT {table}_state_check CHECK (state IN ('processing', 'done', 'released'))
 );
 CREATE INDEX {table}_stuck_idx ON {table} (claimed_at) WHERE state = 'processing';
+-- An index of the user's own, under another name.
+CREATE INDEX {table}_mine ON {table} (claimed_at) WHERE state = 'processing';
 CREATE TABLE {table}_inbox (
     namespace   TEXT        NOT NULL,
     "key"       TEXT        NOT NULL,
@@ -326,6 +328,18 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
     .await
     .unwrap();
     assert_eq!(receipt, "bytea");
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname",
+    )
+    .bind(&table)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        [format!("{table}_mine"), format!("{table}_pkey")],
+        "the index of processing rows, which every commit updated, is gone; the user's stays"
+    );
     for table in [table.clone(), format!("{table}_inbox")] {
         assert_eq!(
             checks(&pool, &table).await,

@@ -100,6 +100,10 @@
 //! | `POST /keys/resolve` `{namespace, key, resolution: "done" \| "release", force?}` | `{resolved}`: whether there was a `processing` claim to settle; 409 for a running claim unless `force` is `true` |
 //! | `POST /purge` `{older_than_s?}` | `{purged}`: `done` and `released` keys settled that long ago (default [`retention`](Admin::retention)) deleted |
 //!
+//! On the SQL stores `GET /claims` (and so the page) reads the whole claims table: no index
+//! holds the claims in flight, which would cost every commit. The stores' docs show the
+//! index to add where the list is read often on a large table.
+//!
 //! With [`Admin::inbox`], the routes of the [inbox](#the-inbox) too:
 //!
 //! | route | answer |

@@ -85,11 +85,11 @@ CREATE TABLE IF NOT EXISTS {t} (
 {columns}
     PRIMARY KEY (namespace, "key")
 );
-CREATE INDEX IF NOT EXISTS {stuck} ON {t} (claimed_at) WHERE state = 'processing';
+DROP INDEX IF EXISTS {stuck};
 DROP INDEX IF EXISTS {claimed};
 DROP INDEX IF EXISTS {completed};"#,
         columns = columns(),
-        stuck = table.stuck_index('"'),
+        stuck = table.index_in_schema(&table.stuck_index('"'), '"'),
         claimed = table.index_in_schema(&table.claimed_index('"'), '"'),
         completed = table.index_in_schema(&table.completed_index('"'), '"'),
     );

@@ -14,10 +14,10 @@ const _: () = assert!(
     "update the message in TableName::parse"
 );
 
-/// The index of `processing` rows only, for `stuck_claims`.
+/// The indexes of earlier releases, which every commit had to update; `migrate` drops them:
+/// the partial one of `processing` rows (PostgreSQL, SQLite), and those on
+/// `(state, claimed_at)` and `(state, completed_at)`.
 const STUCK_INDEX_SUFFIX: &str = "_stuck_idx";
-/// The indexes of earlier releases on `(state, claimed_at)` and `(state, completed_at)`, which
-/// every commit had to update; `migrate` drops them.
 const CLAIMED_INDEX_SUFFIX: &str = "_claimed_idx";
 const COMPLETED_INDEX_SUFFIX: &str = "_completed_idx";
 /// The suffix of the entity versions table of the [version guard](crate::version_guard).
@@ -154,7 +154,7 @@ impl TableName {
         &self.table
     }
 
-    /// The quoted, unqualified name of the index of `processing` rows.
+    /// The quoted, unqualified name of the index of `processing` rows of earlier releases.
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn stuck_index(&self, quote: char) -> String {
         format!("{quote}{}{STUCK_INDEX_SUFFIX}{quote}", self.table)

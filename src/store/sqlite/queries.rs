@@ -31,10 +31,10 @@ fn create_table(table: &TableName) -> String {
     )
 }
 
-fn create_indexes(table: &TableName) -> String {
-    let t = table.quoted('"');
+/// Drops the indexes of earlier releases, which every commit had to update.
+fn drop_indexes(table: &TableName) -> String {
     format!(
-        r#"CREATE INDEX IF NOT EXISTS {stuck} ON {t} (claimed_at) WHERE state = 'processing';
+        r#"DROP INDEX IF EXISTS {stuck};
 DROP INDEX IF EXISTS {claimed};
 DROP INDEX IF EXISTS {completed};"#,
         stuck = table.stuck_index('"'),
@@ -87,7 +87,7 @@ pub(super) fn queries(table: TableName) -> Queries {
     let age_of = |at: &str| format!("{NOW_US} - {at}");
     let age = age_of("claimed_at");
     let idle = age_of(heartbeat);
-    let migrate = format!("{}\n{}", create_table(&table), create_indexes(&table));
+    let migrate = format!("{}\n{}", create_table(&table), drop_indexes(&table));
     // ?4: whether the policy reclaims; ?5: the stale limit in microseconds. A released row is
     // free; a processing one only once its owner stopped renewing it.
     let take = format!(
