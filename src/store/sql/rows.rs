@@ -112,7 +112,7 @@ impl ClaimRow {
     }
 
     /// The row a claim with `token` has just inserted: in flight, its first delivery and run.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn inserted(token: LeaseToken) -> Self {
         Self {
             state: "processing".to_owned(),

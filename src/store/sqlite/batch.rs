@@ -52,8 +52,8 @@ pub(super) enum Write {
 
 /// What a write answers.
 pub(super) enum Wrote {
-    /// The row an `Enter` inserted (its token the claim's) or found (none: no row, the key's
-    /// row gone between the insert and the read).
+    /// The row an `Enter` inserted (its token the claim's) or found, read on the insert's
+    /// connection (none: no row, the key's row gone between the insert and the read).
     Found(Option<ClaimRow>),
     /// The claimed row, as the upsert left it.
     Row(ClaimRow),
@@ -159,18 +159,16 @@ async fn write_one(
     let table = &on.table;
     match write {
         Write::Enter { key, token } => {
-            // Stepped to its end, so that a commit that fails is answered (see `returned`).
             let inserted = sqlx::query(AssertSqlSafe(on.enter.clone()))
                 .bind(key.namespace())
                 .bind(key.value())
                 .bind(token.to_i64())
-                .fetch_all(&mut *conn)
+                .execute(&mut *conn)
                 .await
                 .store()?;
-            match inserted.first() {
-                Some(row) => ClaimRow::read(row).map(|row| Wrote::Found(Some(row))),
-                // The key has a row: read it on the same connection.
-                None => table.read_claim_on(&mut *conn, key).await.map(Wrote::Found),
+            match inserted.rows_affected() {
+                0 => table.read_claim_on(&mut *conn, key).await.map(Wrote::Found),
+                _ => Ok(Wrote::Found(Some(ClaimRow::inserted(*token)))),
             }
         }
         Write::Claim {

@@ -118,10 +118,11 @@
 //! - `claim` guesses from the store's last claim whether its key is new:
 //!   - after a claim whose key had no row (and at first), when no write of this process is
 //!     in flight or waiting for its turn, it inserts first, in the writer's turn: `INSERT …
-//!     VALUES (…, 'processing', <a new token>, …) ON CONFLICT (namespace, "key") DO NOTHING
-//!     RETURNING state, token, …`, one statement for a new key, acquired if the returned token
-//!     is the one it generated. When the key has a row the insert writes nothing and returns
-//!     nothing, and the row is read with a second statement on the same connection (`SELECT
+//!     VALUES (…, 'processing', <a new token>, …) ON CONFLICT (namespace, "key") DO NOTHING`,
+//!     one statement for a new key, acquired if it inserted a row. It returns no row: one
+//!     would wake the claim before the commit's sync of the disk, for nothing. When the key
+//!     has a row the insert writes nothing, and the row is read with a second statement on
+//!     the same connection (`SELECT
 //!     state, token, … WHERE namespace = ?1 AND "key" = ?2`), each its own autocommit. Should
 //!     the insert fail, the claim reads as below. The insert asks for SQLite's write lock: a
 //!     duplicate that meets a lock held by another connection (another process's write, a

@@ -68,16 +68,17 @@ pub(super) fn add_receipt(table: &TableName) -> String {
     format!("ALTER TABLE {} ADD COLUMN receipt BLOB", table.quoted('"'))
 }
 
-/// A claim that guesses its key is new: inserts the row (`?3` token) and returns it, or, when
-/// the key has a row already, does nothing and returns nothing (the claim then reads the row).
+/// A claim that guesses its key is new: inserts the row (`?3` token), or, when the key has a
+/// row already, does nothing (the claim then reads the row). It returns no row: its count of
+/// rows tells which, and a row returned would cost the claim a wake-up from the connection's
+/// thread before the commit's sync of the disk, for nothing.
 pub(super) fn enter(table: &TableName) -> String {
     let t = table.quoted('"');
     format!(
         r#"INSERT INTO {t} (namespace, "key", state, token, deliveries, runs, reclaimed,
     first_seen_at, last_seen_at, claimed_at, renewed_at)
 VALUES (?1, ?2, 'processing', ?3, 1, 1, 0, {NOW_US}, {NOW_US}, {NOW_US}, {NOW_US})
-ON CONFLICT (namespace, "key") DO NOTHING
-RETURNING state, token, deliveries, reclaimed, 0 AS age_us, 0 AS idle_us, receipt"#
+ON CONFLICT (namespace, "key") DO NOTHING"#
     )
 }
 
