@@ -237,13 +237,7 @@ INSERT INTO {table} VALUES
         .unwrap();
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
-    let indexes: Vec<String> = sqlx::query_scalar(
-        "SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname",
-    )
-    .bind(&table)
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let indexes = indexes(&pool, &table).await;
     assert_eq!(
         indexes,
         // The primary key keeps the name it had before the table was renamed.
@@ -328,13 +322,7 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
     .await
     .unwrap();
     assert_eq!(receipt, "bytea");
-    let indexes: Vec<String> = sqlx::query_scalar(
-        "SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname",
-    )
-    .bind(&table)
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let indexes = indexes(&pool, &table).await;
     assert_eq!(
         indexes,
         [format!("{table}_mine"), format!("{table}_pkey")],
@@ -354,6 +342,17 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
         .execute(&pool)
         .await
         .unwrap();
+}
+
+/// The names of `table`'s indexes, in order.
+async fn indexes(pool: &PgPool, table: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname",
+    )
+    .bind(table)
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }
 
 /// The check constraints on `table`.
@@ -510,13 +509,7 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
         .unwrap();
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
-    let indexes: Vec<String> = sqlx::query_scalar(
-        "SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname",
-    )
-    .bind(format!("{table}_inbox"))
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let indexes = indexes(&pool, &format!("{table}_inbox")).await;
     assert_eq!(
         indexes,
         [

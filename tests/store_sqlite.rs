@@ -175,13 +175,7 @@ INSERT INTO {table} VALUES
     store.migrate().await.unwrap();
     common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
     common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
-    let indexes: Vec<String> = sqlx::query_scalar(
-        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 AND sql IS NOT NULL",
-    )
-    .bind(&table)
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let indexes = indexes(&pool, &table).await;
     assert_eq!(
         indexes,
         Vec::<String>::new(),
@@ -247,13 +241,7 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
             .await
             .unwrap();
     assert_eq!(receipt, "BLOB");
-    let indexes: Vec<String> = sqlx::query_scalar(
-        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 AND sql IS NOT NULL",
-    )
-    .bind(&table)
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let indexes = indexes(&pool, &table).await;
     assert_eq!(
         indexes,
         [format!("{table}_mine")],
@@ -646,14 +634,7 @@ VALUES ('{ns}', 'order_1', 7, 1, {now});"#
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
 
-    let indexes: Vec<String> = sqlx::query_scalar(
-        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 AND sql IS NOT NULL \
-         ORDER BY name",
-    )
-    .bind(format!("{table}_inbox"))
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let indexes = indexes(&pool, &format!("{table}_inbox")).await;
     assert_eq!(
         indexes,
         [
@@ -774,4 +755,16 @@ async fn a_failed_insert_first_falls_back_to_the_read() {
         ));
         assert!(reader.claim(&unknown, common::LONG).await.is_err());
     }
+}
+
+/// The names of the indexes made for `table` (not the automatic ones of its keys), in order.
+async fn indexes(pool: &SqlitePool, table: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 AND sql IS NOT NULL \
+         ORDER BY name",
+    )
+    .bind(table)
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }
