@@ -254,6 +254,54 @@ INSERT INTO {table} VALUES
         .unwrap();
 }
 
+/// `migrate()` drops the indexes of earlier releases of its own table only: an index of the
+/// same name on a table of another schema, which the name alone would find along the search
+/// path, stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_drops_old_indexes_of_its_own_table_only() {
+    let Some(pool) = pool().await else { return };
+    let table = format!("idempotency_own_{}", std::process::id());
+    let other = format!("{table}_other");
+    let elsewhere = format!("{table}_elsewhere");
+    let setup = format!(
+        r#"DROP SCHEMA IF EXISTS {other} CASCADE;
+CREATE SCHEMA {other};
+CREATE TABLE {other}.{elsewhere} (claimed_at TIMESTAMPTZ, state TEXT);
+CREATE INDEX {table}_stuck_idx ON {other}.{elsewhere} (claimed_at) WHERE state = 'processing';"#
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
+        .execute(&pool)
+        .await
+        .unwrap();
+    // An app whose search path finds the other schema after the store's.
+    let options: sqlx::postgres::PgConnectOptions = url().parse().unwrap();
+    let searching = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options.options([("search_path", format!("public,{other}"))]))
+        .await
+        .unwrap();
+    let store = PostgresStore::new(searching.clone())
+        .with_table_name(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    assert_eq!(
+        indexes(&pool, &elsewhere).await,
+        [format!("{table}_stuck_idx")],
+        "the other schema's index of the same name stays"
+    );
+    assert_eq!(indexes(&pool, &table).await, [format!("{table}_pkey")]);
+    searching.close().await;
+    let drop = format!(
+        "DROP TABLE public.{table}, public.{table}_versions, public.{table}_inbox; \
+         DROP SCHEMA {other} CASCADE"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
 /// A table made by the release before receipts (every column but `receipt`) with rows in it
 /// gets the column from `migrate()`, rows kept, and keeps receipts from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

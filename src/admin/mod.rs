@@ -101,8 +101,8 @@
 //! | `POST /purge` `{older_than_s?}` | `{purged}`: `done` and `released` keys settled that long ago (default [`retention`](Admin::retention)) deleted |
 //!
 //! On the SQL stores `GET /claims` (and so the page) reads the whole claims table: no index
-//! holds the claims in flight, which would cost every commit. The stores' docs show the
-//! index to add where the list is read often on a large table.
+//! holds the claims in flight, which would cost every commit. PostgreSQL's and SQLite's
+//! store docs show the index to add where the list is read often on a large table.
 //!
 //! With [`Admin::inbox`], the routes of the [inbox](#the-inbox) too:
 //!

@@ -475,22 +475,19 @@ impl MySqlStore {
     }
 
     /// Drops the indexes of earlier releases on `(state, claimed_at)` and `(state,
-    /// completed_at)`, which every commit had to update (InnoDB drops a secondary index in
-    /// place, without copying the table).
+    /// completed_at)`, which every commit had to update, should the table have them (InnoDB
+    /// drops a secondary index in place, without copying the table).
     async fn drop_old_indexes(&self, conn: &mut sqlx::MySqlConnection) -> Result<(), StoreError> {
         let table = &self.table.sql.table;
-        let unquote = |name: String| name.trim_matches('`').to_owned();
-        let old = [
-            unquote(table.claimed_index('`')),
-            unquote(table.completed_index('`')),
-        ];
+        let [stuck, claimed, completed] = table.old_indexes();
         let found: Vec<String> = sqlx::query_scalar(
             "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS \
-             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND INDEX_NAME IN (?, ?)",
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND INDEX_NAME IN (?, ?, ?)",
         )
         .bind(table.bare())
-        .bind(&old[0])
-        .bind(&old[1])
+        .bind(stuck)
+        .bind(claimed)
+        .bind(completed)
         .fetch_all(&mut *conn)
         .await
         .store()?;

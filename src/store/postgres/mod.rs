@@ -82,7 +82,8 @@
 //!
 //! `migrate()` drops the indexes of earlier releases: `<table>_stuck_idx` (that index of
 //! `processing` rows), `<table>_claimed_idx` on `(state, claimed_at)` and
-//! `<table>_completed_idx` on `(state, completed_at)`.
+//! `<table>_completed_idx` on `(state, completed_at)`, each found on the table itself, so
+//! that an index of the same name in another schema of the search path stays.
 //!
 //! `state` is one of `processing`, `done` and `released`, and the store writes no other. No
 //! check constraint says so: PostgreSQL prepares a check's expression anew for each statement
@@ -324,7 +325,9 @@ mod versions;
 
 use batch::Batches;
 use inbox::{Herald, InboxQueries, inbox_queries};
-use queries::{add_receipt, drop_checks, insert_new, insert_or_read, queries, upgrade};
+use queries::{
+    add_receipt, drop_checks, drop_indexes, insert_new, insert_or_read, queries, upgrade,
+};
 
 /// Claims kept in a PostgreSQL table, shared by every app instance that uses the database.
 ///
@@ -458,6 +461,26 @@ impl PostgresStore {
         } else if !receipt {
             tracing::info!(table = %table.name(), "adding the receipt column to the idempotency table");
             sqlx::raw_sql(AssertSqlSafe(add_receipt(table)))
+                .execute(&mut *tx)
+                .await
+                .store()?;
+        }
+        // The indexes of earlier releases, which every commit updated, looked up on this
+        // table: a name alone is looked up along the search path, and could be another
+        // schema's.
+        let indexes: Vec<String> = sqlx::query_scalar(
+            "SELECT i.indexrelid::regclass::text FROM pg_index i \
+             JOIN pg_class c ON c.oid = i.indexrelid \
+             WHERE i.indrelid = to_regclass($1) AND c.relname = ANY($2)",
+        )
+        .bind(table.quoted('"'))
+        .bind(&table.old_indexes()[..])
+        .fetch_all(&mut *tx)
+        .await
+        .store()?;
+        if !indexes.is_empty() {
+            tracing::info!(table = %table.name(), "dropping the indexes of earlier releases");
+            sqlx::raw_sql(AssertSqlSafe(drop_indexes(&indexes)))
                 .execute(&mut *tx)
                 .await
                 .store()?;

@@ -84,14 +84,8 @@ SET LOCAL lock_timeout = '10s';
 CREATE TABLE IF NOT EXISTS {t} (
 {columns}
     PRIMARY KEY (namespace, "key")
-);
-DROP INDEX IF EXISTS {stuck};
-DROP INDEX IF EXISTS {claimed};
-DROP INDEX IF EXISTS {completed};"#,
+);"#,
         columns = columns(),
-        stuck = table.index_in_schema(&table.stuck_index('"'), '"'),
-        claimed = table.index_in_schema(&table.claimed_index('"'), '"'),
-        completed = table.index_in_schema(&table.completed_index('"'), '"'),
     );
     // $4: whether the policy reclaims; $5: the stale limit in microseconds. A released row is
     // free; a processing one only once its owner stopped renewing it.
@@ -273,6 +267,15 @@ pub(super) fn upgrade(table: &TableName) -> String {
 ALTER TABLE {t}{add};
 UPDATE {t} SET renewed_at = claimed_at WHERE state = 'processing' AND renewed_at IS NULL;"#
     )
+}
+
+/// What drops the indexes of earlier releases, each as `regclass` writes it (schema-qualified
+/// unless the search path finds it). In `migrate()`'s transaction, under its `lock_timeout`.
+pub(super) fn drop_indexes(indexes: &[String]) -> String {
+    indexes
+        .iter()
+        .map(|index| format!("DROP INDEX IF EXISTS {index};\n"))
+        .collect()
 }
 
 /// What drops the checks on `state` that earlier releases made (see the module docs), each a

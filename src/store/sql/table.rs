@@ -154,30 +154,15 @@ impl TableName {
         &self.table
     }
 
-    /// The quoted, unqualified name of the index of `processing` rows of earlier releases.
-    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
-    pub(crate) fn stuck_index(&self, quote: char) -> String {
-        format!("{quote}{}{STUCK_INDEX_SUFFIX}{quote}", self.table)
-    }
-
-    /// An index of this table by its quoted name, schema-qualified if the table is: for
-    /// `DROP INDEX` on PostgreSQL, where an index lives in its table's schema.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn index_in_schema(&self, index: &str, quote: char) -> String {
-        match &self.schema {
-            Some(schema) => format!("{quote}{schema}{quote}.{index}"),
-            None => index.to_owned(),
-        }
-    }
-
-    /// The quoted, unqualified name of the index on `(state, claimed_at)`.
-    pub(crate) fn claimed_index(&self, quote: char) -> String {
-        format!("{quote}{}{CLAIMED_INDEX_SUFFIX}{quote}", self.table)
-    }
-
-    /// The quoted, unqualified name of the index on `(state, completed_at)`.
-    pub(crate) fn completed_index(&self, quote: char) -> String {
-        format!("{quote}{}{COMPLETED_INDEX_SUFFIX}{quote}", self.table)
+    /// The unquoted names of the indexes of earlier releases, which every commit had to
+    /// update: `migrate` drops them.
+    pub(crate) fn old_indexes(&self) -> [String; 3] {
+        [
+            STUCK_INDEX_SUFFIX,
+            CLAIMED_INDEX_SUFFIX,
+            COMPLETED_INDEX_SUFFIX,
+        ]
+        .map(|suffix| format!("{}{suffix}", self.table))
     }
 }
 
@@ -211,14 +196,21 @@ mod tests {
         }
         let qualified = TableName::parse("app.claims", true).unwrap();
         assert_eq!(qualified.quoted('"'), r#""app"."claims""#);
-        assert_eq!(qualified.claimed_index('"'), r#""claims_claimed_idx""#);
+        assert_eq!(
+            qualified.old_indexes(),
+            [
+                "claims_stuck_idx",
+                "claims_claimed_idx",
+                "claims_completed_idx"
+            ]
+        );
         assert_eq!(qualified.name(), "app.claims");
         for bad in [".t", "s.", "s.t.u", "s.1"] {
             assert!(TableName::parse(bad, true).is_err(), "{bad}");
         }
         let long = "a".repeat(MAX_TABLE_NAME_LEN);
         let table = TableName::parse(&long, false).unwrap();
-        assert_eq!(table.completed_index('`').len(), 63 + 2);
+        assert!(table.old_indexes().iter().all(|index| index.len() <= 63));
         assert_eq!(table.inbox_due_index('"').len(), 63 + 2);
         assert_eq!(table.inbox_running_index('"').len(), 63 + 2);
         assert_eq!(table.inbox().bare().len(), 55);

@@ -159,6 +159,7 @@ async fn write_one(
     let table = &on.table;
     match write {
         Write::Enter { key, token } => {
+            // Run to its end, its commit included: a commit that fails is answered.
             let inserted = sqlx::query(AssertSqlSafe(on.enter.clone()))
                 .bind(key.namespace())
                 .bind(key.value())

@@ -33,14 +33,10 @@ fn create_table(table: &TableName) -> String {
 
 /// Drops the indexes of earlier releases, which every commit had to update.
 fn drop_indexes(table: &TableName) -> String {
-    format!(
-        r#"DROP INDEX IF EXISTS {stuck};
-DROP INDEX IF EXISTS {claimed};
-DROP INDEX IF EXISTS {completed};"#,
-        stuck = table.stuck_index('"'),
-        claimed = table.claimed_index('"'),
-        completed = table.completed_index('"'),
-    )
+    table
+        .old_indexes()
+        .map(|index| format!("DROP INDEX IF EXISTS \"{index}\";"))
+        .join("\n")
 }
 
 /// Rebuilds a table of the first release (states `processing` and `done` only, no counts of
