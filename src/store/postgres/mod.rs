@@ -325,9 +325,7 @@ mod versions;
 
 use batch::Batches;
 use inbox::{Herald, InboxQueries, inbox_queries};
-use queries::{
-    add_receipt, drop_checks, drop_indexes, insert_new, insert_or_read, queries, upgrade,
-};
+use queries::{add_receipt, drop_earlier, insert_new, insert_or_read, queries, upgrade};
 
 /// Claims kept in a PostgreSQL table, shared by every app instance that uses the database.
 ///
@@ -465,26 +463,6 @@ impl PostgresStore {
                 .await
                 .store()?;
         }
-        // The indexes of earlier releases, which every commit updated, looked up on this
-        // table: a name alone is looked up along the search path, and could be another
-        // schema's.
-        let indexes: Vec<String> = sqlx::query_scalar(
-            "SELECT i.indexrelid::regclass::text FROM pg_index i \
-             JOIN pg_class c ON c.oid = i.indexrelid \
-             WHERE i.indrelid = to_regclass($1) AND c.relname = ANY($2)",
-        )
-        .bind(table.quoted('"'))
-        .bind(&table.old_indexes()[..])
-        .fetch_all(&mut *tx)
-        .await
-        .store()?;
-        if !indexes.is_empty() {
-            tracing::info!(table = %table.name(), "dropping the indexes of earlier releases");
-            sqlx::raw_sql(AssertSqlSafe(drop_indexes(&indexes)))
-                .execute(&mut *tx)
-                .await
-                .store()?;
-        }
         sqlx::raw_sql(AssertSqlSafe(self.table.sql.versions.migrate.clone()))
             .execute(&mut *tx)
             .await
@@ -507,9 +485,23 @@ impl PostgresStore {
         .fetch_all(&mut *tx)
         .await
         .store()?;
-        if !checks.is_empty() {
-            tracing::info!(table = %table.name(), "dropping the checks on the state of the idempotency tables");
-            sqlx::raw_sql(AssertSqlSafe(drop_checks(&checks)))
+        // The indexes of earlier releases, which every commit updated, looked up on this
+        // table: a name alone is looked up along the search path, and could be another
+        // schema's.
+        let indexes: Vec<String> = sqlx::query_scalar(
+            "SELECT i.indexrelid::regclass::text FROM pg_index i \
+             JOIN pg_class c ON c.oid = i.indexrelid \
+             WHERE i.indrelid = to_regclass($1) AND c.relname = ANY($2)",
+        )
+        .bind(table.quoted('"'))
+        .bind(&table.old_indexes()[..])
+        .fetch_all(&mut *tx)
+        .await
+        .store()?;
+        let drops = drop_earlier(&checks, &indexes);
+        if !drops.is_empty() {
+            tracing::info!(table = %table.name(), "dropping the checks and indexes of earlier releases");
+            sqlx::raw_sql(AssertSqlSafe(drops))
                 .execute(&mut *tx)
                 .await
                 .store()?;

@@ -269,26 +269,19 @@ UPDATE {t} SET renewed_at = claimed_at WHERE state = 'processing' AND renewed_at
     )
 }
 
-/// What drops the indexes of earlier releases, each as `regclass` writes it (schema-qualified
-/// unless the search path finds it). In `migrate()`'s transaction, under its `lock_timeout`.
-pub(super) fn drop_indexes(indexes: &[String]) -> String {
-    indexes
+/// What drops the checks on `state` and the indexes that earlier releases made (see the
+/// module docs): each check a table and its name, each index its name, as `regclass` writes
+/// them (schema-qualified unless the search path finds them). Empty when there are none. In
+/// `migrate()`'s transaction, under its `lock_timeout`.
+pub(super) fn drop_earlier(checks: &[(String, String)], indexes: &[String]) -> String {
+    let checks = checks.iter().map(|(table, name)| {
+        let name = name.replace('"', "\"\"");
+        format!("ALTER TABLE {table} DROP CONSTRAINT IF EXISTS \"{name}\";\n")
+    });
+    let indexes = indexes
         .iter()
-        .map(|index| format!("DROP INDEX IF EXISTS {index};\n"))
-        .collect()
-}
-
-/// What drops the checks on `state` that earlier releases made (see the module docs), each a
-/// table (as `regclass` writes it) and a check's name. In `migrate()`'s transaction, under its
-/// `lock_timeout`.
-pub(super) fn drop_checks(checks: &[(String, String)]) -> String {
-    checks
-        .iter()
-        .map(|(table, name)| {
-            let name = name.replace('"', "\"\"");
-            format!("ALTER TABLE {table} DROP CONSTRAINT IF EXISTS \"{name}\";\n")
-        })
-        .collect()
+        .map(|index| format!("DROP INDEX IF EXISTS {index};\n"));
+    checks.chain(indexes).collect()
 }
 
 /// The statements on the versions table of the [version guard](crate::version_guard).
