@@ -170,10 +170,7 @@ async fn upgrade_a_table_of_the_first_release(prefix: &str, flavor: Option<MySql
             ('{ns}', 'processing', 'processing', 2, 1, {now} - INTERVAL 1 HOUR, NULL)"
         ),
     ] {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
-            .execute(&pool)
-            .await
-            .unwrap();
+        common::sql::run(&pool, statement).await;
     }
     let mut store = MySqlStore::new(pool.clone())
         .with_table_name(&table)
@@ -206,10 +203,7 @@ async fn upgrade_a_table_of_the_first_release(prefix: &str, flavor: Option<MySql
     common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
     common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
     let drop = format!("DROP TABLE {table}, {table}_versions");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, drop).await;
 }
 
 /// A table made by the release before receipts (every column but `receipt`) with rows in it
@@ -262,10 +256,7 @@ async fn add_the_receipt_column(prefix: &str, flavor: Option<MySqlFlavor>) {
                 {hour_ago}, {hour_ago}, NULL)"
         ),
     ] {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
-            .execute(&pool)
-            .await
-            .unwrap();
+        common::sql::run(&pool, statement).await;
     }
     let mut store = MySqlStore::new(pool.clone())
         .with_table_name(&table)
@@ -294,10 +285,7 @@ async fn add_the_receipt_column(prefix: &str, flavor: Option<MySqlFlavor>) {
     common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
     common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
     let drop = format!("DROP TABLE {table}, {table}_versions");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, drop).await;
 }
 
 /// A pool whose connections add MariaDB's `SIMULTANEOUS_ASSIGNMENT` to their SQL mode: the
@@ -604,19 +592,13 @@ async fn migrate_adds_the_inbox_table_to_a_database_of_the_previous_release() {
     let table = format!("inbox_prev_{}", std::process::id());
     let inbox = format!("{table}_inbox");
     let drop = format!("DROP TABLE IF EXISTS {table}, {table}_versions, {inbox}");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop.clone()))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, drop.clone()).await;
     let store = MySqlStore::new(pool.clone())
         .with_table_name(&table)
         .unwrap();
     store.migrate().await.unwrap();
     // The previous release's database: the same, without the inbox table.
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE {inbox}")))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, format!("DROP TABLE {inbox}")).await;
     let ns = common::unique_namespace("inbox-prev");
     let key = common::key_in(&ns, "evt_1");
     let lease = common::acquire(&store, &key, common::LONG).await;
@@ -658,10 +640,7 @@ async fn migrate_adds_the_inbox_table_to_a_database_of_the_previous_release() {
     indexes.sort();
     assert_eq!(indexes, ["PRIMARY", "due_idx", "stale_idx"]);
     common::inbox::an_entry_runs(&store, &key).await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, drop).await;
 }
 
 /// The state column refuses a state the inbox does not know.
@@ -726,10 +705,7 @@ async fn a_damaged_inbox_entry_is_an_error() {
         Err(StoreError::Backend(_))
     ));
     let drop = format!("DROP TABLE {table}, {table}_versions, {table}_inbox");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, drop).await;
 }
 
 /// Duplicates of an inbox entry leave InnoDB's redo log where it was: they write nothing (on

@@ -228,10 +228,7 @@ INSERT INTO {table} VALUES
     ('{ns}', 'done', 'done', 1, 3, now() - interval '1 hour', now() - interval '59 minutes'),
     ('{ns}', 'processing', 'processing', 2, 1, now() - interval '1 hour', NULL);"#
     );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(old))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, old).await;
     let store = PostgresStore::new(pool.clone())
         .with_table_name(&table)
         .unwrap();
@@ -248,10 +245,7 @@ INSERT INTO {table} VALUES
     common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
     common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
     let drop = format!("DROP TABLE {table}, {table}_versions, {table}_inbox");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, drop).await;
 }
 
 /// `migrate()` drops the indexes of earlier releases of its own table only: an index of the
@@ -269,10 +263,7 @@ CREATE SCHEMA {other};
 CREATE TABLE {other}.{elsewhere} (claimed_at TIMESTAMPTZ, state TEXT);
 CREATE INDEX {table}_stuck_idx ON {other}.{elsewhere} (claimed_at) WHERE state = 'processing';"#
     );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, setup).await;
     // An app whose search path finds the other schema after the store's.
     let options: sqlx::postgres::PgConnectOptions = url().parse().unwrap();
     let searching = PgPoolOptions::new()
@@ -296,10 +287,7 @@ CREATE INDEX {table}_stuck_idx ON {other}.{elsewhere} (claimed_at) WHERE state =
         "DROP TABLE public.{table}, public.{table}_versions, public.{table}_inbox; \
          DROP SCHEMA {other} CASCADE"
     );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, drop).await;
 }
 
 /// A table made by the release before receipts (every column but `receipt`) with rows in it
@@ -352,10 +340,7 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
     ('{ns}', 'processing', 'processing', 2, 1, 1, FALSE, now() - interval '1 hour',
         now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour', NULL);"#
     );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(old))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, old).await;
     let store = PostgresStore::new(pool.clone())
         .with_table_name(&table)
         .unwrap();
@@ -386,10 +371,7 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
     common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
     common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
     let drop = format!("DROP TABLE {table}, {table}_versions, {table}_inbox");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, drop).await;
 }
 
 /// The names of `table`'s indexes, in order.
@@ -518,10 +500,7 @@ fn stored_request(n: usize) -> tower_idempotency::store::inbox::StoredRequest {
 /// Drops `table` and the tables `migrate()` derives from it.
 async fn drop_tables(pool: &PgPool, table: &str) {
     let drop = format!("DROP TABLE IF EXISTS {table}, {table}_versions, {table}_inbox");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-        .execute(pool)
-        .await
-        .unwrap();
+    common::sql::run(pool, drop).await;
 }
 
 /// A database of the previous release (the claims and versions tables, no inbox) gets the
@@ -551,10 +530,7 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
     ('{ns}', 'processing', 'processing', 2, 1, 1, FALSE, now() - interval '1 hour',
         now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour', NULL);"#
     );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(previous))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, previous).await;
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
     let indexes = indexes(&pool, &format!("{table}_inbox")).await;

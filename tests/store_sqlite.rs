@@ -164,10 +164,7 @@ INSERT INTO {table} VALUES
     ('{ns}', 'done', 'done', 1, 3, {now} - 3600000000, {now} - 3540000000),
     ('{ns}', 'processing', 'processing', 2, 1, {now} - 3600000000, NULL);"#
     );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(old))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, old).await;
     let store = SqliteStore::new(pool.clone())
         .with_table_name(&table)
         .unwrap();
@@ -182,10 +179,7 @@ INSERT INTO {table} VALUES
         "the rebuilt table has no index that every commit updates"
     );
     let drop = format!("DROP TABLE {table}; DROP TABLE {table}_versions");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, drop).await;
 }
 
 /// A table made by the release before receipts (every column but `receipt`) with rows in it
@@ -225,10 +219,7 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
     ('{ns}', 'processing', 'processing', 2, 1, 1, 0, {hour_ago}, {hour_ago}, {hour_ago},
         {hour_ago}, NULL);"#
     );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(old))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, old).await;
     let store = SqliteStore::new(pool.clone())
         .with_table_name(&table)
         .unwrap();
@@ -250,10 +241,7 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
     common::upgraded_table_keeps_its_rows(store.clone(), &ns).await;
     common::receipts::receipts_work_after_the_upgrade(store, &ns).await;
     let drop = format!("DROP TABLE {table}; DROP TABLE {table}_versions");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, drop).await;
 }
 
 /// A transactional service on `store`: the handler reads the connection's busy timeout in the
@@ -624,10 +612,7 @@ VALUES ('{ns}', 'done', 'done', 1, 2, {now}, {now});
 INSERT INTO {table}_versions (namespace, entity, applied_version, deliveries, last_seen_at)
 VALUES ('{ns}', 'order_1', 7, 1, {now});"#
     );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(old))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, old).await;
     let store = SqliteStore::new(pool.clone())
         .with_table_name(&table)
         .unwrap();
@@ -656,10 +641,7 @@ VALUES ('{ns}', 'order_1', 7, 1, {now});"#
     common::inbox::an_entry_runs(&store, &key).await;
 
     let drop = format!("DROP TABLE {table}; DROP TABLE {table}_versions; DROP TABLE {table}_inbox");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, drop).await;
 }
 
 /// Bytes in an inbox row that no release wrote (a damaged file, a hand edit) give an error,
@@ -716,10 +698,7 @@ async fn a_damaged_inbox_row_is_an_error() {
         Err(StoreError::Backend(_))
     ));
     let drop = format!("DROP TABLE {table}; DROP TABLE {table}_versions; DROP TABLE {table}_inbox");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::sql::run(&pool, drop).await;
 }
 
 /// A claim that guesses its key new inserts first; when that insert fails (here the database

@@ -187,3 +187,16 @@ impl SqlBackend for tower_idempotency::store::MySqlStore {
             .unwrap()
     }
 }
+
+/// Runs `sql` (one statement or several) on `pool`, for a test's set-up and clean-up; a
+/// failure fails the test.
+pub async fn run<'p, DB, P>(pool: P, sql: String)
+where
+    DB: sqlx::Database,
+    P: sqlx::Executor<'p, Database = DB>,
+{
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(pool)
+        .await
+        .unwrap_or_else(|error| panic!("a test's SQL failed: {error}"));
+}
