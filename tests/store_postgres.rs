@@ -557,7 +557,8 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
 
 /// An enqueue of a new key notifies the inbox's channel once, and a duplicate not at all;
 /// an operator's retry notifies it too. (Notifications arrive in the order their
-/// transactions committed: the markers sent after each step tell what the step sent.)
+/// transactions committed: the markers sent after each step tell what the step sent. The
+/// new entry's own comes from a task of the store's, so it is awaited first.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_entry_notifies_the_channel_and_a_duplicate_does_not() {
     use tower_idempotency::store::inbox::{Enqueued, EntryState, InboxStore};
@@ -588,6 +589,15 @@ async fn a_new_entry_notifies_the_channel_and_a_duplicate_does_not() {
         store.enqueue(&key, &stored_request(1)).await.unwrap(),
         Enqueued::Stored
     );
+    // The new entry's notification is sent after the insert's commit, apart from it (see the
+    // herald): heard before the next step, so that no marker can overtake it.
+    let mut heard = Vec::new();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), listener.recv())
+        .await
+        .expect("the new entry's notification")
+        .unwrap();
+    assert_eq!(first.channel(), channel);
+    heard.push(first.payload().to_owned());
     assert_eq!(
         store.enqueue(&key, &stored_request(2)).await.unwrap(),
         Enqueued::Duplicate(EntryState::Queued)
@@ -601,7 +611,6 @@ async fn a_new_entry_notifies_the_channel_and_a_duplicate_does_not() {
     );
     assert!(store.retry_now(&key).await.unwrap());
     marker("after the retries").await;
-    let mut heard = Vec::new();
     while heard.last().map(String::as_str) != Some("after the retries") {
         let notification = listener.recv().await.unwrap();
         assert_eq!(notification.channel(), channel);
