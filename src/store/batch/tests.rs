@@ -113,13 +113,16 @@ async fn writes_that_arrive_meanwhile_share_the_next_batch_each_with_its_answer(
     while batcher.shared.lock().busy == 0 {
         tokio::task::yield_now().await;
     }
-    let later: Vec<_> = (1..=10)
-        .map(|n| {
-            let batcher = batcher.clone();
-            tokio::spawn(async move { batcher.write(write(&format!("k{n}"), n)).await })
-        })
-        .collect();
-    waiting(&batcher, 10).await;
+    // Each queued before the next is spawned: tasks on two threads would otherwise arrive in
+    // any order.
+    let mut later = Vec::new();
+    for n in 1..=10 {
+        let writer = batcher.clone();
+        later.push(tokio::spawn(async move {
+            writer.write(write(&format!("k{n}"), n)).await
+        }));
+        waiting(&batcher, n as usize).await;
+    }
     gate.add_permits(100);
     assert_eq!(first.await.unwrap().unwrap(), 100);
     for (n, task) in (1..=10).zip(later) {
