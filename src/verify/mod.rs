@@ -82,6 +82,14 @@
 //! [`Scope`](crate::key::Scope). A service that no router reports a route for, and that shares
 //! its namespace and store with another, needs [`Scope::named`](crate::key::Scope::named).
 //!
+//! **Lists of signatures.** Stripe and Standard Webhooks list one signature per secret they
+//! sign with, several while one is rotated. Each listed signature costs a check of the whole
+//! body per configured key (an HMAC, or an Ed25519 verification for `v1a`), asked for before
+//! anything has shown the request genuine; so a header that lists more than 8 entries
+//! (`Stripe-Signature` besides its `t=`; `webhook-signature` of any version, the ones a
+//! verifier skips included) is refused as malformed, before any is decoded or checked. The
+//! other senders send one signature, and only it is read.
+//!
 //! **Timestamps and clocks.** A timestamp is taken from the signed content and compared with
 //! this machine's clock; it may be off by the tolerance in either direction, which absorbs the
 //! clock skew between the sender and this machine (keep the clock synchronised: NTP). Change it

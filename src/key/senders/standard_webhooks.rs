@@ -54,7 +54,7 @@ pub(crate) mod scheme {
         clock::{fresh, seconds},
         ed25519::{self, PublicKey},
         mac::signed_by,
-        parse::{from_base64, header},
+        parse::{entries, from_base64, header},
     };
 
     /// Standard Webhooks and Svix: `webhook-id`, `webhook-timestamp` and `webhook-signature`
@@ -71,8 +71,10 @@ pub(crate) mod scheme {
     /// keep deliveries passing while one is rotated; the sender, rotating its own, lists a
     /// signature by each. Any listed signature that one of the configured keys verifies
     /// passes. Entries this verifier cannot read (another version, text that does not decode,
-    /// a `v1a` that is not 64 bytes) are skipped, and the header is malformed only when no
-    /// entry is usable; a usable entry of a kind with no configured key is a mismatch. The
+    /// a `v1a` that is not 64 bytes) are skipped, and the header is malformed when no entry
+    /// is usable; a usable entry of a kind with no configured key is a mismatch. A header that
+    /// lists more than 8 entries, of any version, is malformed too, refused before any is
+    /// decoded or checked: a sender lists one per secret it signs with. The
     /// timestamp must be within 5 minutes of now, as the specification says. Pair it with
     /// [`key::standard_webhooks`](crate::key::standard_webhooks).
     ///
@@ -161,13 +163,14 @@ pub(crate) mod scheme {
         let named = |suffix: &str| format!("{prefix}-{suffix}");
         let id = header(parts, &named("id"))?;
         let timestamp = header(parts, &named("timestamp"))?;
-        let listed = header(parts, &named("signature"))?;
+        // Counted before anything is decoded: each entry may cost a check of the body.
+        let listed = entries(header(parts, &named("signature"))?, ' ', |_| true)?;
         // As Stripe's: entries of other versions, and entries that do not decode, are
         // skipped, so that any signature that verifies passes whatever else is listed.
         let mut known = false;
         let mut symmetric = Vec::new();
         let mut asymmetric = Vec::new();
-        for entry in listed.split(' ') {
+        for entry in listed {
             if let Some(signature) = entry.strip_prefix("v1,") {
                 known = true;
                 symmetric.extend(from_base64(signature).ok().filter(|s| !s.is_empty()));
@@ -193,6 +196,75 @@ pub(crate) mod scheme {
             Ok(())
         } else {
             Err(VerifyError::Mismatch)
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use std::time::{Duration, UNIX_EPOCH};
+
+        use super::*;
+        use crate::key::senders::signature::parse::MAX_SIGNATURES;
+
+        // The Svix documentation's example, and a `v1a` signature of it by RFC 8032's TEST 1
+        // key (as in tests/verify.rs).
+        const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        const V1: &str = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
+        const PUBLIC_KEY: &str = "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=";
+        const V1A: &str = "v1a,fldxM4gAKugP6nnt1hdz3sgGfZ6d99nzrMFnZOELIxbzEHoVmAb2ADpkJK7zgPePmPsle0zV9jSeGlHFG2NVAw==";
+        const BODY: &[u8] = br#"{"test": 2432232314}"#;
+
+        fn delivery(family: &str, listed: &str) -> Parts {
+            http::Request::post("/")
+                .header(format!("{family}-id"), "msg_p5jXN8AQM9LWM0D4loKWxJek")
+                .header(format!("{family}-timestamp"), "1614265330")
+                .header(format!("{family}-signature"), listed)
+                .body(())
+                .unwrap()
+                .into_parts()
+                .0
+        }
+
+        /// Entries a verifier skips or that do not match, of every kind: each counts.
+        fn decoys(n: usize) -> Vec<String> {
+            let kinds = [
+                format!("v1,{}", BASE64.encode([7; 32])),
+                format!("v1a,{}", BASE64.encode([7; 64])),
+                "v2,abc".to_owned(),
+                "v1,not*base64!".to_owned(),
+                "garbage".to_owned(),
+            ];
+            kinds.iter().cycle().take(n).cloned().collect()
+        }
+
+        /// A sender rotating its secrets lists up to the bound's worth of signatures, the
+        /// valid one last, and it passes; one entry more is malformed, in either header
+        /// family, for `v1` and `v1a` alike.
+        #[test]
+        fn a_list_up_to_the_bound_verifies_and_one_more_is_malformed() {
+            let now = UNIX_EPOCH + Duration::from_secs(1_614_265_330);
+            for (key, valid) in [(SECRET, V1), (PUBLIC_KEY, V1A)] {
+                let verifier = verifier(key);
+                let configured = verifier.only_check();
+                for family in ["webhook", "svix"] {
+                    let listed = |n: usize| {
+                        let mut entries = decoys(n - 1);
+                        entries.push(valid.to_owned());
+                        delivery(family, &entries.join(" "))
+                    };
+                    let full = listed(MAX_SIGNATURES);
+                    assert_eq!(check(configured, &full, BODY, now), Ok(()), "{family}: {key}");
+                    let over = listed(MAX_SIGNATURES + 1);
+                    assert_eq!(
+                        check(configured, &over, BODY, now),
+                        Err(VerifyError::malformed(format!(
+                            "it lists {} signature entries; at most {MAX_SIGNATURES} are read",
+                            MAX_SIGNATURES + 1
+                        ))),
+                        "{family}: {key}"
+                    );
+                }
+            }
         }
     }
 }
