@@ -1440,3 +1440,163 @@ fn one_sender_twice_accepts_both_secrets() {
         Err(VerifyError::Mismatch)
     );
 }
+
+/// The most entries a signature header may list (`Stripe-Signature` besides its `t=`;
+/// `webhook-signature` and `svix-signature`, of any version): a sender lists one per secret it
+/// signs with.
+const MAX_SIGNATURES: usize = 8;
+
+/// A `v1` entry that decodes and matches nothing.
+const V1_DECOY: &str = "v1,bm9ldHUjISQlJiooKSstLzAxMjM0NTY3ODk6Ozw9Pj8=";
+
+/// Through the layer, a signature header listing the bound's worth of entries, the valid one
+/// last, is a delivery, as during a rotation; one entry more is refused 401 problem+json that
+/// says how many the header lists, before the store is touched. Stripe's `v1=`, and Standard
+/// Webhooks' `v1,` and `v1a,` in either header family.
+#[tokio::test]
+async fn a_signature_list_longer_than_the_bound_is_a_401() {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let stripe_body = r#"{"id":"evt_listed","object":"event","type":"invoice.paid"}"#;
+    let stripe_valid = format!(
+        "v1={}",
+        common::stripe_v1("whsec_listed", now, stripe_body.as_bytes())
+    );
+    // Signed in 2021: checked with a wide tolerance.
+    let wide = Duration::from_secs(100 * 365 * 86_400);
+    let svix_body = std::str::from_utf8(SVIX_BODY).unwrap();
+    // A list of `n` entries, the decoys in turn and the valid one last.
+    let list = |decoys: Vec<String>, valid: String, separator: &'static str| {
+        move |n: usize| {
+            let mut entries: Vec<_> = decoys.iter().cycle().take(n - 1).cloned().collect();
+            entries.push(valid.clone());
+            entries.join(separator)
+        }
+    };
+    // (verifier, the headers but the signature, the signature header, its value for n entries,
+    // body)
+    type Case<'a> = (
+        Verifier,
+        Vec<(&'a str, &'a str)>,
+        &'a str,
+        Box<dyn Fn(usize) -> String>,
+        &'a str,
+    );
+    let cases: Vec<Case<'_>> = vec![
+        (
+            verify::stripe("whsec_listed"),
+            vec![("content-type", "application/json")],
+            "stripe-signature",
+            Box::new({
+                let listed = list(
+                    vec![
+                        format!("v1={}", "00".repeat(32)),
+                        format!("v0={}", "00".repeat(32)),
+                        "v1=zz".to_owned(),
+                    ],
+                    stripe_valid,
+                    ",",
+                );
+                move |n| format!("t={now},{}", listed(n))
+            }),
+            stripe_body,
+        ),
+        (
+            verify::standard_webhooks(SVIX_SECRET).tolerance(wide),
+            vec![
+                ("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek"),
+                ("webhook-timestamp", "1614265330"),
+            ],
+            "webhook-signature",
+            Box::new(list(
+                vec![
+                    V1_DECOY.to_owned(),
+                    V1A_OTHER_SIGNATURE.to_owned(),
+                    "v2,abc".to_owned(),
+                ],
+                SVIX_SIGNATURE.to_owned(),
+                " ",
+            )),
+            svix_body,
+        ),
+        (
+            verify::standard_webhooks(SVIX_SECRET).tolerance(wide),
+            vec![
+                ("svix-id", "msg_p5jXN8AQM9LWM0D4loKWxJek"),
+                ("svix-timestamp", "1614265330"),
+            ],
+            "svix-signature",
+            Box::new(list(
+                vec![V1_DECOY.to_owned(), "garbage".to_owned()],
+                SVIX_SIGNATURE.to_owned(),
+                " ",
+            )),
+            svix_body,
+        ),
+        (
+            verify::standard_webhooks(V1A_KEY).tolerance(wide),
+            vec![
+                ("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek"),
+                ("webhook-timestamp", "1614265330"),
+            ],
+            "webhook-signature",
+            Box::new(list(
+                vec![V1A_OTHER_SIGNATURE.to_owned(), V1_DECOY.to_owned()],
+                V1A_SIGNATURE.to_owned(),
+                " ",
+            )),
+            svix_body,
+        ),
+    ];
+    for (verifier, headers, signature, listed, body) in cases {
+        let store = Counting::new(MemoryStore::new());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let layer = IdempotencyLayer::new(store.clone()).verify(verifier);
+        let svc = counting_body_service(layer, runs.clone());
+        let send = |n: usize| {
+            let mut req = Request::post("/listed").header(signature, listed(n));
+            for (name, value) in &headers {
+                req = req.header(*name, *value);
+            }
+            svc.clone()
+                .oneshot(req.body(Full::new(Bytes::from(body))).unwrap())
+        };
+        let over = send(MAX_SIGNATURES + 1).await.unwrap();
+        assert_eq!(over.status(), StatusCode::UNAUTHORIZED, "{signature}");
+        let problem = common::problem(over).await;
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(&format!(
+                "lists {} signature entries; at most {MAX_SIGNATURES} are read",
+                MAX_SIGNATURES + 1
+            )),
+            "{signature}: {detail}"
+        );
+        assert_eq!(store.calls(), 0, "{signature}: the refusal claims nothing");
+        let full = send(MAX_SIGNATURES).await.unwrap();
+        assert_eq!(full.status(), StatusCode::OK, "{signature}");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{signature}");
+    }
+}
+
+/// Hundreds of `v1a` entries beside a large body are refused as malformed before any is
+/// verified: each is a well-formed signature, whose verification would hash the whole body,
+/// and one of them is even genuine for the small body.
+#[test]
+fn hundreds_of_v1a_entries_are_refused_before_any_is_verified() {
+    let v = verify::standard_webhooks(V1A_KEY);
+    let listed = svix_example(&vec![V1A_SIGNATURE; 500].join(" "));
+    let large = vec![b'x'; 1 << 20];
+    for body in [&large[..], SVIX_BODY] {
+        assert_eq!(
+            v.verify_at(&listed, body, at(1_614_265_330)),
+            Err(VerifyError::malformed(
+                "it lists 500 signature entries; at most 8 are read"
+            )),
+            "a body of {} bytes",
+            body.len()
+        );
+    }
+}
