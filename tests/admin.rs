@@ -26,12 +26,12 @@ use tower_idempotency::body::BoxError;
 use tower_idempotency::inbox::{Backoff, Inbox};
 use tower_idempotency::store::MemoryStore;
 use tower_idempotency::store::inbox::{
-    Attempt, AttemptResult, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged,
+    Attempt, AttemptResult, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Running,
     Settlement, StoredRequest, Take, Taken,
 };
 use tower_idempotency::store::{
-    Claim, Fingerprint, KeyRecord, Lease, Receipt, Resolution, Store, StoreError, StoredResponse,
-    StuckClaim,
+    Claim, Fingerprint, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Store, StoreError,
+    StoredResponse, StuckClaim,
 };
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Stale, key};
 
@@ -1095,18 +1095,15 @@ async fn enqueue(
     key
 }
 
-/// Takes the one due entry, which must be `key`'s.
+/// Takes the one due entry, which must be `key`'s, and starts it.
 async fn take(store: &MemoryStore, key: &IdempotencyKey) -> Taken {
-    let mut taken = store
-        .take(&Take {
-            limit: 1,
-            ..Take::default()
-        })
-        .await
-        .unwrap();
+    let mut taken = store.take(&Take::up_to(1)).await.unwrap();
     assert_eq!(taken.len(), 1, "one entry due");
     let taken = taken.remove(0);
     assert_eq!(taken.lease.key(), key);
+    // Started, as a worker starts what it takes.
+    let started = store.start(std::slice::from_ref(&taken.lease)).await;
+    assert_eq!(started.unwrap(), [true]);
     taken
 }
 
@@ -1142,6 +1139,7 @@ async fn a_dead_entry_shows_its_history_is_retried_and_runs() {
             .layer(
                 inbox
                     .layer()
+                    .unverified()
                     .key(key::header("x-event-id").namespace("shop")),
             ),
         )
@@ -1215,7 +1213,12 @@ async fn a_dead_entry_shows_its_history_is_retried_and_runs() {
     let history = dead["history"].as_array().unwrap();
     assert_eq!(history.len(), 2, "{dead}");
     for attempt in history {
-        assert_eq!(attempt["error"], "the ledger is unreachable", "{attempt}");
+        // The service failed before the request reached its route.
+        assert_eq!(
+            attempt["error"],
+            "did not reach its inbox route: the app failed: the ledger is unreachable",
+            "{attempt}"
+        );
         assert!(attempt["at_ms"].as_u64().unwrap() > 0, "{attempt}");
         assert!(attempt["duration_ms"].is_u64(), "{attempt}");
         assert!(attempt.get("status").is_none(), "{attempt}");
@@ -1303,6 +1306,7 @@ async fn discard_marks_an_entry_done() {
         .layer(
             inbox
                 .layer()
+                .unverified()
                 .key(key::header("x-event-id").namespace("shop")),
         ),
     );
@@ -1671,13 +1675,19 @@ impl InboxStore for Down {
     ) -> Result<Option<StoredRequest>, StoreError> {
         Err(down())
     }
-    async fn retry_now(&self, _: &IdempotencyKey) -> Result<bool, StoreError> {
+    async fn start(&self, _: &[Lease]) -> Result<Vec<bool>, StoreError> {
+        Err(down())
+    }
+    async fn give_back(&self, _: &[LeaseToken]) -> Result<u64, StoreError> {
+        Err(down())
+    }
+    async fn retry_now(&self, _: &IdempotencyKey, _: Running) -> Result<bool, StoreError> {
         Err(down())
     }
     async fn retry_dead(&self, _: &str) -> Result<u64, StoreError> {
         Err(down())
     }
-    async fn discard(&self, _: &IdempotencyKey) -> Result<bool, StoreError> {
+    async fn discard(&self, _: &IdempotencyKey, _: Running) -> Result<bool, StoreError> {
         Err(down())
     }
     async fn inbox_stats(&self, _: Option<&str>) -> Result<InboxStats, StoreError> {

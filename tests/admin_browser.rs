@@ -605,10 +605,12 @@ async fn a_dead_entry_is_retried_from_the_page_and_runs() {
         .layer(
             inbox
                 .layer()
+                .unverified()
                 .key(key::header("x-event-id").namespace("shop")),
         ),
     );
-    // The workers' service fails every attempt while `broken`, as one whose database is down.
+    // The workers' service fails every attempt while `broken`, before the request reaches its
+    // route, as an app whose database is down.
     let broken = Arc::new(AtomicBool::new(true));
     let service = {
         let (app, broken) = (app.clone(), broken.clone());
@@ -661,7 +663,7 @@ async fn a_dead_entry_is_retried_from_the_page_and_runs() {
     assert_eq!(driver.text(&attempts).await, "2", "the attempts column");
     driver
         .wait_for(&format!(
-            "{row}/td[5][normalize-space()='Error: the ledger is unreachable']"
+            "{row}/td[5][normalize-space()='Error: did not reach its inbox route: the app failed: the ledger is unreachable']"
         ))
         .await;
     driver

@@ -49,7 +49,7 @@ async fn instance<St: InboxStore + Clone>(store: St, runs: Runs) -> Instance {
             *runs.lock().unwrap().entry(body).or_default() += 1;
             StatusCode::NO_CONTENT
         })
-        .layer(inbox.layer().key(key::header("x-event-id"))),
+        .layer(inbox.layer().unverified().key(key::header("x-event-id"))),
     );
     let workers = inbox
         .workers(app.clone())
@@ -183,7 +183,7 @@ async fn poison_ends_dead_while_the_others_complete<St: InboxStore + Clone>(stor
                 StatusCode::OK
             }
         })
-        .layer(inbox.layer().key(key::header("x-event-id"))),
+        .layer(inbox.layer().unverified().key(key::header("x-event-id"))),
     );
     let ns = common::unique_namespace("poison");
     let mut events: Vec<String> = (0..100).map(|n| format!("{ns}-{n}")).collect();
@@ -367,7 +367,7 @@ where
             *counted.lock().unwrap().entry(body).or_default() += 1;
             StatusCode::NO_CONTENT
         })
-        .layer(inbox.layer().key(key::header("x-event-id"))),
+        .layer(inbox.layer().unverified().key(key::header("x-event-id"))),
     );
     let ns = common::unique_namespace("idle");
     for n in 0..20 {

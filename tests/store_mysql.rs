@@ -713,7 +713,9 @@ async fn a_damaged_inbox_entry_is_an_error() {
 /// fails on the key and the state is read). A new entry moves it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inbox_duplicate_writes_nothing() {
-    use tower_idempotency::store::inbox::{Enqueued, EntryState, InboxStore, StoredRequest};
+    use tower_idempotency::store::inbox::{
+        Enqueued, EntryState, InboxStore, Running, StoredRequest,
+    };
     // Alone: the other tests' writes would move the log.
     let _alone = common::SHARED_TABLE.write().await;
     let _inbox = tower_idempotency::conformance::INBOX_TABLE.lock().await;
@@ -761,7 +763,7 @@ async fn an_inbox_duplicate_writes_nothing() {
             before,
             "an enqueue that stores moves the log"
         );
-        store.discard(&key).await.unwrap();
-        store.discard(&other).await.unwrap();
+        store.discard(&key, Running::Force).await.unwrap();
+        store.discard(&other, Running::Force).await.unwrap();
     }
 }

@@ -561,7 +561,7 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
 /// new entry's own comes from a task of the store's, so it is awaited first.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_entry_notifies_the_channel_and_a_duplicate_does_not() {
-    use tower_idempotency::store::inbox::{Enqueued, EntryState, InboxStore};
+    use tower_idempotency::store::inbox::{Enqueued, EntryState, InboxStore, Running};
 
     let table = format!("inbox_notify_{}", std::process::id());
     let Some(store) = store_on(&table).await else {
@@ -605,11 +605,11 @@ async fn a_new_entry_notifies_the_channel_and_a_duplicate_does_not() {
     marker("after the duplicate").await;
     assert!(
         !store
-            .retry_now(&common::key_in(&ns, "evt_unknown"))
+            .retry_now(&common::key_in(&ns, "evt_unknown"), Running::Leave)
             .await
             .unwrap()
     );
-    assert!(store.retry_now(&key).await.unwrap());
+    assert!(store.retry_now(&key, Running::Leave).await.unwrap());
     marker("after the retries").await;
     while heard.last().map(String::as_str) != Some("after the retries") {
         let notification = listener.recv().await.unwrap();

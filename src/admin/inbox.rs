@@ -17,7 +17,9 @@ use super::problem::{Problem, json};
 use super::routes::{Fields, Params, Shared, limit, object, query, seconds};
 use crate::key::IdempotencyKey;
 use crate::store::Stale;
-use crate::store::inbox::{Attempt, AttemptResult, Entry, EntryState, InboxStore, StoredRequest};
+use crate::store::inbox::{
+    Attempt, AttemptResult, Entry, EntryState, InboxStore, Running, StoredRequest,
+};
 
 /// The most of a stored body `GET /inbox/entry` shows, in bytes.
 const BODY_SHOWN: usize = 64 * 1024;
@@ -104,11 +106,12 @@ async fn entry<St: InboxStore>(
 }
 
 /// `POST /inbox/retry` `{namespace, key, force?}`: a queued, running or dead entry due now (a
-/// running one only once its worker stopped renewing, or with `force`).
+/// running one only once its worker stopped renewing, or with `force`), in one conditional
+/// write: a worker that renews between the look and the write keeps its entry.
 async fn retry<St: InboxStore>(State(admin): Shared<St>, body: Body) -> Result<Response, Problem> {
-    let key = unless_running(&admin, body).await?;
-    if !admin.store.retry_now(&key).await? {
-        return Err(nothing_to(&admin.store, &key, "retried").await);
+    let (key, running) = by_hand(&admin, body).await?;
+    if !admin.store.retry_now(&key, running).await? {
+        return Err(nothing_to(&admin, &key, "retried").await);
     }
     tracing::info!(%key, "admin: an inbox entry retried by hand");
     Ok(json(json!({ "retried": true })))
@@ -133,39 +136,59 @@ async fn retry_dead<St: InboxStore>(
 }
 
 /// `POST /inbox/discard` `{namespace, key, force?}`: a queued, running or dead entry done
-/// without running (a running one only once its worker stopped renewing, or with `force`).
+/// without running (a running one only once its worker stopped renewing, or with `force`),
+/// in one conditional write.
 async fn discard<St: InboxStore>(
     State(admin): Shared<St>,
     body: Body,
 ) -> Result<Response, Problem> {
-    let key = unless_running(&admin, body).await?;
-    if !admin.store.discard(&key).await? {
-        return Err(nothing_to(&admin.store, &key, "discarded").await);
+    let (key, running) = by_hand(&admin, body).await?;
+    if !admin.store.discard(&key, running).await? {
+        return Err(nothing_to(&admin, &key, "discarded").await);
     }
     tracing::info!(%key, "admin: an inbox entry discarded by hand");
     Ok(json(json!({ "discarded": true })))
 }
 
-/// The 404 of an action on a key that has no queued or dead entry, saying what it has.
-async fn nothing_to<St: InboxStore>(store: &St, key: &IdempotencyKey, done: &str) -> Problem {
-    let detail = match store.entry(key).await {
-        Ok(Some(entry)) => format!(
+/// What an action that changed nothing answers, saying what the key has: 409 for an entry a
+/// live worker runs (send `force`), 404 for a done entry or none.
+async fn nothing_to<St: InboxStore>(
+    admin: &Admin<St>,
+    key: &IdempotencyKey,
+    done: &str,
+) -> Problem {
+    let entry = match admin.store.entry(key).await {
+        Ok(entry) => entry,
+        Err(err) => return Problem::store(err),
+    };
+    let detail = match entry {
+        Some(entry) if entry.state == EntryState::Running => {
+            let since = entry.since_renewal.unwrap_or_default();
+            return Problem::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "the inbox entry {key} is running, renewed {:.1} s ago: its worker is alive; \
+                     send \"force\": true to take it away all the same",
+                    since.as_secs_f64()
+                ),
+            );
+        }
+        Some(entry) => format!(
             "the inbox entry {key} is {}: only a queued, running or dead entry can be {done}",
             entry.state.as_str()
         ),
-        Ok(None) => format!("the inbox has no entry {key} (never stored, or purged)"),
-        Err(err) => return Problem::store(err),
+        None => format!("the inbox has no entry {key} (never stored, or purged)"),
     };
     Problem::new(StatusCode::NOT_FOUND, detail)
 }
 
-/// The key of a body `{namespace, key, force?}`, unless its entry runs under a lease its
-/// worker still renews (within the stale limit of [`Admin::stale`]) and `force` is not set:
-/// then 409, since the worker may be about to finish.
-async fn unless_running<St: InboxStore>(
+/// The key of a body `{namespace, key, force?}`, and which running entries the action may
+/// take: with `force` any, else one whose worker stopped renewing for the stale limit of
+/// [`Admin::stale`] (the worker may be about to finish otherwise).
+async fn by_hand<St: InboxStore>(
     admin: &Admin<St>,
     body: Body,
-) -> Result<IdempotencyKey, Problem> {
+) -> Result<(IdempotencyKey, Running), Problem> {
     let mut fields = Fields(object(body).await?);
     let namespace = fields.string("namespace")?;
     let value = fields.string("key")?;
@@ -173,24 +196,12 @@ async fn unless_running<St: InboxStore>(
     fields.no_others()?;
     let key = IdempotencyKey::new(namespace, value)
         .map_err(|err| Problem::unprocessable(format!("not a key: {err}")))?;
-    if force {
-        return Ok(key);
-    }
-    if let Some(entry) = admin.store.entry(&key).await?
-        && entry.state == EntryState::Running
-        && let Some(since) = entry.since_renewal
-        && since < admin.stale.after()
-    {
-        return Err(Problem::new(
-            StatusCode::CONFLICT,
-            format!(
-                "the inbox entry {key} is running, renewed {:.1} s ago: its worker is alive; \
-                 send \"force\": true to take it away all the same",
-                since.as_secs_f64()
-            ),
-        ));
-    }
-    Ok(key)
+    let running = if force {
+        Running::Force
+    } else {
+        Running::StaleFor(admin.stale.after())
+    };
+    Ok((key, running))
 }
 
 /// The states of `state=queued,dead`: at least one, each a state the store writes.

@@ -13,10 +13,10 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 
 use crate::store::inbox::{
-    Attempt, AttemptResult, Enqueued, EntryState, InboxStore, Settlement, StoredRequest, Take,
-    Taken,
+    Attempt, AttemptResult, Enqueued, EntryState, InboxStore, Running, Settlement, StoredRequest,
+    Take, Taken,
 };
-use crate::store::{Stale, StoreError};
+use crate::store::{LeaseToken, Stale, StoreError};
 
 use super::{PAST_SHORT, SHORT, key_in, unique_namespace};
 
@@ -34,17 +34,37 @@ pub(super) fn request(n: usize) -> StoredRequest {
 
 pub(super) fn take(limit: usize, stale: Stale, max_attempts: u32) -> Take {
     Take {
-        limit,
         stale,
         max_attempts,
+        ..Take::up_to(limit)
     }
 }
 
-/// Takes with `take`, keeping the entries of namespace `ns` and settling the others done.
+/// Takes with `take`, keeping the entries of namespace `ns` and settling the others done; the
+/// entries kept are started, as a worker starts what it takes.
 pub async fn take_ours<S: InboxStore>(store: &S, take: &Take, ns: &str) -> Vec<Taken> {
+    let ours = take_unstarted(store, take, ns).await;
+    let leases: Vec<_> = ours.iter().map(|entry| entry.lease.clone()).collect();
+    let held = store.start(&leases).await.expect("start");
+    assert_eq!(held, vec![true; ours.len()], "every lease just taken holds");
+    ours
+}
+
+/// [`take_ours`] without the start: as a worker that died, or never heard the answer. Each
+/// call takes under fresh tokens, as a worker does, whatever `take`'s are.
+pub async fn take_unstarted<S: InboxStore>(store: &S, take: &Take, ns: &str) -> Vec<Taken> {
+    let take = &Take {
+        stale: take.stale,
+        max_attempts: take.max_attempts,
+        ..Take::up_to(take.limit())
+    };
     let taken = store.take(take).await.expect("take");
     let mut ours = Vec::new();
     for entry in taken {
+        assert!(
+            take.tokens.contains(&entry.lease.token()),
+            "an entry is leased under one of the worker's tokens"
+        );
         if entry.lease.key().namespace() == ns {
             ours.push(entry);
         } else {
@@ -135,7 +155,7 @@ pub async fn retry_then_dead_then_retry_now<S: InboxStore>(store: S) {
         take_ours(&store, &policy, &ns).await.is_empty(),
         "not due for an hour"
     );
-    assert!(store.retry_now(&key).await.unwrap());
+    assert!(store.retry_now(&key, Running::Leave).await.unwrap());
     let second = take_ours(&store, &policy, &ns).await.remove(0);
     assert_eq!(second.attempt, 2);
     assert_eq!(second.history, history);
@@ -152,6 +172,11 @@ pub async fn retry_then_dead_then_retry_now<S: InboxStore>(store: S) {
     assert!(take_ours(&store, &policy, &ns).await.is_empty());
     assert_eq!(store.inbox_stats(Some(&ns)).await.unwrap().dead, 1);
     assert_eq!(store.retry_dead(&ns).await.unwrap(), 1);
+    assert_eq!(
+        store.retry_dead(&ns).await.unwrap(),
+        0,
+        "nothing dead is left"
+    );
     let third = take_ours(&store, &policy, &ns).await.remove(0);
     assert_eq!(third.attempt, 1, "a person's retry starts the count over");
     store
@@ -164,13 +189,19 @@ pub async fn retry_then_dead_then_retry_now<S: InboxStore>(store: S) {
         )
         .await
         .unwrap();
-    assert!(store.discard(&key).await.unwrap());
+    assert!(store.discard(&key, Running::Leave).await.unwrap());
     assert_eq!(
         store.entry(&key).await.unwrap().unwrap().state,
         EntryState::Done
     );
-    assert!(!store.discard(&key).await.unwrap(), "done already");
-    assert!(!store.retry_now(&key).await.unwrap(), "done is final");
+    assert!(
+        !store.discard(&key, Running::Force).await.unwrap(),
+        "done already"
+    );
+    assert!(
+        !store.retry_now(&key, Running::Force).await.unwrap(),
+        "done is final"
+    );
 }
 
 /// A lease renewed stays; one left unrenewed past the stale limit is taken over under
@@ -232,7 +263,10 @@ pub async fn hold_leaves_a_crashed_entry_running<S: InboxStore>(store: S) {
     assert_eq!(listed.len(), 1);
     assert!(listed[0].since_renewal.unwrap() >= SHORT);
     assert!(
-        store.retry_now(&key).await.unwrap(),
+        store
+            .retry_now(&key, Running::StaleFor(SHORT))
+            .await
+            .unwrap(),
         "a person runs it again"
     );
     assert!(matches!(
@@ -242,7 +276,14 @@ pub async fn hold_leaves_a_crashed_entry_running<S: InboxStore>(store: S) {
     let second = take_ours(&store, &policy, &ns).await.remove(0);
     assert_eq!(second.attempt, 2);
     assert!(
-        store.discard(&key).await.unwrap(),
+        !store
+            .discard(&key, Running::StaleFor(Duration::from_secs(600)))
+            .await
+            .unwrap(),
+        "a live worker's entry is left to it"
+    );
+    assert!(
+        store.discard(&key, Running::Force).await.unwrap(),
         "or discards it, running"
     );
     assert_eq!(
@@ -255,7 +296,9 @@ pub async fn hold_leaves_a_crashed_entry_running<S: InboxStore>(store: S) {
     ));
 }
 
-/// A give-back queues the entry again at once and takes back the attempt it counted.
+/// A give-back queues the entry again at once and takes back the attempt it counted; so does
+/// a give-back by token, of entries whose take's answer the worker never heard, whether or not
+/// it started them; tokens that lease nothing change nothing.
 pub async fn give_back_takes_the_attempt_back<S: InboxStore>(store: S) {
     let ns = unique_namespace("inbox-give-back");
     let key = key_in(&ns, "evt_1");
@@ -268,8 +311,135 @@ pub async fn give_back_takes_the_attempt_back<S: InboxStore>(store: S) {
         .unwrap();
     let again = take_ours(&store, &policy, &ns).await.remove(0);
     assert_eq!(again.attempt, 1);
+    assert_eq!(store.entry(&key).await.unwrap().unwrap().attempts, 1);
+    // Given back by its token: a take whose answer came too late.
+    assert_eq!(store.give_back(&[again.lease.token()]).await.unwrap(), 1);
+    assert_eq!(store.entry(&key).await.unwrap().unwrap().attempts, 0);
+    assert!(matches!(
+        store.settle(&again.lease, &Settlement::Done, &[]).await,
+        Err(StoreError::LeaseLost)
+    ));
+    let third = take_unstarted(&store, &policy, &ns).await.remove(0);
+    assert_eq!(third.attempt, 1);
+    let tokens = [LeaseToken::generate(), third.lease.token()];
+    assert_eq!(store.give_back(&tokens).await.unwrap(), 1);
+    assert_eq!(
+        store.give_back(&tokens).await.unwrap(),
+        0,
+        "nothing is leased under them any more"
+    );
+    let described = store.entry(&key).await.unwrap().unwrap();
+    assert_eq!(
+        (described.state, described.attempts),
+        (EntryState::Queued, 0)
+    );
+    let last = take_ours(&store, &policy, &ns).await.remove(0);
+    assert_eq!((last.attempt, last.crashes), (1, 0));
     store
-        .settle(&again.lease, &Settlement::Done, &[])
+        .settle(&last.lease, &Settlement::Done, &[])
+        .await
+        .unwrap();
+}
+
+/// An entry whose handler never started (its worker died between the take and the start, or
+/// never heard the take's answer) is taken again once its lease is stale, under hold as under
+/// reclaim, with no crash counted and no attempt spent; `start` answers whether each lease
+/// still holds, and counts an attempt once.
+pub async fn an_unstarted_entry_is_taken_again_without_a_crash<S: InboxStore>(store: S) {
+    let ns = unique_namespace("inbox-unstarted");
+    let key = key_in(&ns, "evt_1");
+    store.enqueue(&key, &request(1)).await.unwrap();
+    let hold = take(10, Stale::hold_after(SHORT), 1);
+    let lost = take_unstarted(&store, &hold, &ns).await.remove(0);
+    assert_eq!(lost.attempt, 1);
+    assert!(
+        take_ours(&store, &hold, &ns).await.is_empty(),
+        "running, renewed just now"
+    );
+    tokio::time::sleep(PAST_SHORT).await;
+    let again = take_ours(&store, &hold, &ns).await.remove(0);
+    assert!(!again.lease.reclaimed(), "nobody ran it: no crash");
+    assert_eq!((again.attempt, again.crashes), (1, 0));
+    assert!(again.history.is_empty());
+    assert_eq!(
+        store
+            .start(&[lost.lease.clone(), again.lease.clone()])
+            .await
+            .unwrap(),
+        vec![false, true],
+        "the first lease is spent; started twice, the second counts once"
+    );
+    let described = store.entry(&key).await.unwrap().unwrap();
+    assert_eq!((described.attempts, described.crashes), (1, 0));
+    // Started, then its worker stopped renewing: under hold, kept for a person.
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(take_ours(&store, &hold, &ns).await.is_empty());
+    assert!(
+        store
+            .retry_now(&key, Running::StaleFor(SHORT))
+            .await
+            .unwrap(),
+        "a person runs it again"
+    );
+    let third = take_ours(&store, &hold, &ns).await.remove(0);
+    assert_eq!(third.attempt, 2);
+    store
+        .settle(&third.lease, &Settlement::Done, &[])
+        .await
+        .unwrap();
+}
+
+/// An operator's retry or discard leaves an entry its worker still renews unless forced, in
+/// one conditional write: a queued or dead entry it takes whatever it is told of running ones.
+pub async fn an_operator_leaves_a_live_entry_unless_forced<S: InboxStore>(store: S) {
+    let ns = unique_namespace("inbox-by-hand");
+    let key = key_in(&ns, "evt_1");
+    store.enqueue(&key, &request(1)).await.unwrap();
+    let policy = take(10, LONG, 5);
+    let running = take_ours(&store, &policy, &ns).await.remove(0);
+    let long = Running::StaleFor(Duration::from_secs(600));
+    for leave in [Running::Leave, long] {
+        assert!(!store.retry_now(&key, leave).await.unwrap());
+        assert!(!store.discard(&key, leave).await.unwrap());
+    }
+    store.renew_entry(&running.lease).await.unwrap();
+    assert_eq!(
+        store.entry(&key).await.unwrap().unwrap().state,
+        EntryState::Running
+    );
+    assert!(store.retry_now(&key, Running::Force).await.unwrap());
+    assert!(matches!(
+        store.renew_entry(&running.lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(
+        store.retry_now(&key, Running::Leave).await.unwrap(),
+        "queued: due now whatever"
+    );
+    assert!(store.discard(&key, Running::Leave).await.unwrap());
+    assert_eq!(
+        store.entry(&key).await.unwrap().unwrap().state,
+        EntryState::Done
+    );
+}
+
+/// The take answers when each entry was received, by the store's clock.
+pub async fn a_taken_entry_says_when_it_was_received<S: InboxStore>(store: S) {
+    let ns = unique_namespace("inbox-received");
+    let key = key_in(&ns, "evt_1");
+    let before = std::time::SystemTime::now();
+    store.enqueue(&key, &request(1)).await.unwrap();
+    let taken = take_ours(&store, &take(10, LONG, 5), &ns).await.remove(0);
+    // The store's clock and this machine's may differ a little.
+    let skew = Duration::from_secs(60);
+    assert!(
+        taken.received_at + skew >= before,
+        "{:?}",
+        taken.received_at
+    );
+    assert!(taken.received_at <= std::time::SystemTime::now() + skew);
+    store
+        .settle(&taken.lease, &Settlement::Done, &[])
         .await
         .unwrap();
 }

@@ -107,9 +107,11 @@ pub use claims::{
     stuck_claims_and_resolve,
 };
 pub use inbox::{
-    enqueue_once_then_duplicates, entries_and_stats, give_back_takes_the_attempt_back,
-    hold_leaves_a_crashed_entry_running, purge_keeps_dead_requests,
-    reclaim_counts_crashes_and_ends_dead, retry_then_dead_then_retry_now, take_ours,
+    a_taken_entry_says_when_it_was_received, an_operator_leaves_a_live_entry_unless_forced,
+    an_unstarted_entry_is_taken_again_without_a_crash, enqueue_once_then_duplicates,
+    entries_and_stats, give_back_takes_the_attempt_back, hold_leaves_a_crashed_entry_running,
+    purge_keeps_dead_requests, reclaim_counts_crashes_and_ends_dead,
+    retry_then_dead_then_retry_now, take_ours, take_unstarted,
 };
 pub use inbox_races::{instances_enqueue_and_take_each_once, settle_many_answers_each};
 pub use races::{concurrent_claims_have_one_winner, race_many_events, race_one_event};

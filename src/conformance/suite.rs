@@ -195,6 +195,9 @@ macro_rules! conformance_suite {
                 $crate::conformance_suite!(@inbox $inbox, reclaim_counts_crashes_and_ends_dead);
                 $crate::conformance_suite!(@inbox $inbox, hold_leaves_a_crashed_entry_running);
                 $crate::conformance_suite!(@inbox $inbox, give_back_takes_the_attempt_back);
+                $crate::conformance_suite!(@inbox $inbox, an_unstarted_entry_is_taken_again_without_a_crash);
+                $crate::conformance_suite!(@inbox $inbox, an_operator_leaves_a_live_entry_unless_forced);
+                $crate::conformance_suite!(@inbox $inbox, a_taken_entry_says_when_it_was_received);
                 $crate::conformance_suite!(@inbox $inbox, entries_and_stats);
                 $crate::conformance_suite!(@inbox $inbox, purge_keeps_dead_requests);
                 $crate::conformance_suite!(@inbox $inbox, settle_many_answers_each);

@@ -45,6 +45,7 @@
 
 pub(crate) mod drain;
 pub(crate) mod guard;
+pub(crate) mod handback;
 pub(crate) mod mode;
 pub(crate) mod observe;
 pub(crate) mod prepare;

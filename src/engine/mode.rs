@@ -13,6 +13,7 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::drain::Entry;
+use super::handback::{HandBack, HandedBack, in_front_or_behind, run_reported};
 use super::observe::ResponseFuture;
 use super::observe::observed;
 use super::prepare::{pass_through, take_body, verified, verifies};
@@ -42,11 +43,17 @@ where
 
     fn settings(&self) -> &Settings;
 
-    /// Whether this request goes straight to the inner service, before anything else: a
-    /// delivery the [inbox](crate::inbox)'s worker hands back to its route.
-    fn bypass(&self, parts: &Parts) -> bool {
-        let _ = parts;
-        false
+    /// What this mode does with a delivery an inbox worker sends back through the app (see
+    /// [`handback`](super::handback)): a guard in front of the route lets it through, one
+    /// behind the route's layer guards it. The inbox's ingest, the route's own layer, runs it.
+    fn handed_back(&self, hand_back: &HandBack) -> HandedBack {
+        in_front_or_behind(hand_back)
+    }
+
+    /// The text a handed-back delivery's report gives for the inner service's error.
+    fn describe_error(error: &S::Error) -> String {
+        let _ = error;
+        "the service returned an error".to_owned()
     }
 
     /// Whether finding what to claim reads the body of this request (buffered then).
@@ -190,9 +197,24 @@ where
     ResB: Send + 'static,
 {
     async move {
-        if mode.bypass(&parts) {
-            let request = Request::from_parts(parts, RequestBody::new(body));
-            return Box::pin(pass_through(inner, request)).await;
+        if let Some(hand_back) = parts.extensions.get::<HandBack>() {
+            match mode.handed_back(hand_back) {
+                HandedBack::Guard => {}
+                HandedBack::PassThrough => {
+                    let request = Request::from_parts(parts, RequestBody::new(body));
+                    return Box::pin(pass_through(inner, request)).await;
+                }
+                HandedBack::Run(reporter) => {
+                    let request = Request::from_parts(parts, RequestBody::new(body));
+                    let run = run_reported(inner, request, reporter, M::describe_error);
+                    return Box::pin(run).await;
+                }
+                HandedBack::Refuse => {
+                    let busy = "this delivery was handed back to its route after its worker \
+                                stopped waiting for it";
+                    return Ok(Refusal::InFlight(busy).answer(mode.settings().retry_after));
+                }
+            }
         }
         let settings = mode.settings();
         let retry_after = settings.retry_after;

@@ -312,7 +312,7 @@ fn timed_out<O: Owner, ResB>(
 /// Drives `call` to its end, with the claim's heartbeat going once the handler has to wait.
 /// A handler that answers at once starts no heartbeat; one shorter than the renew interval
 /// renews nothing.
-async fn heartbeat<O: Owner, F: Future>(
+pub(crate) async fn heartbeat<O: Owner, F: Future>(
     guard: &mut LeaseGuard<O>,
     mut call: Pin<&mut F>,
 ) -> F::Output {

@@ -1,112 +1,32 @@
-//! One attempt at an entry: the request rebuilt, the service called under the entry's lease,
-//! and the entry settled as the answer says.
+//! One attempt at an entry: the request rebuilt and sent through the app under the entry's
+//! lease, the route's handler heard, and the entry settled as the handler answered.
 
-use std::future::Future;
+use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, Response, Uri};
+use tokio::sync::oneshot;
 use tower_service::Service;
 use tracing::Instrument;
 
 use super::Inbox;
+use super::backoff::Backoff;
+use super::delivery::InboxDelivery;
 use super::settle::Settler;
 use crate::body::BoxError;
 use crate::engine::drain::Entry;
 use crate::engine::guard::{LeaseGuard, Owner, Settle};
+use crate::engine::handback::{HandBack, Report, panic_message};
+use crate::engine::run::{Ran, call, heartbeat};
 use crate::engine::settings::Settings;
-use crate::key::IdempotencyKey;
 use crate::response::Outcome;
 use crate::store::inbox::{Attempt, AttemptResult, InboxStore, Settlement, Settling, Taken};
-use crate::store::{Lease, LeaseToken, Receipt, Stale, StoreError};
+use crate::store::{Lease, Receipt, Stale, StoreError};
 
-/// What a worker's request carries in its extensions: which entry it is and which attempt.
-/// The inbox layer hands a request carrying it straight to its handler. A handler that wants
-/// to know may read it (and the [`LeaseHandle`](crate::LeaseHandle), there too).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InboxDelivery {
-    key: IdempotencyKey,
-    attempt: u32,
-    crashes: u32,
-}
-
-impl InboxDelivery {
-    /// The event's key.
-    pub fn key(&self) -> &IdempotencyKey {
-        &self.key
-    }
-
-    /// This attempt's number: 1 for the first.
-    pub fn attempt(&self) -> u32 {
-        self.attempt
-    }
-
-    /// How many earlier attempts ended with their worker gone.
-    pub fn crashes(&self) -> u32 {
-        self.crashes
-    }
-}
-
-/// When a failed entry is tried again: exponential, from `base`, doubling up to `cap`, with
-/// jitter (each delay is drawn between half of it and all of it), for `max_attempts` attempts
-/// in all, crashes included.
-///
-/// The default: 5 seconds, doubling up to 30 minutes, 10 attempts (about 45 minutes of
-/// retries before an entry is dead).
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_idempotency::inbox::Backoff;
-///
-/// let backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60), 5);
-/// let third = backoff.delay(3); // after the third attempt failed: 2 to 4 s
-/// assert!(third >= Duration::from_secs(2) && third <= Duration::from_secs(4));
-/// assert!(backoff.delay(30) <= Duration::from_secs(60));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    base: Duration,
-    cap: Duration,
-    max_attempts: u32,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self::new(Duration::from_secs(5), Duration::from_secs(30 * 60), 10)
-    }
-}
-
-impl Backoff {
-    /// A backoff from `base` up to `cap`, for `max_attempts` attempts in all (at least 1).
-    pub fn new(base: Duration, cap: Duration, max_attempts: u32) -> Self {
-        Self {
-            base,
-            cap: cap.max(base),
-            max_attempts: max_attempts.max(1),
-        }
-    }
-
-    /// How many attempts an entry gets.
-    pub fn max_attempts(&self) -> u32 {
-        self.max_attempts
-    }
-
-    /// How long to wait after failed attempt number `attempt` (1 for the first), jitter
-    /// included.
-    pub fn delay(&self, attempt: u32) -> Duration {
-        let doublings = attempt.saturating_sub(1).min(40);
-        let full = self
-            .base
-            .checked_mul(1 << doublings.min(31))
-            .map_or(self.cap, |d| d.min(self.cap));
-        LeaseToken::spread(full)
-    }
-}
-
-/// What the workers of one [`Workers::spawn`] share.
-pub(crate) struct Config<St> {
+/// What the workers of one [`Workers::spawn`](super::Workers::spawn) share.
+pub(crate) struct WorkerSettings<St> {
     pub(super) inbox: Inbox<St>,
     /// The store timeout, the commit predicate and the drain, as the lease guard reads them.
     pub(super) settings: Settings,
@@ -118,7 +38,7 @@ pub(crate) struct Config<St> {
 
 /// The owner of one entry's lease: the guard renews and settles through it.
 struct Attempting<St> {
-    config: Arc<Config<St>>,
+    shared: Arc<WorkerSettings<St>>,
     /// The attempts so far, written with the settlement, and how a failure settles.
     plan: Mutex<Plan>,
 }
@@ -139,15 +59,15 @@ impl<St: InboxStore> Owner for Attempting<St> {
     const WHAT: &'static str = "inbox entry";
 
     fn settings(&self) -> &Settings {
-        &self.config.settings
+        &self.shared.settings
     }
 
     fn stale(&self) -> Stale {
-        self.config.stale
+        self.shared.stale
     }
 
     async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.config.inbox.store().renew_entry(lease).await
+        self.shared.inbox.store().renew_entry(lease).await
     }
 
     async fn settle(
@@ -170,7 +90,7 @@ impl<St: InboxStore> Owner for Attempting<St> {
             settlement,
             history,
         };
-        self.config.settler.settle(settling).await
+        self.shared.settler.write(settling).await
     }
 
     fn report(lease: &Lease, action: Settle, result: &Result<(), StoreError>) {
@@ -197,15 +117,23 @@ impl<St: InboxStore> Owner for Attempting<St> {
                 lease = %lease.token(),
                 error = error as &dyn std::error::Error,
                 action = ?action,
-                "settling an inbox entry failed; it is retried in the background",
+                "settling an inbox entry failed; it is tried again",
             ),
         }
     }
 }
 
-/// Runs one taken entry through `service` and settles it.
+/// How an attempt ended.
+struct Ended {
+    result: AttemptResult,
+    /// The route was never reached: the handler did not run.
+    unreached: bool,
+}
+
+/// Runs one taken entry through `service` and settles it. Answers once the settlement landed
+/// (or was given up), so that the worker's slot is held until then.
 pub(super) async fn attempt<St, S, B, ResB>(
-    config: Arc<Config<St>>,
+    shared: Arc<WorkerSettings<St>>,
     service: S,
     taken: Taken,
     entry: Entry,
@@ -221,16 +149,17 @@ pub(super) async fn attempt<St, S, B, ResB>(
         request,
         attempt,
         crashes,
+        received_at,
         mut history,
     } = taken;
     if lease.reclaimed() {
         history.push(Attempt::new(Attempt::now_ms(), 0, AttemptResult::Crashed));
     }
-    let failure = if attempt >= config.backoff.max_attempts() {
+    let failure = if attempt >= shared.backoff.max_attempts() {
         Settlement::Dead
     } else {
         Settlement::Retry {
-            after: config.backoff.delay(attempt),
+            after: shared.backoff.delay(attempt),
         }
     };
     let key = lease.key().clone();
@@ -244,70 +173,51 @@ pub(super) async fn attempt<St, S, B, ResB>(
         result = tracing::field::Empty,
     );
     let owner = Arc::new(Attempting {
-        config,
+        shared,
         plan: Mutex::new(Plan { history, failure }),
     });
     let mut guard = LeaseGuard::claimed(owner.clone(), lease, entry);
+    guard.retry_in_place();
     let run = async move {
-        let delivery = InboxDelivery {
-            key: key.clone(),
-            attempt,
-            crashes,
-        };
         let started_ms = Attempt::now_ms();
-        let rebuilt = request.uri.parse::<Uri>().map(|uri| {
-            let mut req = Request::new(B::from(request.body.clone()));
-            *req.method_mut() = request.method.clone();
-            *req.uri_mut() = uri;
-            *req.headers_mut() = request.header_map();
-            req.extensions_mut().insert(delivery);
-            req.extensions_mut().insert(guard.handle());
-            req
-        });
-        let (result, success) = match rebuilt {
-            Ok(req) => {
+        let started = Instant::now();
+        let ended = match request.uri.parse::<Uri>() {
+            Ok(uri) => {
+                let (hand_back, report) = HandBack::new();
+                let mut req = Request::new(B::from(request.body.clone()));
+                *req.method_mut() = request.method.clone();
+                *req.uri_mut() = uri;
+                *req.headers_mut() = request.header_map();
+                let delivery = InboxDelivery::new(key.clone(), attempt, crashes, received_at);
+                req.extensions_mut().insert(delivery);
+                req.extensions_mut().insert(guard.handle());
+                req.extensions_mut().insert(hand_back.clone());
                 guard.start();
-                let started = Instant::now();
-                let call = crate::engine::run::call(service, req);
-                let mut call = std::pin::pin!(call);
-                // A handler that answers at once never needs a heartbeat: one starts only
-                // once it has to wait.
-                let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-                let ran = match first {
-                    Poll::Ready(ran) => ran,
-                    Poll::Pending => {
-                        guard.start_heartbeat();
-                        call.await
-                    }
-                };
-                let took = started.elapsed();
-                let (result, success) = match ran {
-                    Ok(Ok(res)) => {
-                        let status = res.status();
-                        let commits = owner.config.settings.commit_when.commits(status);
-                        (AttemptResult::Status(status.as_u16()), commits)
-                    }
-                    Ok(Err(error)) => (AttemptResult::Error(error.into().to_string()), false),
-                    Err(panic) => (AttemptResult::Error(panicked(&*panic)), false),
-                };
-                let took_ms = took.as_millis() as u64;
-                owner
-                    .plan()
-                    .history
-                    .push(Attempt::new(started_ms, took_ms, result.clone()));
-                (result, success)
+                let ended = through_the_app(&mut guard, service, req, &hand_back, report).await;
+                guard.handler_answered();
+                ended
             }
             Err(error) => {
                 // A stored path that no longer parses can never run: dead at once.
-                let result = AttemptResult::Error(format!("the stored path is not a URI: {error}"));
-                let mut plan = owner.plan();
-                plan.history
-                    .push(Attempt::new(started_ms, 0, result.clone()));
-                plan.failure = Settlement::Dead;
-                (result, false)
+                owner.plan().failure = Settlement::Dead;
+                Ended {
+                    result: AttemptResult::Error(format!("the stored path is not a URI: {error}")),
+                    unreached: true,
+                }
             }
         };
-        let failure = owner.plan().failure;
+        let success = match ended.result {
+            AttemptResult::Status(status) => http::StatusCode::from_u16(status)
+                .is_ok_and(|status| owner.shared.settings.commit_when.commits(status)),
+            _ => false,
+        };
+        let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let failure = {
+            let mut plan = owner.plan();
+            plan.history
+                .push(Attempt::new(started_ms, took_ms, ended.result.clone()));
+            plan.failure
+        };
         let outcome = guard
             .settle(if success {
                 Settle::Commit
@@ -322,20 +232,31 @@ pub(super) async fn attempt<St, S, B, ResB>(
             _ => "retry",
         };
         let span = tracing::Span::current();
-        if let AttemptResult::Status(status) = result {
+        if let AttemptResult::Status(status) = ended.result {
             span.record("status", status);
         }
         span.record("result", label);
         crate::metrics::inbox_attempt(key.namespace(), label);
-        match (label, &result) {
-            ("dead", _) => tracing::warn!(
+        let result = &ended.result;
+        match label {
+            _ if ended.unreached => tracing::error!(
+                namespace = key.namespace(),
+                key = key.value(),
+                attempt,
+                result = ?result,
+                next = label,
+                "an inbox delivery did not reach its route's handler: the attempt failed; check \
+                 that the workers' service is the app that serves the route, and that nothing in \
+                 front of the route answers for it",
+            ),
+            "dead" => tracing::warn!(
                 namespace = key.namespace(),
                 key = key.value(),
                 attempt,
                 result = ?result,
                 "inbox entry dead after its last attempt; it waits for a person",
             ),
-            ("retry", _) => tracing::info!(
+            "retry" => tracing::info!(
                 namespace = key.namespace(),
                 key = key.value(),
                 attempt,
@@ -348,46 +269,70 @@ pub(super) async fn attempt<St, S, B, ResB>(
     run.instrument(span).await;
 }
 
-/// What a panic said, as an attempt records it.
-fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
-    let said = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)");
-    format!("the handler panicked: {said}")
+/// Sends the request through the app and hears how the route's handler answered: its report,
+/// whatever the app made of it (an app-wide timeout's 408 while the handler still runs, say).
+/// An app that answers without reaching the route is a failed attempt that says so.
+async fn through_the_app<O, S, B, ResB>(
+    guard: &mut LeaseGuard<O>,
+    service: S,
+    req: Request<B>,
+    hand_back: &HandBack,
+    mut report: oneshot::Receiver<Report>,
+) -> Ended
+where
+    O: Owner,
+    S: Service<Request<B>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+{
+    enum Heard<T> {
+        Report(Option<Report>),
+        App(T),
+    }
+    let mut app = pin!(call(service, req));
+    let first = async {
+        tokio::select! {
+            biased;
+            report = &mut report => Heard::Report(report.ok()),
+            answered = &mut app => Heard::App(answered),
+        }
+    };
+    let report = match heartbeat(guard, pin!(first)).await {
+        Heard::Report(report) => report,
+        Heard::App(answered) => {
+            if !hand_back.close() {
+                return unreached(answered);
+            }
+            // The route runs its handler detached: the app answered without waiting for it.
+            heartbeat(guard, pin!(async { report.await.ok() })).await
+        }
+    };
+    match report {
+        Some(Report::Answered(status)) => Ended {
+            result: AttemptResult::Status(status.as_u16()),
+            unreached: false,
+        },
+        Some(Report::Failed(error)) => failed(error),
+        Some(Report::Panicked(said)) => failed(format!("the handler panicked: {said}")),
+        None => failed("the handler's run ended without an answer (its runtime shut down)".into()),
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_backoff_doubles_within_its_jitter_and_stops_at_the_cap() {
-        let backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(100), 9);
-        for attempt in 1..=6 {
-            let full = Duration::from_secs(2 << (attempt - 1)).min(Duration::from_secs(100));
-            for _ in 0..50 {
-                let delay = backoff.delay(attempt);
-                assert!(delay >= full / 2 && delay <= full, "{attempt}: {delay:?}");
-            }
-        }
-        assert!(backoff.delay(u32::MAX) <= Duration::from_secs(100));
-        let spread: std::collections::HashSet<_> = (0..20).map(|_| backoff.delay(4)).collect();
-        assert!(spread.len() > 1, "jitter spreads the delays");
-        assert_eq!(
-            Backoff::new(Duration::ZERO, Duration::ZERO, 0).max_attempts(),
-            1
-        );
+fn failed(error: String) -> Ended {
+    Ended {
+        result: AttemptResult::Error(error),
+        unreached: false,
     }
+}
 
-    #[test]
-    fn a_panic_message_is_kept() {
-        assert_eq!(panicked(&"boom"), "the handler panicked: boom");
-        assert_eq!(
-            panicked(&String::from("bang")),
-            "the handler panicked: bang"
-        );
-        assert_eq!(panicked(&7u8), "the handler panicked: (no message)");
+/// The attempt whose request never reached its route, from what the app answered instead.
+fn unreached<ResB, E: Into<BoxError>>(answered: Ran<Response<ResB>, E>) -> Ended {
+    let said = match answered {
+        Ok(Ok(res)) => format!("the app answered {}", res.status()),
+        Ok(Err(error)) => format!("the app failed: {}", error.into()),
+        Err(panic) => format!("the app panicked: {}", panic_message(&*panic)),
+    };
+    Ended {
+        result: AttemptResult::Error(format!("did not reach its inbox route: {said}")),
+        unreached: true,
     }
 }

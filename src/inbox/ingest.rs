@@ -13,13 +13,13 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::Inbox;
-use super::attempt::InboxDelivery;
 use crate::body::{RequestBody, ResponseBody};
 use crate::engine::Guarded;
 use crate::engine::drain::Entry;
+use crate::engine::handback::{HandBack, HandedBack, Reach};
 use crate::engine::mode::Mode;
 use crate::engine::observe::record;
-use crate::engine::prepare::find_key;
+use crate::engine::prepare::{find_key, verifies};
 use crate::engine::refusal::{Refusal, Rejection};
 use crate::engine::run::Ran;
 use crate::engine::settings::{Settings, shared_settings};
@@ -49,6 +49,18 @@ const DROPPED: [HeaderName; 10] = [
 /// Configured like [`IdempotencyLayer`](crate::IdempotencyLayer): the key, the scope,
 /// `verify`, the body limit (the largest delivery kept: larger ones get 413), the drain.
 ///
+/// # Verification is not optional
+///
+/// An inbox layer checks each delivery's signature (`.verify(..)`, feature `verify`), or is
+/// told in so many words that it does not ([`unverified`](Self::unverified)): building the
+/// layer panics otherwise. The inbox stores the first copy of an event and answers every
+/// later copy "duplicate". Inline, a forged delivery sent first with a real event id only
+/// delays the genuine one (the forgery's handler fails, its claim is released, and the
+/// sender's retry runs); in the inbox the forgery would be the copy that is kept, and the
+/// genuine event would be lost. Call `unverified()` for a route whose deliveries were checked
+/// already (behind a gateway that verifies), or whose sender signs nothing and is reached only
+/// from a network you trust.
+///
 /// ```
 /// # #[cfg(feature = "memory")] {
 /// use http::StatusCode;
@@ -58,6 +70,7 @@ const DROPPED: [HeaderName; 10] = [
 /// let layer = inbox
 ///     .layer()
 ///     .key(key::shopify())
+///     .unverified() // the gateway in front checked the HMAC
 ///     .body_limit(256 * 1024)
 ///     .accepted_status(StatusCode::OK) // for a sender that wants 200
 ///     .keep_header("authorization");
@@ -76,6 +89,8 @@ pub struct InboxLayer<St, K = Auto> {
 struct IngestSettings {
     accepted: StatusCode,
     dropped: Vec<HeaderName>,
+    /// Stores deliveries without checking a signature: said explicitly.
+    unverified: bool,
 }
 
 impl<St: InboxStore + Clone> InboxLayer<St> {
@@ -87,6 +102,7 @@ impl<St: InboxStore + Clone> InboxLayer<St> {
             ingest: IngestSettings {
                 accepted: StatusCode::ACCEPTED,
                 dropped: DROPPED.to_vec(),
+                unverified: false,
             },
         }
     }
@@ -104,6 +120,14 @@ impl<St, K> InboxLayer<St, K> {
             settings: self.settings,
             ingest: self.ingest,
         }
+    }
+
+    /// Stores deliveries without checking their signature: for a route behind a gateway that
+    /// verified them already, or a sender that signs nothing. Without it (or `.verify(..)`),
+    /// building the layer panics; see [why](Self#verification-is-not-optional).
+    pub fn unverified(mut self) -> Self {
+        self.ingest.unverified = true;
+        self
     }
 
     /// The status a stored delivery is answered with. Default: 202 Accepted.
@@ -176,7 +200,18 @@ where
 {
     type Service = InboxService<S, St, K>;
 
+    /// # Panics
+    ///
+    /// If the layer neither verifies signatures (`.verify(..)`) nor was told
+    /// [`unverified`](InboxLayer::unverified): see [why](InboxLayer#verification-is-not-optional).
+    #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
+        assert!(
+            self.ingest.unverified || verifies(&self.settings),
+            "an inbox layer must check signatures, `.verify(..)`, or be told `.unverified()`: \
+             without a check, a forged delivery sent first is the copy the inbox keeps, and the \
+             genuine event is answered as its duplicate"
+        );
         Guarded::new(
             inner,
             Arc::new(Ingest {
@@ -212,13 +247,23 @@ pub(crate) struct Found {
     request: Arc<StoredRequest>,
 }
 
+/// The URI the app received: before a `Router::nest` (or `nest_service`) took its prefix off,
+/// as axum records it; the request's own URI without a router that records one.
+fn received_uri(parts: &Parts) -> &http::Uri {
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::OriginalUri(uri)) = parts.extensions.get() {
+        return uri;
+    }
+    &parts.uri
+}
+
 impl<St, K> Ingest<St, K> {
     /// The request as the inbox keeps it.
     fn stored(&self, parts: &Parts, body: Bytes) -> StoredRequest {
-        let uri = parts
-            .uri
+        let uri = received_uri(parts);
+        let uri = uri
             .path_and_query()
-            .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
+            .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned());
         let headers = parts
             .headers
             .iter()
@@ -233,7 +278,7 @@ impl<S, St, K, B, ResB> Mode<S, B, ResB> for Ingest<St, K>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S::Error: fmt::Display + Send + 'static,
     St: InboxStore + Clone,
     K: ExtractKey,
     B: Body + Send + 'static,
@@ -247,8 +292,19 @@ where
         &self.settings
     }
 
-    fn bypass(&self, parts: &Parts) -> bool {
-        parts.extensions.get::<InboxDelivery>().is_some()
+    /// A worker's request reached its route: the handler runs, detached, and its answer goes
+    /// back to the worker.
+    fn handed_back(&self, hand_back: &HandBack) -> HandedBack {
+        match hand_back.reach() {
+            Reach::Run(reporter) => HandedBack::Run(reporter),
+            // An inbox layer inside another's route: the outer one runs it.
+            Reach::Reached => HandedBack::PassThrough,
+            Reach::Closed => HandedBack::Refuse,
+        }
+    }
+
+    fn describe_error(error: &S::Error) -> String {
+        error.to_string()
     }
 
     fn reads_body(&self, _parts: &Parts) -> bool {

@@ -9,12 +9,20 @@
 //!
 //! [`Workers`] take due entries under a lease with a fencing token and a heartbeat (the same
 //! lease guard as inline mode's claims), rebuild each request from the stored bytes and send
-//! it through the service you give them, usually the whole app. When it reaches the route
-//! behind the inbox layer, the layer hands it straight to the route's handler, so a handler
-//! moves between inline and inbox mode unchanged: its extractors see the original headers and
-//! body. A 2xx settles the entry done; another status, an `Err` or a panic queues it again
+//! it through the service you give them, usually the whole app, so that routing, path
+//! parameters and extractors work as they did for the sender. When it reaches the route
+//! behind the inbox layer, the layer runs the route's handler in a task of its own and hands
+//! its answer straight back to the worker: a handler moves between inline and inbox mode
+//! unchanged, and **the handler's own answer settles the entry**, whatever the app around the
+//! route does (an app-wide timeout that gives up half way, another layer that answers by
+//! itself). A 2xx settles the entry done; another status, an `Err` or a panic queues it again
 //! after an exponential [`Backoff`] with jitter; after the last attempt it is dead, kept for
-//! a person (the `admin` module, feature `admin`, lists, retries and discards entries).
+//! a person (the `admin` module, feature `admin`, lists, retries and discards entries). A
+//! request the app answers without reaching its route (a 404, a fallback's 200, an auth
+//! layer's 401) is a failed attempt that says so, never done.
+//!
+//! An inbox layer checks signatures (`.verify(..)`) or is told
+//! [`unverified`](InboxLayer::unverified); see [why](InboxLayer#verification-is-not-optional).
 //!
 //! ```
 //! # #[cfg(all(feature = "memory", feature = "axum"))] {
@@ -38,7 +46,7 @@
 //!         counted.fetch_add(1, Ordering::SeqCst); // the slow work goes here
 //!         StatusCode::NO_CONTENT
 //!     })
-//!     .layer(inbox.layer().key(key::github())),
+//!     .layer(inbox.layer().key(key::github()).unverified()),
 //! );
 //! // Workers send the stored deliveries through the same app.
 //! let workers = inbox.workers(app.clone()).spawn();
@@ -93,11 +101,25 @@
 //! and the credentials (`Authorization`, `Cookie`); see [`InboxLayer::keep_header`] and
 //! [`InboxLayer::drop_header`]. Request extensions (a `ConnectInfo`, say) are not kept.
 //!
+//! The path kept is the one the app received: with axum, before a `Router::nest` (or
+//! `nest_service`) took its prefix off, so that the worker's request, sent through the whole
+//! app, finds the nested route again.
+//!
 //! A worker's request goes through everything the app puts in front of the route, as a
-//! sender's does: a middleware outside the inbox layer that checks credentials sees the stored
-//! request, without its `Authorization`. Webhook routes are authenticated by their signature
+//! sender's does. The guards of this crate in front of it (an app-wide
+//! [`IdempotencyLayer`](crate::IdempotencyLayer), say) let it through: the inbox already
+//! decided who runs the event. A middleware that checks credentials sees the stored request,
+//! without its `Authorization`: webhook routes are authenticated by their signature
 //! (`verify`, which the inbox layer runs before it stores, and skips for a worker's request);
-//! put any other check inside the inbox layer, or keep the header it needs.
+//! keep the header the middleware needs ([`InboxLayer::keep_header`]), or let requests that
+//! carry an [`InboxDelivery`] in their extensions through (nothing a client sends can put one
+//! there).
+//!
+//! # What the handler is told
+//!
+//! The request carries an [`InboxDelivery`]: the event's key, the attempt, the crashes before
+//! it, and when the event was received. A handler that checks the sender's timestamp itself
+//! fails attempts made long after the delivery arrived; see [`InboxDelivery`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -107,11 +129,14 @@ use tokio::sync::Notify;
 use crate::store::inbox::InboxStore;
 
 mod attempt;
+mod backoff;
+mod delivery;
 mod ingest;
 mod settle;
 mod worker;
 
-pub use attempt::{Backoff, InboxDelivery};
+pub use backoff::Backoff;
+pub use delivery::InboxDelivery;
 pub use ingest::{InboxLayer, InboxService, Ingest};
 pub use worker::{WorkerHandle, Workers};
 

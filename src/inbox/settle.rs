@@ -1,78 +1,39 @@
-//! Settlements go to the store in batches: those that arrive while the store's previous
-//! batch is in flight go together in the next one. There is no timer: a lone settlement is
-//! sent at once and never waits for company.
+//! Settlements go to the store in batches, through the group commit the SQL stores use for
+//! their claims ([`Batcher`]): those that arrive while the previous batch is in flight go
+//! together in the next one. There is no timer: a lone settlement is sent at once and never
+//! waits for company. A batch the store does not answer within the store timeout no longer
+//! holds the others back.
 
-use tokio::sync::{mpsc, oneshot};
+use std::time::Duration;
 
-use crate::store::StoreError;
+use crate::store::batch::{Batcher, DEFAULT_MOST, Shape};
 use crate::store::inbox::{InboxStore, Settling};
 
-type Reply = oneshot::Sender<Result<(), StoreError>>;
+/// Writes the settlements of one set of workers; cheap to share.
+pub(super) type Settler = Batcher<Settling, ()>;
 
-/// The most settlements in one store call.
-const MOST: usize = 128;
-
-/// Hands settlements to the task that writes them; cheap to share.
-pub(super) struct Settler {
-    queue: mpsc::UnboundedSender<(Settling, Reply)>,
-}
-
-impl Settler {
-    /// A settler writing to `store`, its task spawned on the current runtime. The task ends
-    /// once the settler is dropped and its queue is written.
-    pub(super) fn spawn<St: InboxStore + Clone>(store: St) -> Self {
-        let (queue, waiting) = mpsc::unbounded_channel();
-        tokio::spawn(write(store, waiting));
-        Self { queue }
-    }
-
-    /// Settles one entry, in whichever batch it meets.
-    pub(super) async fn settle(&self, settling: Settling) -> Result<(), StoreError> {
-        let (reply, answer) = oneshot::channel();
-        if self.queue.send((settling, reply)).is_err() {
-            return Err(StoreError::backend("the inbox's settler stopped"));
-        }
-        answer
-            .await
-            .unwrap_or_else(|_| Err(StoreError::backend("the inbox's settler stopped")))
-    }
-}
-
-async fn write<St: InboxStore>(store: St, mut waiting: mpsc::UnboundedReceiver<(Settling, Reply)>) {
-    let mut batch = Vec::with_capacity(MOST);
-    let mut replies = Vec::with_capacity(MOST);
-    while let Some((settling, reply)) = waiting.recv().await {
-        batch.push(settling);
-        replies.push(reply);
-        while batch.len() < MOST {
-            let Ok((settling, reply)) = waiting.try_recv() else {
-                break;
-            };
-            batch.push(settling);
-            replies.push(reply);
-        }
-        let results = store.settle_many(&batch).await;
-        let mut results = results.into_iter();
-        for reply in replies.drain(..) {
-            let result = results.next().unwrap_or_else(|| {
-                Err(StoreError::backend(
-                    "the store answered fewer settlements than asked",
-                ))
-            });
-            let _ = reply.send(result);
-        }
-        batch.clear();
-    }
+/// A settler writing to `store`, one batch in flight at a time, each holding the others back
+/// for `stall` at most.
+pub(super) fn settler<St: InboxStore + Clone>(store: St, stall: Duration) -> Settler {
+    Batcher::new(
+        Shape::new(DEFAULT_MOST, 1).stall(stall),
+        move |batch: Vec<Settling>| {
+            let store = store.clone();
+            async move { store.settle_many(&batch).await }
+        },
+    )
 }
 
 #[cfg(all(test, feature = "memory"))]
 mod tests {
-    use std::time::Duration;
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
     use crate::IdempotencyKey;
-    use crate::store::MemoryStore;
     use crate::store::inbox::{EntryState, Settlement, StoredRequest, Take};
+    use crate::store::{MemoryStore, StoreError};
 
     #[tokio::test]
     async fn settlements_land_each_with_its_own_answer() {
@@ -82,12 +43,8 @@ mod tests {
             let key = IdempotencyKey::new("ns", format!("e{n}")).unwrap();
             store.enqueue(&key, &request).await.unwrap();
         }
-        let take = Take {
-            limit: 100,
-            ..Take::default()
-        };
-        let taken = store.take(&take).await.unwrap();
-        let settler = std::sync::Arc::new(Settler::spawn(store.clone()));
+        let taken = store.take(&Take::up_to(100)).await.unwrap();
+        let settler = settler(store.clone(), Duration::from_secs(5));
         let tasks: Vec<_> = taken
             .iter()
             .enumerate()
@@ -105,7 +62,7 @@ mod tests {
                     settlement,
                     history: Vec::new(),
                 };
-                tokio::spawn(async move { settler.settle(settling).await })
+                tokio::spawn(async move { settler.write(settling).await })
             })
             .collect();
         for task in tasks {
@@ -118,12 +75,75 @@ mod tests {
             history: Vec::new(),
         };
         assert!(matches!(
-            settler.settle(again).await,
+            settler.write(again).await,
             Err(StoreError::LeaseLost)
         ));
         let stats = store.inbox_stats(None).await.unwrap();
         assert_eq!((stats.queued, stats.running), (20, 0));
         let done = store.entries(None, &[EntryState::Done], 100).await.unwrap();
         assert_eq!(done.len(), 20);
+    }
+
+    type Settled = std::pin::Pin<Box<dyn Future<Output = Vec<Result<(), StoreError>>> + Send>>;
+
+    /// A store whose next batch of settlements hangs until released.
+    #[derive(Clone)]
+    struct Hangs {
+        store: MemoryStore,
+        hang: Arc<AtomicBool>,
+    }
+
+    impl Hangs {
+        fn settle_many(&self, batch: Vec<Settling>) -> Settled {
+            let (store, hang) = (self.store.clone(), self.hang.swap(false, Ordering::SeqCst));
+            Box::pin(async move {
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                store.settle_many(&batch).await
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_hangs_does_not_hold_the_others_back() {
+        let store = MemoryStore::new();
+        let request = StoredRequest::new(http::Method::POST, "/", Vec::new(), "{}".into());
+        for n in 0..3 {
+            let key = IdempotencyKey::new("ns", format!("e{n}")).unwrap();
+            store.enqueue(&key, &request).await.unwrap();
+        }
+        let taken = store.take(&Take::up_to(3)).await.unwrap();
+        let hangs = Hangs {
+            store: store.clone(),
+            hang: Arc::new(AtomicBool::new(true)),
+        };
+        let settler: Settler = Batcher::new(
+            Shape::new(DEFAULT_MOST, 1).stall(Duration::from_millis(50)),
+            move |batch| hangs.settle_many(batch),
+        );
+        let settle = |n: usize| {
+            let settler = settler.clone();
+            let settling = Settling {
+                lease: taken[n].lease.clone(),
+                settlement: Settlement::Done,
+                history: Vec::new(),
+            };
+            tokio::spawn(async move { settler.write(settling).await })
+        };
+        // The first settlement's statement hangs (a connection that stopped answering).
+        let hung = settle(0);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let others = [settle(1), settle(2)];
+        for other in others {
+            tokio::time::timeout(Duration::from_secs(5), other)
+                .await
+                .expect("the settlements behind a hung one land")
+                .unwrap()
+                .unwrap();
+        }
+        assert!(!hung.is_finished(), "the hung one is still waiting");
+        let done = store.entries(None, &[EntryState::Done], 10).await.unwrap();
+        assert_eq!(done.len(), 2);
     }
 }

@@ -50,7 +50,7 @@ fn app(
             runs.fetch_add(1, Ordering::SeqCst);
             answer(&body)
         })
-        .layer(inbox.layer().key(key::header("x-event-id"))),
+        .layer(inbox.layer().unverified().key(key::header("x-event-id"))),
     )
 }
 
@@ -147,8 +147,13 @@ async fn bad_input_is_refused_and_nothing_is_stored() {
     let runs = Arc::new(AtomicUsize::new(0));
     let app = Router::new().route(
         "/hooks",
-        post(|| async { StatusCode::OK })
-            .layer(inbox.layer().key(key::header("x-event-id")).body_limit(8)),
+        post(|| async { StatusCode::OK }).layer(
+            inbox
+                .layer()
+                .unverified()
+                .key(key::header("x-event-id"))
+                .body_limit(8),
+        ),
     );
     let big = app
         .clone()
@@ -182,7 +187,13 @@ async fn draining_refuses_deliveries_and_stops_the_workers_after_their_runs() {
             counted.fetch_add(1, Ordering::SeqCst);
             StatusCode::OK
         })
-        .layer(inbox.layer().key(key::header("x-event-id")).drain(&drain)),
+        .layer(
+            inbox
+                .layer()
+                .unverified()
+                .key(key::header("x-event-id"))
+                .drain(&drain),
+        ),
     );
     app.clone().oneshot(delivery("slow", "slow")).await.unwrap();
     let workers = inbox.workers(app.clone()).drain(&drain).spawn();
@@ -255,13 +266,27 @@ impl InboxStore for Down {
     ) -> Result<Option<StoredRequest>, StoreError> {
         down()
     }
-    async fn retry_now(&self, _: &IdempotencyKey) -> Result<bool, StoreError> {
+    async fn start(&self, _: &[crate::store::Lease]) -> Result<Vec<bool>, StoreError> {
+        down()
+    }
+    async fn give_back(&self, _: &[crate::store::LeaseToken]) -> Result<u64, StoreError> {
+        down()
+    }
+    async fn retry_now(
+        &self,
+        _: &IdempotencyKey,
+        _: crate::store::inbox::Running,
+    ) -> Result<bool, StoreError> {
         down()
     }
     async fn retry_dead(&self, _: &str) -> Result<u64, StoreError> {
         down()
     }
-    async fn discard(&self, _: &IdempotencyKey) -> Result<bool, StoreError> {
+    async fn discard(
+        &self,
+        _: &IdempotencyKey,
+        _: crate::store::inbox::Running,
+    ) -> Result<bool, StoreError> {
         down()
     }
     async fn inbox_stats(
@@ -291,7 +316,7 @@ async fn a_store_that_fails_gets_503_and_the_handler_never_runs() {
             counted.fetch_add(1, Ordering::SeqCst);
             StatusCode::OK
         })
-        .layer(inbox.layer().key(key::header("x-event-id"))),
+        .layer(inbox.layer().unverified().key(key::header("x-event-id"))),
     );
     let res = app.clone().oneshot(delivery("e1", "{}")).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -352,13 +377,15 @@ async fn stalled_and_malformed_bodies_store_nothing() {
             post(|| async { StatusCode::OK }).layer(
                 inbox
                     .layer()
+                    .unverified()
                     .key(key::header("x-event-id"))
                     .body_timeout(Duration::from_millis(50)),
             ),
         )
         .route(
             "/json",
-            post(|| async { StatusCode::OK }).layer(inbox.layer().key(key::json("/id"))),
+            post(|| async { StatusCode::OK })
+                .layer(inbox.layer().unverified().key(key::json("/id"))),
         );
     let stalled = Request::post("/hooks")
         .header("x-event-id", "stalled")

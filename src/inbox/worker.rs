@@ -13,13 +13,15 @@ use tokio::task::JoinHandle;
 use tower_service::Service;
 
 use super::Inbox;
-use super::attempt::{Backoff, Config, attempt};
-use super::settle::Settler;
-use crate::Drain;
+use super::attempt::{WorkerSettings, attempt};
+use super::backoff::Backoff;
+use super::settle::settler;
 use crate::body::BoxError;
+use crate::engine::Drain;
+use crate::engine::run::acquire;
 use crate::engine::settings::Settings;
-use crate::store::inbox::{InboxStore, Settlement, Take, Taken};
-use crate::store::{DEFAULT_RETENTION, Stale};
+use crate::store::inbox::{InboxStore, Take, Taken};
+use crate::store::{DEFAULT_RETENTION, Lease, LeaseToken, Stale, StoreError};
 
 /// Runs an [`Inbox`]'s entries through a service: any number of these, on any number of
 /// instances, share the work, and each entry runs on one of them at a time. Made by
@@ -154,6 +156,10 @@ impl<St, S> Workers<St, S> {
 
 /// Running [`Workers`]: [`stop`](Self::stop) them to shut down cleanly. Dropping the handle
 /// leaves them running, detached, until the runtime ends or their drain closes.
+///
+/// [`stop`](Self::stop) returns once every entry the workers took has settled: its
+/// settlement landed in the store (a failed one is tried again first, with the entry's lease
+/// renewed meanwhile), or it was given up after its retries and its entry turns stale.
 #[derive(Debug)]
 pub struct WorkerHandle {
     stop: Arc<Notify>,
@@ -161,7 +167,8 @@ pub struct WorkerHandle {
 }
 
 impl WorkerHandle {
-    /// Stops taking entries and waits for the running ones to finish and settle.
+    /// Stops taking entries and waits for the running ones to finish and their settlements to
+    /// land.
     pub async fn stop(self) {
         self.stop.notify_one();
         let _ = self.task.await;
@@ -217,12 +224,13 @@ where
         stats_every,
     } = workers;
     let drain = settings.drain.clone();
-    let config = Arc::new(Config {
+    let store_timeout = settings.store_timeout;
+    let shared = Arc::new(WorkerSettings {
         inbox: inbox.clone(),
         settings,
         stale,
         backoff,
-        settler: Settler::spawn(inbox.store().clone()),
+        settler: settler(inbox.store().clone(), store_timeout),
     });
     let store = inbox.store().clone();
     let wake = inbox.wake().clone();
@@ -238,11 +246,6 @@ where
         keep_entries,
     ));
     let slots = Arc::new(Semaphore::new(concurrency));
-    let take = Take {
-        limit: batch,
-        stale,
-        max_attempts: backoff.max_attempts(),
-    };
     let stopping = stop.notified();
     tokio::pin!(stopping);
     loop {
@@ -259,22 +262,38 @@ where
         tokio::pin!(woken);
         woken.as_mut().enable();
         let limit = (slots.available_permits() + 1).min(batch);
-        let taken = tokio::time::timeout(
-            config.settings.store_timeout,
-            store.take(&Take { limit, ..take }),
+        let take = Take {
+            stale,
+            max_attempts: backoff.max_attempts(),
+            ..Take::up_to(limit)
+        };
+        let taken = match acquire(
+            take_and_start(store.clone(), take, store_timeout),
+            store_timeout,
+            "take",
         )
-        .await;
-        let taken = match taken {
-            Ok(Ok(taken)) => taken,
-            Ok(Err(error)) => {
+        .await
+        {
+            Ok(mut leased) => match std::mem::replace(&mut leased.answer, Ok(Vec::new())) {
+                Ok(taken) => {
+                    // Each entry is run, or given back below: nothing for the drop to do.
+                    leased.tokens.clear();
+                    taken
+                }
+                Err(error) => {
+                    tracing::error!(
+                        error = &error as &dyn std::error::Error,
+                        "the inbox's workers could not take entries; trying again",
+                    );
+                    Vec::new()
+                }
+            },
+            Err(error) => {
                 tracing::error!(
                     error = &error as &dyn std::error::Error,
-                    "the inbox's workers could not take entries; trying again",
+                    "the inbox did not answer a take within the store timeout; whatever it \
+                     leases when it answers is given back",
                 );
-                Vec::new()
-            }
-            Err(_) => {
-                tracing::error!("the inbox did not answer a take within the store timeout");
                 Vec::new()
             }
         };
@@ -288,7 +307,12 @@ where
             continue;
         }
         let mut permit = Some(first);
+        let mut unrun = Vec::new();
         for entry in taken {
+            let Some(tracked) = drain.enter() else {
+                unrun.push(entry.lease.token());
+                continue;
+            };
             let slot = match permit.take() {
                 Some(slot) => slot,
                 None => slots
@@ -296,33 +320,99 @@ where
                     .try_acquire_owned()
                     .expect("took no more than the free slots"),
             };
-            let Some(tracked) = drain.enter() else {
-                give_back(&store, entry).await;
-                continue;
-            };
-            let config = config.clone();
+            let shared = shared.clone();
             let service = service.clone();
             tokio::spawn(async move {
-                attempt(config, service, entry, tracked).await;
+                attempt(shared, service, entry, tracked).await;
                 drop(slot);
             });
+        }
+        if !unrun.is_empty() {
+            give_back(&store, &unrun, store_timeout).await;
         }
     }
     watch.abort();
     upkeep.abort();
-    // Every slot back: the running entries finished and settled.
+    // Every slot back: the running entries finished and their settlements landed.
     let _ = slots.acquire_many(concurrency as u32).await;
 }
 
-/// An entry taken as the drain closed goes back, due now, its attempt not counted.
-async fn give_back<St: InboxStore>(store: &St, entry: Taken) {
-    if let Err(error) = store.settle(&entry.lease, &Settlement::GiveBack, &[]).await {
-        tracing::warn!(
-            key = entry.lease.key().value(),
-            error = &error as &dyn std::error::Error,
-            "an inbox entry taken while draining could not be given back; it waits for the \
-             stale limit",
+/// The entries of one take, given back by their tokens when dropped unless the worker runs
+/// them: a take (or its start) that failed, or whose answer arrived after the worker stopped
+/// waiting for it, leaves nothing leased to nobody.
+struct Leased<St: InboxStore + Clone> {
+    store: St,
+    /// The take's tokens, until the worker runs what it took.
+    tokens: Vec<LeaseToken>,
+    timeout: Duration,
+    /// The entries taken and started, or why none were.
+    answer: Result<Vec<Taken>, StoreError>,
+}
+
+impl<St: InboxStore + Clone> Drop for Leased<St> {
+    fn drop(&mut self) {
+        if self.tokens.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // taken again once stale, not counted: none of them started
+        };
+        let (store, tokens, timeout) = (
+            self.store.clone(),
+            std::mem::take(&mut self.tokens),
+            self.timeout,
         );
+        runtime.spawn(async move { give_back(&store, &tokens, timeout).await });
+    }
+}
+
+/// Takes entries, then records that their handlers start: the entries the worker may run.
+async fn take_and_start<St: InboxStore + Clone>(
+    store: St,
+    take: Take,
+    timeout: Duration,
+) -> Result<Leased<St>, StoreError> {
+    let mut leased = Leased {
+        store: store.clone(),
+        tokens: take.tokens.clone(),
+        timeout,
+        answer: Ok(Vec::new()),
+    };
+    let taken = match store.take(&take).await {
+        Ok(taken) if taken.is_empty() => {
+            leased.tokens.clear();
+            return Ok(leased);
+        }
+        Ok(taken) => taken,
+        Err(error) => {
+            leased.answer = Err(error);
+            return Ok(leased);
+        }
+    };
+    let leases: Vec<Lease> = taken.iter().map(|entry| entry.lease.clone()).collect();
+    leased.answer = store.start(&leases).await.map(|held| {
+        taken
+            .into_iter()
+            .zip(held)
+            .filter_map(|(entry, held)| held.then_some(entry))
+            .collect()
+    });
+    Ok(leased)
+}
+
+/// Gives back the entries leased under `tokens`, due now, their attempts not counted.
+async fn give_back<St: InboxStore>(store: &St, tokens: &[LeaseToken], timeout: Duration) {
+    match tokio::time::timeout(timeout, store.give_back(tokens)).await {
+        Ok(Ok(given)) => tracing::debug!(given, "inbox entries given back, none of them run"),
+        Ok(Err(error)) => tracing::warn!(
+            error = &error as &dyn std::error::Error,
+            "inbox entries that were taken but not run could not be given back; they are taken \
+             again once their lease is stale, not counted as crashes",
+        ),
+        Err(_) => tracing::warn!(
+            "the inbox did not answer a give-back within the store timeout; entries taken but \
+             not run are taken again once their lease is stale, not counted as crashes",
+        ),
     }
 }
 

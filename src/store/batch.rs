@@ -15,7 +15,9 @@
 //! two writes on one key in one batch: the second waits for the next, keeping its place.
 //!
 //! A batch that fails fails its own writes alone, each with the error: the next batch is sent
-//! as if nothing happened. A write whose caller stopped waiting before its batch left is not
+//! as if nothing happened. A batch the database does not answer within [`Shape::stall`] (a
+//! connection that stopped answering) no longer holds its lane: the writes that wait go on in
+//! the next batch, and the stalled one answers its own writes whenever it ends. A write whose caller stopped waiting before its batch left is not
 //! sent. Waiting writes are bounded too: past [`Shape::waiting`] of them, a write fails at
 //! once, [never sent](NotSent), and is answered 503 as when the pool has no connection.
 
@@ -23,6 +25,8 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -35,6 +39,10 @@ pub(crate) const BATCH_TARGET: &str = "tower_idempotency::store::batch";
 
 /// The most writes one batch carries unless a store is told otherwise.
 pub(crate) const DEFAULT_MOST: usize = 128;
+
+/// How long a batch in flight holds its lane unless a store is told otherwise: the layers'
+/// default store timeout.
+pub(crate) const DEFAULT_STALL: Duration = Duration::from_secs(5);
 
 /// The most a `max_batch` can be: a batch statement binds a few parameters a write, and the
 /// servers take at most 65,535 in one statement.
@@ -64,6 +72,9 @@ pub(crate) struct Shape {
     pub(crate) same_key: bool,
     /// The most writes that wait for a lane; more fail at once.
     pub(crate) waiting: usize,
+    /// How long a batch in flight holds its lane: past it, the lane sends what waits, and the
+    /// stalled batch answers its writes whenever the database does.
+    pub(crate) stall: Duration,
 }
 
 impl Shape {
@@ -78,7 +89,13 @@ impl Shape {
             lanes: if most == 1 { usize::MAX } else { lanes.max(1) },
             same_key: false,
             waiting: most * 16,
+            stall: DEFAULT_STALL,
         }
+    }
+
+    /// A batch in flight holds its lane for `stall` at most.
+    pub(crate) fn stall(self, stall: Duration) -> Self {
+        Self { stall, ..self }
     }
 
     /// One batch may carry several writes on one key: the statement answers each.
@@ -151,6 +168,10 @@ where
     }
 
     /// The most writes a batch carries.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fn most(&self) -> usize {
         self.shared.shape.most
     }
@@ -191,11 +212,23 @@ where
 
     /// Sends `op` alone on the lane it took.
     async fn lead(&self, op: Op) -> Result<Out, StoreError> {
-        // Whatever arrives meanwhile is sent once this write is answered, or if this
-        // delivery goes away first.
-        let _next = HandOff(self.shared.clone());
+        // Whatever arrives meanwhile is sent once this write is answered, if this delivery
+        // goes away first, or once the write stalls.
+        let mut next = Some(HandOff(self.shared.clone()));
         tracing::trace!(target: BATCH_TARGET, writes = 1, "a batch of writes");
-        let mut answers = (self.shared.run)(vec![op]).await;
+        let mut run = (self.shared.run)(vec![op]);
+        let stalled = match within(&mut run, self.shared.shape.stall).await {
+            Some(answers) => Some(answers),
+            None => {
+                stalled(1);
+                drop(next.take());
+                None
+            }
+        };
+        let mut answers = match stalled {
+            Some(answers) => answers,
+            None => run.await,
+        };
         answers.pop().unwrap_or_else(|| Err(short()))
     }
 }
@@ -329,15 +362,41 @@ async fn flush<Op: Keyed + Send + 'static, Out: Send + 'static>(
 ) {
     while let Some(batch) = shared.next_batch() {
         tracing::trace!(target: BATCH_TARGET, writes = batch.len(), "a batch of writes");
+        let n = batch.len();
         let (ops, replies): (Vec<Op>, Vec<Reply<Out>>) = batch.into_iter().unzip();
-        let answers = (shared.run)(ops).await;
-        let mut answers = answers.into_iter();
-        for reply in replies {
-            let _ = reply.send(answers.next().unwrap_or_else(|| Err(short())));
+        let answers = (shared.run)(ops);
+        let mut sending = Box::pin(async move {
+            let mut answers = answers.await.into_iter();
+            for reply in replies {
+                let _ = reply.send(answers.next().unwrap_or_else(|| Err(short())));
+            }
+        });
+        if within(&mut sending, shared.shape.stall).await.is_none() {
+            // The lane goes on; the stalled batch answers its writes when it ends.
+            stalled(n);
+            tokio::spawn(sending);
         }
     }
     // `next_batch` gave the lane back.
     lane.0 = None;
+}
+
+/// `future`'s output if it is ready within `stall`; a future ready at once costs no timer.
+async fn within<F: Future + Unpin>(future: &mut F, stall: Duration) -> Option<F::Output> {
+    let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *future).poll(cx))).await;
+    match first {
+        Poll::Ready(output) => Some(output),
+        Poll::Pending => tokio::time::timeout(stall, future).await.ok(),
+    }
+}
+
+fn stalled(writes: usize) {
+    tracing::warn!(
+        target: BATCH_TARGET,
+        writes,
+        "a batch of writes has not been answered within its bound; the writes waiting behind \
+         it go on without it, and it answers its own when the database does",
+    );
 }
 
 /// A lane held by a flushing task: given back if the task is dropped before it ends (its
@@ -353,6 +412,10 @@ impl<Op, Out> Drop for Lane<Op, Out> {
 }
 
 /// Each of `n` writes fails with `error`, the one error of their batch.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn all_fail<Out>(
     error: impl std::error::Error + Send + Sync + 'static,
     n: usize,
@@ -365,8 +428,16 @@ pub(crate) fn all_fail<Out>(
 
 /// The error of a batch, as each of its writes reports it.
 #[derive(Debug)]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) struct BatchFailed(Arc<dyn std::error::Error + Send + Sync>);
 
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    allow(dead_code)
+)]
 impl BatchFailed {
     /// The batch's own error.
     pub(crate) fn cause(&self) -> &(dyn std::error::Error + 'static) {

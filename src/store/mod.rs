@@ -122,8 +122,7 @@
     feature = "redis"
 ))]
 pub mod any;
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-mod batch;
+pub(crate) mod batch;
 mod claim;
 mod contract;
 mod error;

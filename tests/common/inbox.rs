@@ -3,15 +3,15 @@
 use std::time::Duration;
 
 use tower_idempotency::Stale;
-use tower_idempotency::store::inbox::{EntryState, InboxStore, Settlement, Take};
+use tower_idempotency::store::inbox::{EntryState, InboxStore, Running, Settlement, Take};
 
 /// Empties an inbox of what an earlier run left, running entries included. Only for an inbox
 /// no worker uses: it takes every entry over.
 pub async fn emptied<St: InboxStore>(store: &St) {
     let everything = Take {
-        limit: 1000,
         stale: Stale::reclaim_after(Duration::ZERO),
         max_attempts: u32::MAX,
+        ..Take::up_to(1000)
     };
     loop {
         let taken = store.take(&everything).await.unwrap();
@@ -30,7 +30,7 @@ pub async fn emptied<St: InboxStore>(store: &St) {
         .await
         .unwrap()
     {
-        let _ = store.discard(&entry.key).await;
+        let _ = store.discard(&entry.key, Running::Force).await;
     }
     store
         .purge_inbox(Duration::ZERO, Duration::ZERO, 1_000_000)
@@ -89,6 +89,8 @@ pub async fn an_entry_runs<St: InboxStore>(store: &St, key: &tower_idempotency::
     let taken = store.take(&Take::default()).await.unwrap();
     assert_eq!(taken.len(), 1);
     assert_eq!(taken[0].request, request);
+    let started = store.start(&[taken[0].lease.clone()]).await.unwrap();
+    assert_eq!(started, [true]);
     store
         .settle(&taken[0].lease, &Settlement::Done, &[])
         .await

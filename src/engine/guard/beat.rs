@@ -92,13 +92,14 @@ pub(crate) async fn bounded(
 }
 
 /// Tries a settlement that failed again, with backoff, up to [`RETRIES`] more times or until
-/// the store answers something other than a failure, and says how it went.
+/// the store answers something other than a failure, says how it went, and answers the last
+/// result.
 pub(super) async fn retried<O: Owner>(
     owner: &O,
     lease: &O::Lease,
     action: Settle,
     receipt: Option<&Receipt>,
-) {
+) -> Result<(), StoreError> {
     let timeout = owner.settings().store_timeout;
     let mut delay = FIRST_RETRY;
     for attempt in 1..=RETRIES {
@@ -119,7 +120,7 @@ pub(super) async fn retried<O: Owner>(
                 O::WHAT,
             );
             O::report(lease, action, &result);
-            return;
+            return result;
         }
     }
     tracing::error!(
@@ -131,6 +132,10 @@ pub(super) async fn retried<O: Owner>(
          limit from its last heartbeat, and the stale policy decides",
         O::WHAT,
     );
+    Err(StoreError::backend(format!(
+        "gave up settling the {} after {RETRIES} more attempts",
+        O::WHAT
+    )))
 }
 
 pub(super) fn left_for_hold<L: Leased>(lease: &L, what: &str, why: &str) {

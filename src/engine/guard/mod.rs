@@ -273,6 +273,8 @@ pub(crate) struct LeaseGuard<O: Owner> {
     beating: bool,
     /// What a commit keeps for the key's duplicates: the request's fingerprint, the response.
     receipt: Option<Arc<Receipt>>,
+    /// Whether a failed settlement is retried in place rather than in a task of its own.
+    in_place: bool,
 }
 
 impl<O: Owner> LeaseGuard<O> {
@@ -290,6 +292,7 @@ impl<O: Owner> LeaseGuard<O> {
             entry: Some(entry),
             beating: false,
             receipt: None,
+            in_place: false,
         }
     }
 
@@ -383,6 +386,13 @@ impl<O: Owner> LeaseGuard<O> {
             match (result, runtime) {
                 (Err(StoreError::Backend(_)), Ok(runtime)) => {
                     self.state.set_stage(Stage::Retrying);
+                    // The claim stays ours while the store recovers, however quickly the
+                    // handler answered.
+                    self.start_heartbeat();
+                    if self.in_place {
+                        let landed = self.retry(action).await;
+                        return action.outcome_of(&landed);
+                    }
                     runtime.spawn(self.retry(action));
                 }
                 // Settled, fenced off, or (without a runtime) left for the stale path; logged.
@@ -415,11 +425,19 @@ impl<O: Owner> LeaseGuard<O> {
 
     /// Tries a failed commit or release again with backoff, the heartbeat going on. Both
     /// are fenced, so a late attempt cannot touch a claim someone else holds by now.
-    async fn retry(mut self, action: Settle) {
+    async fn retry(mut self, action: Settle) -> Result<(), StoreError> {
         // The heartbeat goes on meanwhile: the claim stays ours while the store recovers.
         let receipt = self.receipt.take();
-        retried(&*self.owner, self.lease(), action, receipt.as_deref()).await;
+        let landed = retried(&*self.owner, self.lease(), action, receipt.as_deref()).await;
         self.finish();
+        landed
+    }
+
+    /// A settlement that fails is tried again where it is, and [`settle`](Self::settle)
+    /// answers once it landed (or was given up): for a caller that must not move on before,
+    /// an inbox worker whose stop waits for every settlement.
+    pub(crate) fn retry_in_place(&mut self) {
+        self.in_place = true;
     }
 
     fn finish(&mut self) {
@@ -482,7 +500,7 @@ impl<O: Owner> Drop for LeaseGuard<O> {
             // fails, it is tried again as a settlement is. The drain still counts it.
             if matches!(result, Err(StoreError::Backend(_))) {
                 state.set_stage(Stage::Retrying);
-                retried(&*owner, state.lease(), action, receipt.as_deref()).await;
+                let _ = retried(&*owner, state.lease(), action, receipt.as_deref()).await;
             }
             state.finish();
             drop(entry);

@@ -17,10 +17,10 @@ use std::time::Duration;
 use super::AnyStore;
 use crate::key::IdempotencyKey;
 use crate::store::inbox::{
-    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement, Settling,
-    StoredRequest, Take, Taken, Wake,
+    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Running, Settlement,
+    Settling, StoredRequest, Take, Taken, Wake,
 };
-use crate::store::{Lease, StoreError};
+use crate::store::{Lease, LeaseToken, StoreError};
 
 /// `match` on the variants that hold an inbox; `$none` for Redis.
 macro_rules! inbox {
@@ -56,6 +56,14 @@ impl InboxStore for AnyStore {
 
     async fn take(&self, take: &Take) -> Result<Vec<Taken>, StoreError> {
         inbox!(self, s => s.take(take).await, Err(no_inbox()))
+    }
+
+    async fn start(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
+        inbox!(self, s => s.start(leases).await, Err(no_inbox()))
+    }
+
+    async fn give_back(&self, tokens: &[LeaseToken]) -> Result<u64, StoreError> {
+        inbox!(self, s => s.give_back(tokens).await, Err(no_inbox()))
     }
 
     async fn renew_entry(&self, lease: &Lease) -> Result<(), StoreError> {
@@ -99,16 +107,16 @@ impl InboxStore for AnyStore {
         inbox!(self, s => s.stored_request(key).await, Err(no_inbox()))
     }
 
-    async fn retry_now(&self, key: &IdempotencyKey) -> Result<bool, StoreError> {
-        inbox!(self, s => s.retry_now(key).await, Err(no_inbox()))
+    async fn retry_now(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        inbox!(self, s => s.retry_now(key, running).await, Err(no_inbox()))
     }
 
     async fn retry_dead(&self, namespace: &str) -> Result<u64, StoreError> {
         inbox!(self, s => s.retry_dead(namespace).await, Err(no_inbox()))
     }
 
-    async fn discard(&self, key: &IdempotencyKey) -> Result<bool, StoreError> {
-        inbox!(self, s => s.discard(key).await, Err(no_inbox()))
+    async fn discard(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        inbox!(self, s => s.discard(key, running).await, Err(no_inbox()))
     }
 
     async fn inbox_stats(&self, namespace: Option<&str>) -> Result<InboxStats, StoreError> {

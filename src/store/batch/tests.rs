@@ -414,3 +414,49 @@ fn a_runtime_that_stops_leaves_no_lane_taken() {
         assert_eq!(later.await.expect("the batcher was left busy").unwrap(), 3);
     });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_stalls_no_longer_holds_its_lane() {
+    let gate = Arc::new(Semaphore::new(0));
+    let opened = gate.clone();
+    let shape = Shape::new(8, 1).stall(Duration::from_millis(50));
+    // "slow" waits for the gate; a batch with a "hang…" write never answers, as a statement
+    // on a connection that stopped answering.
+    let batcher = Batcher::new(shape, move |ops: Vec<Write>| {
+        let gate = opened.clone();
+        async move {
+            if ops.iter().any(|w| w.0.value() == "slow") {
+                gate.acquire().await.unwrap().forget();
+            }
+            if ops.iter().any(|w| w.0.value().starts_with("hang")) {
+                std::future::pending::<()>().await;
+            }
+            ops.iter().map(|w| Ok(w.1)).collect()
+        }
+    });
+    let answered = |n| async move {
+        tokio::time::timeout(Duration::from_secs(5), n)
+            .await
+            .expect("answered, not held behind a stalled batch")
+    };
+    // A lone write that hangs: the write behind it goes once it stalled.
+    let hung = {
+        let batcher = batcher.clone();
+        tokio::spawn(async move { batcher.write(write("hang-1", 1)).await })
+    };
+    led(&batcher).await;
+    assert_eq!(answered(batcher.write(write("a", 2))).await.unwrap(), 2);
+    // A batch that hangs: "hang-2" and "b" wait behind "slow", go together, and hang; "c",
+    // queued behind them, goes once they stalled.
+    let slow = {
+        let batcher = batcher.clone();
+        tokio::spawn(async move { batcher.write(write("slow", 3)).await })
+    };
+    led(&batcher).await;
+    let stuck = behind(&batcher, &[("hang-2", 4), ("b", 5)]).await;
+    gate.add_permits(1);
+    assert_eq!(slow.await.unwrap().unwrap(), 3);
+    waiting(&batcher, 0).await;
+    assert_eq!(answered(batcher.write(write("c", 6))).await.unwrap(), 6);
+    assert!(!hung.is_finished() && stuck.iter().all(|t| !t.is_finished()));
+}

@@ -35,13 +35,13 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use tokio::sync::Notify;
 
-use super::{Lease, Stale, StoreError};
+use super::{Lease, LeaseToken, Stale, StoreError};
 use crate::key::IdempotencyKey;
 
 mod codec;
@@ -214,42 +214,77 @@ impl Attempt {
 }
 
 /// What a worker asks of [`InboxStore::take`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// The worker makes the leases' tokens before it asks, one per entry it may take: should the
+/// take's answer come late or never (a timeout, a lost connection), the worker still knows
+/// them, and gives back by them whatever the take leased ([`InboxStore::give_back`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Take {
-    /// At most this many entries.
-    pub limit: usize,
+    /// One fresh token per entry the take may lease, in order: at most this many entries are
+    /// taken, the first (the oldest due) under the first token, and so on.
+    pub tokens: Vec<LeaseToken>,
     /// When a running entry's worker is taken for dead (no renewal for the stale limit), and
-    /// whether such an entry is taken over (reclaim) or left for a person (hold).
+    /// whether such an entry is taken over (reclaim) or left for a person (hold). An entry
+    /// whose handler never started is taken again under either policy, as a queued one is.
     pub stale: Stale,
     /// How many attempts an entry gets, crashes included. An entry taken over after a crash
     /// on its last attempt becomes dead instead.
     pub max_attempts: u32,
 }
 
-impl Default for Take {
-    fn default() -> Self {
+impl Take {
+    /// A take of up to `limit` entries, each under a fresh token; the default stale policy
+    /// and 8 attempts.
+    pub fn up_to(limit: usize) -> Self {
         Self {
-            limit: 16,
+            tokens: (0..limit).map(|_| LeaseToken::generate()).collect(),
             stale: Stale::default(),
             max_attempts: 8,
         }
+    }
+
+    /// The most entries the take leases.
+    pub fn limit(&self) -> usize {
+        self.tokens.len()
+    }
+}
+
+impl Default for Take {
+    fn default() -> Self {
+        Self::up_to(16)
     }
 }
 
 /// An entry a worker took: its lease, the request to run, and what came before.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Taken {
-    /// The lease, with a fresh fencing token; `reclaimed` when the entry was taken over from a
-    /// worker that stopped renewing.
+    /// The lease, under one of the take's tokens; `reclaimed` when the entry was taken over
+    /// from a worker whose handler had started and that stopped renewing.
     pub lease: Lease,
     /// The stored request.
     pub request: StoredRequest,
-    /// This attempt's number: 1 for the first.
+    /// This attempt's number once it [starts](InboxStore::start): 1 for the first.
     pub attempt: u32,
     /// How many earlier attempts ended in a crash.
     pub crashes: u32,
+    /// When the entry was stored, by the store's clock.
+    pub received_at: SystemTime,
     /// The earlier attempts, oldest first (at most [`HISTORY_LIMIT`]).
     pub history: Vec<Attempt>,
+}
+
+/// Which running entries an operator's [`retry_now`](InboxStore::retry_now) or
+/// [`discard`](InboxStore::discard) takes from their worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Running {
+    /// None: a running entry is left to its worker, and the action changes nothing.
+    Leave,
+    /// One whose worker has not renewed its lease for this long (it crashed, or lost the
+    /// store); one renewed since is left to its worker.
+    StaleFor(Duration),
+    /// Any: a worker that still runs it settles nothing (its lease is spent).
+    Force,
 }
 
 /// How a worker settles an entry it holds.
@@ -266,7 +301,7 @@ pub enum Settlement {
     /// The last attempt failed: dead, kept for a person.
     Dead,
     /// Nothing ran (the worker was stopped before it started the handler): queued again, due
-    /// now, and the attempt it counted is taken back.
+    /// now, and the attempt taken back if it was [started](InboxStore::start).
     GiveBack,
 }
 
@@ -279,6 +314,12 @@ pub struct Settling {
     pub settlement: Settlement,
     /// The attempts so far, this one included.
     pub history: Vec<Attempt>,
+}
+
+impl crate::store::batch::Keyed for Settling {
+    fn key(&self) -> &IdempotencyKey {
+        self.lease.key()
+    }
 }
 
 /// An entry as an operator sees it.
@@ -401,17 +442,36 @@ pub trait InboxStore: Send + Sync + 'static {
         request: &StoredRequest,
     ) -> impl Future<Output = Result<Enqueued, StoreError>> + Send;
 
-    /// Takes up to `take.limit` due entries, oldest due first, each under a lease of its own,
-    /// running from now: queued entries whose time has come and, under a reclaiming stale
-    /// policy, running entries whose worker stopped renewing (counted as a crash; past their
-    /// last attempt they become dead instead). Several workers, on several instances, calling
-    /// at once never take the same entry.
+    /// Takes up to [`take.limit()`](Take::limit) due entries, oldest due first, the n-th under
+    /// the n-th of `take.tokens`, running from now, not yet started: queued entries whose
+    /// time has come; running entries not renewed for the stale limit whose handler never
+    /// [started](Self::start) (nobody ran them: taken again as queued ones, under either
+    /// policy); and, under a reclaiming stale policy, running entries whose handler started and
+    /// whose worker stopped renewing (`reclaimed`, counted as a crash; past their last attempt
+    /// they become dead instead). Several workers, on several instances, calling at once never
+    /// take the same entry.
     ///
     /// An entry whose stored request cannot be read (bytes no release wrote: a damaged row, a
     /// hand edit) cannot run: the take settles it dead at once, its history ending with an
     /// [`AttemptResult::Error`] that says why, and answers the others, so that one such row
     /// never stops the inbox.
     fn take(&self, take: &Take) -> impl Future<Output = Result<Vec<Taken>, StoreError>> + Send;
+
+    /// Records that the handlers of these taken entries start, and counts their attempts, in
+    /// one write: answers, lease by lease, whether it still held its entry (and may run it).
+    /// Called before any of the handlers starts, so that an entry whose worker died before
+    /// it is taken again without being counted as a crash.
+    fn start(&self, leases: &[Lease])
+    -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
+
+    /// Gives back the entries leased under any of `tokens` (a take whose answer came late or
+    /// never, entries taken while the worker stopped): queued again, due now, their attempt
+    /// taken back if it was started. Tokens that lease nothing change nothing. Answers how
+    /// many entries it gave back.
+    fn give_back(
+        &self,
+        tokens: &[LeaseToken],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Renews a running entry's lease.
     fn renew_entry(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -456,23 +516,26 @@ pub trait InboxStore: Send + Sync + 'static {
         key: &IdempotencyKey,
     ) -> impl Future<Output = Result<Option<StoredRequest>, StoreError>> + Send;
 
-    /// Makes a queued, running or dead entry due now. A dead one starts over with its
-    /// attempts counted from zero; a running one's lease is spent (its worker, should it still
-    /// run, settles nothing): for an entry held after a crash, which a person decided to run
-    /// again. `false` if the key has no such entry.
+    /// Makes a queued or dead entry due now, and a running one when `running` allows it (its
+    /// lease is spent: its worker, should it still run, settles nothing), in one conditional
+    /// write. A dead one starts over with its attempts counted from zero. `false` if the key
+    /// has no such entry.
     fn retry_now(
         &self,
         key: &IdempotencyKey,
+        running: Running,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// [`retry_now`](Self::retry_now) for every dead entry of `namespace`; answers how many.
     fn retry_dead(&self, namespace: &str) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// Marks a queued, running or dead entry done without running it (a running one's lease is
-    /// spent, as for [`retry_now`](Self::retry_now)). `false` if the key has no such entry.
+    /// Marks a queued or dead entry done without running it, and a running one when `running`
+    /// allows it (its lease spent, as for [`retry_now`](Self::retry_now)), in one conditional
+    /// write. `false` if the key has no such entry.
     fn discard(
         &self,
         key: &IdempotencyKey,
+        running: Running,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Counts the entries (of `namespace` when given).

@@ -1,6 +1,8 @@
 //! An entry a take locked whose stored request cannot be read: it cannot run, so it goes dead
 //! at once, kept for a person, rather than failing every take after it.
 
+use std::time::SystemTime;
+
 use super::{Attempt, AttemptResult, InboxStore, Settlement, StoredRequest, Taken};
 use crate::store::{Lease, StoreError};
 
@@ -19,6 +21,7 @@ pub(crate) fn taken(
     request: Option<&[u8]>,
     attempt: u32,
     crashes: u32,
+    received_at: SystemTime,
     history: Option<&[u8]>,
 ) -> Result<Taken, Unreadable> {
     let history = Attempt::decode_history(history.unwrap_or_default());
@@ -32,6 +35,7 @@ pub(crate) fn taken(
             request,
             attempt,
             crashes,
+            received_at,
             history,
         }),
         (Err(error), history) => Err(Unreadable {
@@ -59,6 +63,15 @@ pub(crate) async fn bury<S: InboxStore>(store: &S, unreadable: Vec<Unreadable>) 
             "an inbox entry's stored request could not be read: it cannot run, and is dead, kept \
              for a person",
         );
+        // The attempt that found it unreadable counts, as the history says.
+        if let Err(error) = store.start(std::slice::from_ref(&entry.lease)).await {
+            tracing::warn!(
+                namespace = key.namespace(),
+                key = key.value(),
+                error = &error as &dyn std::error::Error,
+                "an unreadable inbox entry's attempt could not be counted",
+            );
+        }
         let why = format!("the stored entry could not be read: {}", entry.error);
         let mut history = entry.history;
         history.push(Attempt::new(

@@ -2,14 +2,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
 use super::MemoryStore;
 use crate::key::IdempotencyKey;
 use crate::store::inbox::{
-    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement,
+    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Running, Settlement,
     StoredRequest, Take, Taken,
 };
 use crate::store::{Lease, LeaseToken, StalePolicy, StoreError};
@@ -23,7 +23,10 @@ struct Row {
     token: Option<LeaseToken>,
     attempts: u32,
     crashes: u32,
+    /// Whether the running entry's handler started (its attempt counted).
+    started: bool,
     received: Instant,
+    received_at: SystemTime,
     due: Instant,
     renewed: Instant,
     settled: Option<Instant>,
@@ -53,6 +56,27 @@ impl Row {
             Ok(self)
         } else {
             Err(StoreError::LeaseLost)
+        }
+    }
+
+    /// Queued again, due now, the attempt taken back if it started.
+    fn give_back(&mut self, now: Instant) {
+        self.state = EntryState::Queued;
+        self.token = None;
+        self.due = now;
+        self.attempts = self.attempts.saturating_sub(u32::from(self.started));
+        self.started = false;
+    }
+
+    /// Whether an operator's action may take this entry, as `running` says of running ones.
+    fn may_take(&self, running: Running, now: Instant) -> bool {
+        match (self.state, running) {
+            (EntryState::Queued | EntryState::Dead, _) => true,
+            (EntryState::Running, Running::Force) => true,
+            (EntryState::Running, Running::StaleFor(after)) => {
+                now.saturating_duration_since(self.renewed) >= after
+            }
+            _ => false,
         }
     }
 }
@@ -86,7 +110,9 @@ impl InboxStore for MemoryStore {
                 token: None,
                 attempts: 0,
                 crashes: 0,
+                started: false,
                 received: now,
+                received_at: SystemTime::now(),
                 due: now,
                 renewed: now,
                 settled: None,
@@ -106,49 +132,83 @@ impl InboxStore for MemoryStore {
             .filter(|(_, row)| match row.state {
                 EntryState::Queued => row.due <= now,
                 EntryState::Running => {
-                    reclaims && now.saturating_duration_since(row.renewed) >= take.stale.after()
+                    (reclaims || !row.started)
+                        && now.saturating_duration_since(row.renewed) >= take.stale.after()
                 }
                 _ => false,
             })
             .map(|(key, row)| (row.due, key.clone()))
             .collect();
         due.sort();
+        let mut tokens = take.tokens.iter().copied();
         let mut taken = Vec::new();
         for (_, key) in due {
-            if taken.len() >= take.limit {
+            if taken.len() >= take.limit() {
                 break;
             }
             let row = rows.get_mut(&key).expect("listed just now");
-            let crashed = row.state == EntryState::Running;
+            let crashed = row.state == EntryState::Running && row.started;
             if crashed {
                 row.crashes += 1;
                 if row.attempts >= take.max_attempts {
                     row.state = EntryState::Dead;
                     row.token = None;
+                    row.started = false;
                     row.settled = Some(now);
                     continue;
                 }
             }
-            let token = LeaseToken::generate();
-            row.state = EntryState::Running;
-            row.token = Some(token);
-            row.attempts += 1;
-            row.renewed = now;
             let Some(request) = row.request.clone() else {
                 // Retention never deletes the request of an entry that can still run.
                 return Err(StoreError::backend(
                     "an inbox entry lost its stored request",
                 ));
             };
+            let token = tokens.next().expect("fewer taken than tokens");
+            row.state = EntryState::Running;
+            row.token = Some(token);
+            row.started = false;
+            row.renewed = now;
             taken.push(Taken {
                 lease: Lease::new(key, token, crashed),
                 request,
-                attempt: row.attempts,
+                attempt: row.attempts + 1,
                 crashes: row.crashes,
+                received_at: row.received_at,
                 history: row.history.clone(),
             });
         }
         Ok(taken)
+    }
+
+    async fn start(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
+        let mut rows = self.inner.inbox.lock();
+        Ok(leases
+            .iter()
+            .map(|lease| {
+                let Some(Ok(row)) = rows.get_mut(lease.key()).map(|row| row.held(lease)) else {
+                    return false;
+                };
+                if !row.started {
+                    row.started = true;
+                    row.attempts += 1;
+                }
+                true
+            })
+            .collect())
+    }
+
+    async fn give_back(&self, tokens: &[LeaseToken]) -> Result<u64, StoreError> {
+        let now = Instant::now();
+        let mut rows = self.inner.inbox.lock();
+        let mut given = 0;
+        for row in rows.values_mut() {
+            if row.state == EntryState::Running && row.token.is_some_and(|t| tokens.contains(&t)) {
+                row.give_back(now);
+                given += 1;
+            }
+        }
+        Ok(given)
     }
 
     async fn renew_entry(&self, lease: &Lease) -> Result<(), StoreError> {
@@ -168,7 +228,12 @@ impl InboxStore for MemoryStore {
         let mut rows = self.inner.inbox.lock();
         let row = rows.get_mut(lease.key()).ok_or(StoreError::LeaseLost)?;
         let row = row.held(lease)?;
+        if *settlement == Settlement::GiveBack {
+            row.give_back(now);
+            return Ok(());
+        }
         row.token = None;
+        row.started = false;
         match *settlement {
             Settlement::Done => {
                 row.state = EntryState::Done;
@@ -182,12 +247,7 @@ impl InboxStore for MemoryStore {
                 row.state = EntryState::Queued;
                 row.due = now + after;
             }
-            Settlement::GiveBack => {
-                row.state = EntryState::Queued;
-                row.due = now;
-                row.attempts = row.attempts.saturating_sub(1);
-                return Ok(());
-            }
+            Settlement::GiveBack => unreachable!("given back above"),
         }
         let kept = history
             .len()
@@ -237,11 +297,12 @@ impl InboxStore for MemoryStore {
             .and_then(|row| row.request.clone()))
     }
 
-    async fn retry_now(&self, key: &IdempotencyKey) -> Result<bool, StoreError> {
+    async fn retry_now(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        let now = Instant::now();
         let mut rows = self.inner.inbox.lock();
         Ok(rows
             .get_mut(key)
-            .is_some_and(|row| retry(row, Instant::now())))
+            .is_some_and(|row| row.may_take(running, now) && retry(row, now)))
     }
 
     async fn retry_dead(&self, namespace: &str) -> Result<u64, StoreError> {
@@ -256,17 +317,19 @@ impl InboxStore for MemoryStore {
         Ok(n)
     }
 
-    async fn discard(&self, key: &IdempotencyKey) -> Result<bool, StoreError> {
+    async fn discard(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        let now = Instant::now();
         let mut rows = self.inner.inbox.lock();
         let Some(row) = rows.get_mut(key) else {
             return Ok(false);
         };
-        if row.state == EntryState::Done {
+        if !row.may_take(running, now) {
             return Ok(false);
         }
         row.state = EntryState::Done;
         row.token = None;
-        row.settled = Some(Instant::now());
+        row.started = false;
+        row.settled = Some(now);
         Ok(true)
     }
 
@@ -340,6 +403,7 @@ fn retry(row: &mut Row, now: Instant) -> bool {
         EntryState::Running => {
             row.state = EntryState::Queued;
             row.token = None;
+            row.started = false;
         }
         EntryState::Dead => {
             row.state = EntryState::Queued;

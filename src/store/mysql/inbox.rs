@@ -10,8 +10,8 @@ use super::{MySqlFlavor, MySqlStore};
 use crate::key::IdempotencyKey;
 use crate::store::inbox::unreadable;
 use crate::store::inbox::{
-    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement, Settling,
-    StoredRequest, Take, Taken,
+    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Running, Settlement,
+    Settling, StoredRequest, Take, Taken,
 };
 use crate::store::sql::{ResultExt as _, duration_from_micros, micros};
 use crate::store::{Lease, LeaseToken, StalePolicy, StoreError};
@@ -98,17 +98,15 @@ impl MySqlStore {
     /// One try at a take, in one transaction: lock the due entries (and the stale ones, under
     /// reclaim), decide, update them in one statement, commit.
     async fn take_once(&self, take: &Take) -> Result<Vec<Taken>, StoreError> {
-        let limit = i64::try_from(take.limit).unwrap_or(i64::MAX);
+        let limit = i64::try_from(take.limit()).unwrap_or(i64::MAX);
         let mut tx = self.table.pool.begin_with(BEGIN_TAKE).await.store()?;
-        let mut rows = Vec::new();
-        if take.stale.policy() == StalePolicy::Reclaim {
-            rows = sqlx::query(AssertSqlSafe(self.inbox.take_stale.clone()))
-                .bind(micros(take.stale.after()))
-                .bind(limit)
-                .fetch_all(&mut *tx)
-                .await
-                .store()?;
-        }
+        let mut rows = sqlx::query(AssertSqlSafe(self.inbox.take_stale.clone()))
+            .bind(micros(take.stale.after()))
+            .bind(take.stale.policy() == StalePolicy::Reclaim)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .store()?;
         rows.extend(
             sqlx::query(AssertSqlSafe(self.inbox.take_queued.clone()))
                 .bind(limit)
@@ -125,15 +123,15 @@ impl MySqlStore {
         // and takes no place.
         let mut plan: Vec<(Locked, Option<LeaseToken>)> = Vec::new();
         let (mut taken, mut unreadable) = (Vec::new(), Vec::new());
+        let mut tokens = take.tokens.iter().copied();
         for row in locked {
-            if taken.len() + unreadable.len() >= take.limit {
-                break;
-            }
             if row.crashed && row.attempts >= take.max_attempts {
                 plan.push((row, None));
                 continue;
             }
-            let token = LeaseToken::generate();
+            let Some(token) = tokens.next() else {
+                break;
+            };
             match row.taken(token)? {
                 Ok(entry) => taken.push(entry),
                 Err(entry) => unreadable.push(entry),
@@ -182,6 +180,30 @@ impl MySqlStore {
 }
 
 impl MySqlStore {
+    /// An operator's statement on the row of `key` (namespace, key, force, microseconds
+    /// without a renewal), taking a running entry as `running` says; whether it changed it.
+    async fn by_hand(
+        &self,
+        sql: &std::sync::Arc<str>,
+        key: &IdempotencyKey,
+        running: Running,
+    ) -> Result<bool, StoreError> {
+        let (after, force) = match running {
+            Running::Leave => (None, false),
+            Running::StaleFor(after) => (Some(micros(after)), false),
+            Running::Force => (None, true),
+        };
+        let done = sqlx::query(AssertSqlSafe(sql.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(force)
+            .bind(after)
+            .execute(&self.table.pool)
+            .await
+            .store()?;
+        Ok(done.rows_affected() > 0)
+    }
+
     /// The fenced statement that settles `lease` as `settlement` says.
     fn settling<'q>(
         &'q self,
@@ -248,7 +270,7 @@ impl InboxStore for MySqlStore {
     /// `SELECT … FOR UPDATE SKIP LOCKED` (MySQL 8.0.1+, MariaDB 10.6+) of the due entries,
     /// in a READ COMMITTED transaction; a deadlock's victim runs again, up to three times.
     async fn take(&self, take: &Take) -> Result<Vec<Taken>, StoreError> {
-        if take.limit == 0 {
+        if take.limit() == 0 {
             return Ok(Vec::new());
         }
         let mut tries = 0;
@@ -259,6 +281,46 @@ impl InboxStore for MySqlStore {
                 taken => return taken,
             }
         }
+    }
+
+    /// One transaction, one `UPDATE` per lease.
+    async fn start(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.table.pool.begin().await.store()?;
+        let mut held = Vec::with_capacity(leases.len());
+        for lease in leases {
+            let done = sqlx::query(AssertSqlSafe(self.inbox.start.clone()))
+                .bind(lease.key().namespace())
+                .bind(lease.key().value())
+                .bind(lease.token().to_i64())
+                .execute(&mut *tx)
+                .await
+                .store()?;
+            held.push(done.rows_affected() > 0);
+        }
+        tx.commit().await.store()?;
+        Ok(held)
+    }
+
+    /// One transaction, one `UPDATE` per token.
+    async fn give_back(&self, tokens: &[LeaseToken]) -> Result<u64, StoreError> {
+        if tokens.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.table.pool.begin().await.store()?;
+        let mut given = 0;
+        for token in tokens {
+            given += sqlx::query(AssertSqlSafe(self.inbox.untake.clone()))
+                .bind(token.to_i64())
+                .execute(&mut *tx)
+                .await
+                .store()?
+                .rows_affected();
+        }
+        tx.commit().await.store()?;
+        Ok(given)
     }
 
     async fn renew_entry(&self, lease: &Lease) -> Result<(), StoreError> {
@@ -349,8 +411,8 @@ impl InboxStore for MySqlStore {
             .transpose()
     }
 
-    async fn retry_now(&self, key: &IdempotencyKey) -> Result<bool, StoreError> {
-        Ok(self.on_entry(&self.inbox.retry_now, key, None).await? > 0)
+    async fn retry_now(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        self.by_hand(&self.inbox.retry_now, key, running).await
     }
 
     async fn retry_dead(&self, namespace: &str) -> Result<u64, StoreError> {
@@ -362,8 +424,8 @@ impl InboxStore for MySqlStore {
         Ok(done.rows_affected())
     }
 
-    async fn discard(&self, key: &IdempotencyKey) -> Result<bool, StoreError> {
-        Ok(self.on_entry(&self.inbox.discard, key, None).await? > 0)
+    async fn discard(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        self.by_hand(&self.inbox.discard, key, running).await
     }
 
     async fn inbox_stats(&self, namespace: Option<&str>) -> Result<InboxStats, StoreError> {

@@ -569,6 +569,19 @@ impl MySqlStore {
             .execute(&mut *conn)
             .await
             .store()?;
+        // An earlier release's inbox has no `started` column: its running entries started.
+        let started: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'started'",
+        )
+        .bind(table.inbox().bare())
+        .fetch_one(&mut *conn)
+        .await
+        .store()?;
+        if started == 0 {
+            tracing::info!(table = %table.inbox().name(), "adding the started column to the inbox table");
+            alter_briefly(conn, self.inbox.add_started.to_string()).await?;
+        }
         Ok(())
     }
 }

@@ -11,8 +11,8 @@ use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
 use crate::store::inbox::unreadable::{self, Unreadable};
 use crate::store::inbox::{
-    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement, Settling,
-    StoredRequest, Take, Taken, Wake,
+    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Running, Settlement,
+    Settling, StoredRequest, Take, Taken, Wake,
 };
 use crate::store::sql::{
     ResultExt as _, duration_from_micros, micros, retry_serialization_failure,
@@ -79,31 +79,27 @@ fn entry_of(row: &PgRow) -> Result<Entry, StoreError> {
 }
 
 /// Reads what the take answers for one leased entry: namespace, key, token, attempts,
-/// crashes, whether it was taken over after a crash, request, history.
+/// crashes, whether it was taken over after a crash, request, history, when it was received
+/// (microseconds since the epoch).
 fn taken_of(row: &PgRow) -> Result<Result<Taken, Unreadable>, StoreError> {
     let key = key_of(row.try_get(0).store()?, row.try_get(1).store()?)?;
     let token = LeaseToken::from_i64(row.try_get(2).store()?);
     Ok(unreadable::taken(
         Lease::new(key, token, row.try_get(5).store()?),
         row.try_get(6).store()?,
-        count(row.try_get(3).store()?),
+        count(row.try_get(3).store()?).saturating_add(1),
         count(row.try_get(4).store()?),
+        epoch_micros(row.try_get(8).store()?),
         row.try_get(7).store()?,
     ))
 }
 
-impl PostgresStore {
-    /// Runs one of the inbox's statements on `(namespace, key)` and counts the rows changed.
-    async fn on_entry(&self, sql: &Arc<str>, key: &IdempotencyKey) -> Result<u64, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(sql.clone()))
-            .bind(key.namespace())
-            .bind(key.value())
-            .execute(self.pool())
-            .await
-            .store()?;
-        Ok(done.rows_affected())
-    }
+/// A time given as microseconds since the Unix epoch.
+fn epoch_micros(us: i64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + duration_from_micros(us)
+}
 
+impl PostgresStore {
     /// Runs a retry statement, its parameters bound, answering how many entries it made due.
     async fn retry_with(
         &self,
@@ -159,11 +155,11 @@ impl InboxStore for PostgresStore {
     /// leased be unreadable, the others are given back and the error answered; the unreadable
     /// one stays running, to be taken over (and, past its attempts, to die) or held.
     async fn take(&self, take: &Take) -> Result<Vec<Taken>, StoreError> {
-        let n = take.limit.min(TAKE_LIMIT);
+        let n = take.limit().min(TAKE_LIMIT);
         if n == 0 {
             return Ok(Vec::new());
         }
-        let tokens: Vec<i64> = (0..n).map(|_| LeaseToken::generate().to_i64()).collect();
+        let tokens: Vec<i64> = take.tokens[..n].iter().map(|t| t.to_i64()).collect();
         let max_attempts = i32::try_from(take.max_attempts).unwrap_or(i32::MAX);
         let statement = || {
             sqlx::query(AssertSqlSafe(self.inbox.take.clone()))
@@ -195,6 +191,33 @@ impl InboxStore for PostgresStore {
             return Err(error);
         }
         Ok(taken)
+    }
+
+    async fn start(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let namespaces: Vec<&str> = leases.iter().map(|l| l.key().namespace()).collect();
+        let keys: Vec<&str> = leases.iter().map(|l| l.key().value()).collect();
+        let tokens: Vec<i64> = leases.iter().map(|l| l.token().to_i64()).collect();
+        let started: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(self.inbox.start.clone()))
+            .bind(namespaces)
+            .bind(keys)
+            .bind(&tokens)
+            .fetch_all(self.pool())
+            .await
+            .store()?;
+        Ok(tokens.iter().map(|t| started.contains(t)).collect())
+    }
+
+    async fn give_back(&self, tokens: &[LeaseToken]) -> Result<u64, StoreError> {
+        let tokens: Vec<i64> = tokens.iter().map(|t| t.to_i64()).collect();
+        let done = sqlx::query(AssertSqlSafe(self.inbox.give_back.clone()))
+            .bind(tokens)
+            .execute(self.pool())
+            .await
+            .store()?;
+        Ok(done.rows_affected())
     }
 
     async fn renew_entry(&self, lease: &Lease) -> Result<(), StoreError> {
@@ -329,10 +352,13 @@ impl InboxStore for PostgresStore {
             .transpose()
     }
 
-    async fn retry_now(&self, key: &IdempotencyKey) -> Result<bool, StoreError> {
+    async fn retry_now(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        let (after, force) = by_hand(running);
         let query = sqlx::query(AssertSqlSafe(self.inbox.retry_now.clone()))
             .bind(key.namespace())
-            .bind(key.value());
+            .bind(key.value())
+            .bind(after)
+            .bind(force);
         Ok(self.retry_with(query).await? > 0)
     }
 
@@ -341,8 +367,17 @@ impl InboxStore for PostgresStore {
         self.retry_with(query).await
     }
 
-    async fn discard(&self, key: &IdempotencyKey) -> Result<bool, StoreError> {
-        Ok(self.on_entry(&self.inbox.discard, key).await? > 0)
+    async fn discard(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        let (after, force) = by_hand(running);
+        let done = sqlx::query(AssertSqlSafe(self.inbox.discard.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(after)
+            .bind(force)
+            .execute(self.pool())
+            .await
+            .store()?;
+        Ok(done.rows_affected() > 0)
     }
 
     async fn inbox_stats(&self, namespace: Option<&str>) -> Result<InboxStats, StoreError> {
@@ -406,18 +441,29 @@ fn held(changed: u64) -> Result<(), StoreError> {
     }
 }
 
-/// What a settlement writes: the state, the next due time (microseconds from now), the
-/// attempt taken back, and the encoded history (none for a give-back, which keeps it).
+/// What a settlement writes: the state, the next due time (microseconds from now), whether
+/// the attempt is taken back (if it started), and the encoded history (none for a give-back,
+/// which keeps it).
 fn settled(
     settlement: &Settlement,
     history: &[Attempt],
-) -> (EntryState, Option<i64>, i32, Option<Vec<u8>>) {
+) -> (EntryState, Option<i64>, bool, Option<Vec<u8>>) {
     let encoded = || Some(Attempt::encode_history(history));
     match *settlement {
-        Settlement::Done => (EntryState::Done, None, 0, encoded()),
-        Settlement::Dead => (EntryState::Dead, None, 0, encoded()),
-        Settlement::Retry { after } => (EntryState::Queued, Some(micros(after)), 0, encoded()),
-        Settlement::GiveBack => (EntryState::Queued, Some(0), 1, None),
+        Settlement::Done => (EntryState::Done, None, false, encoded()),
+        Settlement::Dead => (EntryState::Dead, None, false, encoded()),
+        Settlement::Retry { after } => (EntryState::Queued, Some(micros(after)), false, encoded()),
+        Settlement::GiveBack => (EntryState::Queued, Some(0), true, None),
+    }
+}
+
+/// How an operator's action binds `running`: the microseconds without a renewal after which
+/// a running entry may be taken (NULL: never), and whether it is taken whatever.
+fn by_hand(running: Running) -> (Option<i64>, bool) {
+    match running {
+        Running::Leave => (None, false),
+        Running::StaleFor(after) => (Some(micros(after)), false),
+        Running::Force => (None, true),
     }
 }
 
@@ -429,7 +475,7 @@ struct SettleColumns<'a> {
     tokens: Vec<i64>,
     states: Vec<&'static str>,
     due: Vec<Option<i64>>,
-    taken_back: Vec<i32>,
+    taken_back: Vec<bool>,
     histories: Vec<Option<Vec<u8>>>,
 }
 

@@ -242,6 +242,7 @@
 //!     token       BIGINT,
 //!     attempts    INTEGER     NOT NULL DEFAULT 0,
 //!     crashes     INTEGER     NOT NULL DEFAULT 0,
+//!     started     BOOLEAN     NOT NULL DEFAULT TRUE,
 //!     received_at TIMESTAMPTZ NOT NULL,
 //!     due_at      TIMESTAMPTZ NOT NULL,
 //!     renewed_at  TIMESTAMPTZ NOT NULL,
@@ -262,7 +263,8 @@
 //! `request` holds [`StoredRequest::encode`](crate::store::inbox::StoredRequest::encode)'s
 //! bytes (NULL once retention deleted them), `history` those of
 //! [`Attempt::encode_history`](crate::store::inbox::Attempt::encode_history), `token` the
-//! lease of a `running` entry (NULL otherwise). The two partial indexes hold the entries a
+//! lease of a `running` entry (NULL otherwise), `started` whether that entry's handler
+//! started (an earlier release's table gets the column from `migrate()`). The two partial indexes hold the entries a
 //! worker's take looks for, due ones by their due time and running ones by their last
 //! renewal; done and dead entries are in neither, so the inbox's history costs a take
 //! nothing. Each operation is one statement, one round trip, but where said:
@@ -276,12 +278,15 @@
 //!   neither part: a plain read of its state follows then.)
 //! - `take`: `WITH queued AS (SELECT … WHERE state = 'queued' AND due_at <= now() ORDER BY
 //!   due_at LIMIT $1 FOR UPDATE SKIP LOCKED), stale AS (<the same for running entries not
-//!   renewed for the stale limit, under reclaim>), picked AS (<the oldest due of both, LIMIT
-//!   $1>) UPDATE … SET state = 'running', token = <one of the fresh tokens bound as an array>,
-//!   attempts = attempts + 1, renewed_at = now() … FROM picked … RETURNING …`: workers on any
-//!   number of instances skip each other's rows and never lease one entry twice. A crashed
-//!   entry counts a crash, and one crashed on its last attempt is made `dead` in the same
-//!   `UPDATE` instead, and is not answered.
+//!   renewed for the stale limit: under reclaim, all; under hold, those never started>),
+//!   picked AS (<the oldest due of both, LIMIT $1>) UPDATE … SET state = 'running', token =
+//!   <one of the worker's tokens, bound as an array>, started = FALSE, renewed_at = now() …
+//!   FROM picked … RETURNING …`: workers on any number of instances skip each other's rows and
+//!   never lease one entry twice. An entry whose handler started counts a crash, and one
+//!   crashed on its last attempt is made `dead` in the same `UPDATE` instead, and is not
+//!   answered.
+//! - `start`: one `UPDATE … FROM unnest(…)` for the whole take: `started = TRUE`, the attempt
+//!   counted. `give_back`: one `UPDATE … WHERE state = 'running' AND token = ANY($1)`.
 //! - `renew_entry`, `settle`: `UPDATE … WHERE namespace = $1 AND "key" = $2 AND token = $3 AND
 //!   state = 'running'`, the lease lost when it changes no row; a settlement clears the token.
 //! - `retry_now`, `retry_dead`, `discard`, `entries`, `entry`, `stored_request`,
@@ -471,6 +476,22 @@ impl PostgresStore {
             .execute(&mut *tx)
             .await
             .store()?;
+        // An earlier release's inbox has no `started` column: its running entries started.
+        let started: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
+             AND attname = 'started' AND NOT attisdropped)",
+        )
+        .bind(table.inbox().quoted('"'))
+        .fetch_one(&mut *tx)
+        .await
+        .store()?;
+        if !started {
+            tracing::info!(table = %table.inbox().name(), "adding the started column to the inbox table");
+            sqlx::raw_sql(AssertSqlSafe(self.inbox.add_started.clone()))
+                .execute(&mut *tx)
+                .await
+                .store()?;
+        }
         // The checks on `state` of earlier releases, whatever their names (a renamed table
         // keeps the old one), but one inherited from a parent table, which cannot be dropped
         // here: each table's as `regclass` names it, and the check's.

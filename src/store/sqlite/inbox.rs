@@ -14,8 +14,8 @@ use super::batch::{Write, Wrote};
 use crate::key::IdempotencyKey;
 use crate::store::inbox::unreadable::{self, Unreadable};
 use crate::store::inbox::{
-    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Settlement, Settling,
-    StoredRequest, Take, Taken,
+    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Running, Settlement,
+    Settling, StoredRequest, Take, Taken,
 };
 use crate::store::sql::{ResultExt as _, duration_from_micros, micros};
 use crate::store::{Lease, LeaseToken, StalePolicy, StoreError};
@@ -99,9 +99,20 @@ impl SqliteStore {
         }
     }
 
-    /// A write on the row of `key`; whether it changed it.
-    async fn inbox_on_key(&self, sql: &Arc<str>, key: &IdempotencyKey) -> Result<bool, StoreError> {
-        let query = statement(sql).bind(key.namespace()).bind(key.value());
+    /// An operator's write on the row of `key`, taking a running entry as `running` says;
+    /// whether it changed it.
+    async fn inbox_by_hand(
+        &self,
+        sql: &Arc<str>,
+        key: &IdempotencyKey,
+        running: Running,
+    ) -> Result<bool, StoreError> {
+        let (after, force) = by_hand(running);
+        let query = statement(sql)
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(after)
+            .bind(force);
         Ok(self.inbox_write(query).await? > 0)
     }
 }
@@ -146,18 +157,29 @@ fn entry(row: &SqliteRow) -> Result<Entry, StoreError> {
     ))
 }
 
-/// A taken entry, from what `take` returns, and its due time.
-fn taken(row: &SqliteRow) -> Result<(i64, Result<Taken, Unreadable>), StoreError> {
+/// A taken entry, from what the lease of a picked entry returns.
+fn taken(row: &SqliteRow) -> Result<Result<Taken, Unreadable>, StoreError> {
     let key = key(row.try_get(0).store()?, row.try_get(1).store()?)?;
     let token = LeaseToken::from_i64(row.try_get(2).store()?);
-    let taken = unreadable::taken(
+    let received_us: i64 = row.try_get(9).store()?;
+    Ok(unreadable::taken(
         Lease::new(key, token, row.try_get(5).store()?),
         row.try_get(7).store()?,
-        count(row.try_get(3).store()?),
+        count(row.try_get(3).store()?).saturating_add(1),
         count(row.try_get(4).store()?),
+        std::time::UNIX_EPOCH + duration_from_micros(received_us),
         row.try_get(8).store()?,
-    );
-    Ok((row.try_get(6).store()?, taken))
+    ))
+}
+
+/// How an operator's action binds `running`: the microseconds without a renewal after which
+/// a running entry may be taken (NULL: never), and whether it is taken whatever.
+fn by_hand(running: Running) -> (Option<i64>, bool) {
+    match running {
+        Running::Leave => (None, false),
+        Running::StaleFor(after) => (Some(micros(after)), false),
+        Running::Force => (None, true),
+    }
 }
 
 /// A limit, bound as SQLite's integer.
@@ -196,9 +218,10 @@ impl InboxStore for SqliteStore {
     }
 
     /// One `BEGIN IMMEDIATE` transaction in the writer's turn: under reclaim, the stale
-    /// entries whose attempts ran out turn dead; then the take's `UPDATE … RETURNING`.
+    /// entries whose attempts ran out turn dead; then the oldest due entries are picked, and
+    /// each leased under its token.
     async fn take(&self, take: &Take) -> Result<Vec<Taken>, StoreError> {
-        if take.limit == 0 {
+        if take.limit() == 0 {
             return Ok(Vec::new());
         }
         let reclaims = take.stale.policy() == StalePolicy::Reclaim;
@@ -219,29 +242,88 @@ impl InboxStore for SqliteStore {
                 .await
                 .store()?;
         }
-        let rows = statement(&self.inbox.take)
-            .bind(int(take.limit))
+        let picked: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(self.inbox.pick.clone()))
+            .bind(int(take.limit()))
             .bind(reclaims)
             .bind(stale)
             .bind(max_attempts)
             .fetch_all(&mut *tx)
             .await
             .store()?;
-        // A row whose key cannot be read rolls the take back (the transaction is dropped).
-        let rows = rows.iter().map(taken).collect::<Result<Vec<_>, _>>()?;
+        let mut rows = Vec::with_capacity(picked.len());
+        for (rowid, token) in picked.into_iter().zip(&take.tokens) {
+            let row = statement(&self.inbox.lease)
+                .bind(rowid)
+                .bind(token.to_i64())
+                .fetch_one(&mut *tx)
+                .await
+                .store()?;
+            // A row whose key cannot be read rolls the take back (the transaction is dropped).
+            rows.push(taken(&row)?);
+        }
         tx.commit().await.store()?;
         drop(turn);
         let (mut taken, mut unreadable) = (Vec::with_capacity(rows.len()), Vec::new());
-        for (due, row) in rows {
+        for row in rows {
             match row {
-                Ok(entry) => taken.push((due, entry)),
+                Ok(entry) => taken.push(entry),
                 Err(entry) => unreadable.push(entry),
             }
         }
         unreadable::bury(self, unreadable).await;
-        // RETURNING's order is SQLite's: oldest due first, then by key.
-        taken.sort_by(|(a, x), (b, y)| (a, x.lease.key()).cmp(&(b, y.lease.key())));
-        Ok(taken.into_iter().map(|(_, taken)| taken).collect())
+        Ok(taken)
+    }
+
+    /// One transaction in the writer's turn, one `UPDATE` per lease.
+    async fn start(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let _turn = self.table.turn().await;
+        let mut tx = self
+            .table
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .store()?;
+        let mut held = Vec::with_capacity(leases.len());
+        for lease in leases {
+            let done = statement(&self.inbox.start)
+                .bind(lease.key().namespace())
+                .bind(lease.key().value())
+                .bind(lease.token().to_i64())
+                .execute(&mut *tx)
+                .await
+                .store()?;
+            held.push(done.rows_affected() > 0);
+        }
+        tx.commit().await.store()?;
+        Ok(held)
+    }
+
+    /// One transaction in the writer's turn, one `UPDATE` per token.
+    async fn give_back(&self, tokens: &[LeaseToken]) -> Result<u64, StoreError> {
+        if tokens.is_empty() {
+            return Ok(0);
+        }
+        let _turn = self.table.turn().await;
+        let mut tx = self
+            .table
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .store()?;
+        let mut given = 0;
+        for token in tokens {
+            given += statement(&self.inbox.untake)
+                .bind(token.to_i64())
+                .execute(&mut *tx)
+                .await
+                .store()?
+                .rows_affected();
+        }
+        tx.commit().await.store()?;
+        Ok(given)
     }
 
     async fn renew_entry(&self, lease: &Lease) -> Result<(), StoreError> {
@@ -339,8 +421,9 @@ impl InboxStore for SqliteStore {
         bytes.map(StoredRequest::decode).transpose()
     }
 
-    async fn retry_now(&self, key: &IdempotencyKey) -> Result<bool, StoreError> {
-        self.inbox_on_key(&self.inbox.retry_now, key).await
+    async fn retry_now(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        self.inbox_by_hand(&self.inbox.retry_now, key, running)
+            .await
     }
 
     async fn retry_dead(&self, namespace: &str) -> Result<u64, StoreError> {
@@ -348,8 +431,8 @@ impl InboxStore for SqliteStore {
         self.inbox_write(query).await
     }
 
-    async fn discard(&self, key: &IdempotencyKey) -> Result<bool, StoreError> {
-        self.inbox_on_key(&self.inbox.discard, key).await
+    async fn discard(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        self.inbox_by_hand(&self.inbox.discard, key, running).await
     }
 
     async fn inbox_stats(&self, namespace: Option<&str>) -> Result<InboxStats, StoreError> {

@@ -223,6 +223,7 @@
 //!     attempts    INTEGER NOT NULL DEFAULT 0,
 //!     crashes     INTEGER NOT NULL DEFAULT 0,
 //!     reclaimed   INTEGER NOT NULL DEFAULT 0, -- the last take took over a crashed attempt
+//!     started     INTEGER NOT NULL DEFAULT 1, -- the running entry's handler started
 //!     received_at INTEGER NOT NULL, -- microseconds since the Unix epoch, as every time here
 //!     due_at      INTEGER NOT NULL,
 //!     renewed_at  INTEGER NOT NULL,
@@ -246,18 +247,21 @@
 //!   NOTHING`, its one write (an insert that meets a row stored meanwhile reads again).
 //! - `take`: one `BEGIN IMMEDIATE` transaction, which waits for the write lock under the busy
 //!   timeout rather than failing to upgrade a read: under reclaim, an `UPDATE` turns dead the
-//!   running entries not renewed for the stale limit whose attempts ran out (the crash
-//!   counted); then `UPDATE … SET state = 'running', token = random(), attempts = attempts +
-//!   1, crashes = crashes + (state = 'running'), … WHERE rowid IN (<the oldest due queued
-//!   entries, and under reclaim the stale running ones, by due_at, LIMIT n>) RETURNING …`.
-//!   SQLite's one writer at a time is what keeps two takes, of any pool or process, from
-//!   taking one entry; `random()` draws every row's token anew.
+//!   running entries whose handler started, not renewed for the stale limit, whose attempts
+//!   ran out (the crash counted); then a `SELECT rowid` of the oldest due entries (queued
+//!   ones, and stale running ones: under reclaim all, under hold those never started, by
+//!   `due_at`, `LIMIT n`), and for each an `UPDATE … SET state = 'running', token = <the
+//!   worker's token>, started = 0, crashes = crashes + (state = 'running' AND started), …
+//!   WHERE rowid = ? RETURNING …`. SQLite's one writer at a time is what keeps two takes, of
+//!   any pool or process, from taking one entry.
+//! - `start`, `give_back`: one transaction each, one `UPDATE` per lease (`started = 1`, the
+//!   attempt counted) or per token (queued again, the attempt taken back if it started).
 //! - `renew_entry`, `settle`: `UPDATE … WHERE namespace = ?1 AND "key" = ?2 AND token = ?3
 //!   AND state = 'running'`; no row changed is a lost lease. A settlement clears the token:
 //!   done or dead with `settled_at` and the history, a retry queued again `due_at = now +
-//!   after` with the history, a give-back queued again due now with `attempts - 1`.
+//!   after` with the history, a give-back queued again due now with `attempts - started`.
 //! - `retry_now`, `retry_dead`, `discard`: one `UPDATE` each, of queued or dead entries (a
-//!   dead one's counts start over).
+//!   dead one's counts start over), and of a running one when forced or stale.
 //! - `entries`, `entry`, `stored_request`, `inbox_stats`: one `SELECT` each, ages and due
 //!   times computed in SQL from SQLite's clock. The counts read the namespace's rows (all
 //!   rows without one).
@@ -469,6 +473,20 @@ impl SqliteStore {
             .execute(&mut *tx)
             .await
             .store()?;
+        // An earlier release's inbox has no `started` column: its running entries started.
+        let inbox_columns: Vec<String> =
+            sqlx::query_scalar("SELECT name FROM pragma_table_info(?1)")
+                .bind(table.inbox().bare())
+                .fetch_all(&mut *tx)
+                .await
+                .store()?;
+        if !inbox_columns.iter().any(|c| c == "started") {
+            tracing::info!(table = %table.inbox().name(), "adding the started column to the inbox table");
+            sqlx::raw_sql(AssertSqlSafe(self.inbox.add_started.clone()))
+                .execute(&mut *tx)
+                .await
+                .store()?;
+        }
         tx.commit().await.store()
     }
 }

@@ -9,11 +9,13 @@ use crate::store::sql::TableName;
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
 /// The columns a worker's take reads of each entry it locks: the key, the state (a running one
-/// is a crash), the counts, the stored request and history, and the due time as a number
-/// (microseconds since 2000, in the table's own time: no time zone is applied), to merge the
-/// queued and the stale entries in due order.
+/// whose handler started is a crash), the counts, the stored request and history, the due time
+/// as a number (microseconds since 2000, in the table's own time: no time zone is applied), to
+/// merge the queued and the stale entries in due order, whether it started, and when it was
+/// received (microseconds since the Unix epoch; the table's times are UTC).
 const TAKE_COLUMNS: &str = "namespace, `key`, state, attempts, crashes, request, history, \
-     TIMESTAMPDIFF(MICROSECOND, '2000-01-01 00:00:00', due_at) AS due_us";
+     TIMESTAMPDIFF(MICROSECOND, '2000-01-01 00:00:00', due_at) AS due_us, started, \
+     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', received_at) AS received_us";
 
 /// The columns that describe an entry (`entries`, `entry`), ages by the server's clock.
 const ENTRY_COLUMNS: &str = "namespace, `key`, state, attempts, crashes, \
@@ -41,15 +43,24 @@ pub(crate) struct InboxQueries {
     /// (limit).
     pub(crate) take_queued: Arc<str>,
     /// The running entries not renewed for the stale limit, oldest due first, locked, skipping
-    /// the ones other workers hold (stale limit, limit).
+    /// the ones other workers hold: under reclaim all, under hold those never started
+    /// (whether the policy reclaims, stale limit, limit).
     pub(crate) take_stale: Arc<str>,
+    /// A taken entry's handler starts, its attempt counted once (lease).
+    pub(crate) start: Arc<str>,
+    /// The entry leased under a token queued again, due now, its attempt taken back if it
+    /// started (token).
+    pub(crate) untake: Arc<str>,
+    /// Adds the `started` column to an earlier release's table.
+    pub(crate) add_started: Arc<str>,
     /// Renews a lease (lease).
     pub(crate) renew: Arc<str>,
     /// Settles as done or dead (state, history, lease).
     pub(crate) settle: Arc<str>,
     /// Settles to be tried again (delay, history, lease).
     pub(crate) retry_later: Arc<str>,
-    /// Settles as a give-back: due now, the attempt taken back, the history kept (lease).
+    /// Settles as a give-back: due now, the attempt taken back if it started, the history kept
+    /// (lease).
     pub(crate) give_back: Arc<str>,
     /// Entries, the oldest first (namespace or NULL twice, whether each of queued, running,
     /// done, dead is wanted, limit).
@@ -58,11 +69,13 @@ pub(crate) struct InboxQueries {
     pub(crate) entry: Arc<str>,
     /// The stored request of one entry (key).
     pub(crate) request: Arc<str>,
-    /// A queued or dead entry made due now, a dead one starting over (key).
+    /// A queued or dead entry made due now, a dead one starting over; a running one when
+    /// forced or not renewed for the microseconds given (key, force, microseconds or NULL).
     pub(crate) retry_now: Arc<str>,
     /// Every dead entry of a namespace made due now, starting over (namespace).
     pub(crate) retry_dead: Arc<str>,
-    /// A queued or dead entry marked done (key).
+    /// A queued or dead entry marked done; a running one as for `retry_now` (key, force,
+    /// microseconds or NULL).
     pub(crate) discard: Arc<str>,
     /// Counts by state, and for queued entries how long the oldest due one has been due
     /// (namespace or NULL twice).
@@ -94,6 +107,7 @@ impl InboxQueries {
     token       BIGINT       NULL,
     attempts    INT          NOT NULL,
     crashes     INT          NOT NULL,
+    started     BOOLEAN      NOT NULL DEFAULT TRUE,
     received_at DATETIME(6)  NOT NULL,
     due_at      DATETIME(6)  NOT NULL,
     renewed_at  DATETIME(6)  NOT NULL,
@@ -124,21 +138,35 @@ ORDER BY due_at LIMIT ? FOR UPDATE SKIP LOCKED"#
         );
         let take_stale = format!(
             r#"SELECT {TAKE_COLUMNS} FROM {t} FORCE INDEX (stale_idx)
-WHERE state = 'running' AND renewed_at <= {NOW} - INTERVAL ? MICROSECOND
+WHERE state = 'running' AND renewed_at <= {NOW} - INTERVAL ? MICROSECOND AND (? OR NOT started)
 ORDER BY due_at LIMIT ? FOR UPDATE SKIP LOCKED"#
         );
         let held = "namespace = ? AND `key` = ? AND token = ? AND state = 'running'";
         let renew = format!("UPDATE {t} SET renewed_at = {NOW} WHERE {held}");
+        // Assignments run left to right: the attempts read `started` before it changes.
+        let start = format!(
+            "UPDATE {t} SET attempts = IF(started, attempts, attempts + 1), started = TRUE \
+             WHERE {held}"
+        );
+        let taken_back = "attempts = IF(started AND attempts > 0, attempts - 1, attempts), \
+             started = FALSE";
+        let untake = format!(
+            "UPDATE {t} SET state = 'queued', due_at = {NOW}, {taken_back}, token = NULL \
+             WHERE state = 'running' AND token = ?"
+        );
+        let add_started =
+            format!("ALTER TABLE {t} ADD COLUMN started BOOLEAN NOT NULL DEFAULT TRUE");
         let settle = format!(
-            "UPDATE {t} SET state = ?, settled_at = {NOW}, history = ?, token = NULL WHERE {held}"
+            "UPDATE {t} SET state = ?, settled_at = {NOW}, history = ?, token = NULL, \
+             started = FALSE WHERE {held}"
         );
         let retry_later = format!(
             "UPDATE {t} SET state = 'queued', due_at = {NOW} + INTERVAL ? MICROSECOND, \
-             history = ?, token = NULL WHERE {held}"
+             history = ?, token = NULL, started = FALSE WHERE {held}"
         );
         let give_back = format!(
-            "UPDATE {t} SET state = 'queued', due_at = {NOW}, \
-             attempts = IF(attempts > 0, attempts - 1, 0), token = NULL WHERE {held}"
+            "UPDATE {t} SET state = 'queued', due_at = {NOW}, {taken_back}, token = NULL \
+             WHERE {held}"
         );
         let entries = format!(
             r#"SELECT {ENTRY_COLUMNS} FROM {t}
@@ -153,9 +181,13 @@ ORDER BY received_at, namespace, `key` LIMIT ?"#
         // changes.
         let start_over =
             |column: &str, value: &str| format!("{column} = IF(state = 'dead', {value}, {column})");
+        let by_hand = format!(
+            "{at_key} AND (state IN ('queued', 'dead') OR state = 'running' \
+             AND (? OR renewed_at <= {NOW} - INTERVAL ? MICROSECOND))"
+        );
         let retry_now = format!(
             "UPDATE {t} SET {attempts}, {crashes}, {settled}, due_at = {NOW}, token = NULL, \
-             state = 'queued' WHERE {at_key} AND state IN ('queued', 'running', 'dead')",
+             started = FALSE, state = 'queued' WHERE {by_hand}",
             attempts = start_over("attempts", "0"),
             crashes = start_over("crashes", "0"),
             settled = start_over("settled_at", "NULL"),
@@ -168,7 +200,7 @@ ORDER BY received_at, namespace, `key` LIMIT ?"#
         // due before it was settled, which the purge's walk of the due index relies on.
         let discard = format!(
             "UPDATE {t} SET state = 'done', settled_at = {NOW}, due_at = LEAST(due_at, {NOW}), \
-             token = NULL WHERE {at_key} AND state IN ('queued', 'running', 'dead')"
+             token = NULL, started = FALSE WHERE {by_hand}"
         );
         // The due index holds the state and the primary key: the count reads no row, and skips
         // the done entries.
@@ -208,6 +240,9 @@ GROUP BY state"#
             state: state.into(),
             take_queued: take_queued.into(),
             take_stale: take_stale.into(),
+            start: start.into(),
+            untake: untake.into(),
+            add_started: add_started.into(),
             renew: renew.into(),
             settle: settle.into(),
             retry_later: retry_later.into(),
@@ -226,8 +261,8 @@ GROUP BY state"#
     }
 
     /// The take's update of `rows` locked entries, in one statement: each row (namespace, key,
-    /// its new token or NULL, 1 if it crashed or 0) is taken under its token, or, without one,
-    /// made dead. The assignments of a multiple-table `UPDATE` run in no set order: each reads
+    /// its new token or NULL, 1 if it crashed or 0) is taken under its token, not yet started,
+    /// or, without one, made dead. The assignments of a multiple-table `UPDATE` run in no set order: each reads
     /// only its own column and the bound row. `STRAIGHT_JOIN` reads the bound rows first and
     /// finds each entry by its primary key: a plan that walked the table instead would wait on
     /// every row a transaction elsewhere holds, the ones the take skipped included.
@@ -245,7 +280,7 @@ GROUP BY state"#
     {bound}
 ) AS v STRAIGHT_JOIN {t} AS t ON t.namespace = v.namespace AND t.`key` = v.k
 SET t.crashes = t.crashes + v.crashed,
-    t.attempts = IF(v.token IS NULL, t.attempts, t.attempts + 1),
+    t.started = FALSE,
     t.renewed_at = IF(v.token IS NULL, t.renewed_at, {NOW}),
     t.settled_at = IF(v.token IS NULL, {NOW}, t.settled_at),
     t.state = IF(v.token IS NULL, 'dead', 'running'),

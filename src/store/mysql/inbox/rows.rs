@@ -35,27 +35,30 @@ fn history(bytes: Option<&[u8]>) -> Result<Vec<Attempt>, StoreError> {
 pub(super) struct Locked {
     pub(super) namespace: String,
     pub(super) key: String,
-    /// It was running: its worker stopped renewing.
+    /// It was running, its handler started: its worker stopped renewing.
     pub(super) crashed: bool,
     pub(super) attempts: u32,
     crashes: u32,
     request: Option<Vec<u8>>,
     history: Option<Vec<u8>>,
     pub(super) due_us: i64,
+    received_us: i64,
 }
 
 impl Locked {
     pub(super) fn read(row: &MySqlRow) -> Result<Self, StoreError> {
         let state: String = row.try_get(2).store()?;
+        let started: bool = row.try_get(8).store()?;
         Ok(Self {
             namespace: row.try_get(0).store()?,
             key: row.try_get(1).store()?,
-            crashed: state_of(&state)? == EntryState::Running,
+            crashed: state_of(&state)? == EntryState::Running && started,
             attempts: count(row.try_get(3).store()?),
             crashes: count(row.try_get(4).store()?),
             request: row.try_get(5).store()?,
             history: row.try_get(6).store()?,
             due_us: row.try_get(7).store()?,
+            received_us: row.try_get(9).store()?,
         })
     }
 
@@ -68,6 +71,7 @@ impl Locked {
             self.request.as_deref(),
             self.attempts.saturating_add(1),
             self.crashes + u32::from(self.crashed),
+            std::time::UNIX_EPOCH + duration_from_micros(self.received_us),
             self.history.as_deref(),
         ))
     }

@@ -17,6 +17,10 @@ pub(crate) struct InboxQueries {
     pub(crate) enqueue: Arc<str>,
     pub(crate) state: Arc<str>,
     pub(crate) take: Arc<str>,
+    pub(crate) start: Arc<str>,
+    pub(crate) give_back: Arc<str>,
+    /// Adds the `started` column to an earlier release's table.
+    pub(crate) add_started: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) settle: Arc<str>,
     pub(crate) settle_many: Arc<str>,
@@ -66,6 +70,7 @@ pub(crate) fn inbox_queries(table: &TableName) -> InboxQueries {
     token       BIGINT,
     attempts    INTEGER     NOT NULL DEFAULT 0,
     crashes     INTEGER     NOT NULL DEFAULT 0,
+    started     BOOLEAN     NOT NULL DEFAULT TRUE,
     received_at TIMESTAMPTZ NOT NULL,
     due_at      TIMESTAMPTZ NOT NULL,
     renewed_at  TIMESTAMPTZ NOT NULL,
@@ -104,10 +109,11 @@ SELECT state, TRUE AS stored FROM inserted"#
     let key = r#"namespace = $1 AND "key" = $2"#;
     let state = format!("SELECT state FROM {t} WHERE {key}");
     // $1 the limit, $2 whether the policy reclaims, $3 the stale limit in microseconds, $4 the
-    // most attempts, $5 one fresh token per entry the limit allows. Each kind of candidate is
-    // read in its index's order and locked, skipping the rows other workers hold; the oldest
-    // due of both are leased. A crashed entry past its last attempt becomes dead instead, and
-    // is not answered.
+    // most attempts, $5 the worker's tokens, one per entry the limit allows. Each kind of
+    // candidate is read in its index's order and locked, skipping the rows other workers
+    // hold; the oldest due of both are leased, not yet started. A stale entry whose handler
+    // never started is taken as a queued one is, under either policy; one whose handler
+    // started crashed, and past its last attempt becomes dead instead, and is not answered.
     let dead = "(p.crashed AND t.attempts >= $4::integer)";
     let take = format!(
         r#"WITH queued AS (
@@ -116,8 +122,8 @@ SELECT state, TRUE AS stored FROM inserted"#
     ORDER BY due_at LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), stale AS (
-    SELECT namespace, "key", due_at, TRUE AS crashed FROM {t}
-    WHERE $2 AND state = 'running'
+    SELECT namespace, "key", due_at, started AS crashed FROM {t}
+    WHERE state = 'running' AND ($2 OR NOT started)
         AND renewed_at <= now() - $3::bigint * interval '1 microsecond'
     ORDER BY due_at LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -130,30 +136,50 @@ SELECT state, TRUE AS stored FROM inserted"#
     UPDATE {t} AS t SET
         state = CASE WHEN {dead} THEN 'dead' ELSE 'running' END,
         token = CASE WHEN {dead} THEN NULL ELSE ($5::bigint[])[p.n] END,
-        attempts = CASE WHEN {dead} THEN t.attempts ELSE t.attempts + 1 END,
+        started = FALSE,
         crashes = CASE WHEN p.crashed THEN t.crashes + 1 ELSE t.crashes END,
         renewed_at = CASE WHEN {dead} THEN t.renewed_at ELSE now() END,
         settled_at = CASE WHEN {dead} THEN now() ELSE t.settled_at END
     FROM picked AS p
     WHERE t.namespace = p.namespace AND t."key" = p."key"
     RETURNING t.namespace, t."key", t.state, t.token, t.attempts, t.crashes, p.crashed,
-        t.request, t.history, p.n
+        t.request, t.history, p.n,
+        (extract(epoch FROM t.received_at) * 1000000)::bigint AS received_us
 )
-SELECT namespace, "key", token, attempts, crashes, crashed, request, history
+SELECT namespace, "key", token, attempts, crashes, crashed, request, history, received_us
 FROM leased WHERE state = 'running' ORDER BY n"#
     );
+    // $1 namespaces, $2 keys, $3 tokens: each lease's entry started, its attempt counted once.
+    // Answers the token of each lease that still held its entry.
+    let start = format!(
+        r#"UPDATE {t} AS t SET
+    attempts = CASE WHEN t.started THEN t.attempts ELSE t.attempts + 1 END, started = TRUE
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS v(namespace, "key", token)
+WHERE t.namespace = v.namespace AND t."key" = v."key" AND t.token = v.token
+    AND t.state = 'running'
+RETURNING t.token"#
+    );
+    // $1 tokens. The running rows alone are read (the partial index holds them).
+    let give_back = format!(
+        r#"UPDATE {t} SET state = 'queued', token = NULL, due_at = now(),
+    attempts = GREATEST(attempts - CASE WHEN started THEN 1 ELSE 0 END, 0), started = FALSE
+WHERE state = 'running' AND token = ANY($1::bigint[])"#
+    );
+    let add_started =
+        format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS started BOOLEAN NOT NULL DEFAULT TRUE");
     // $1 namespace, $2 key, $3 token.
     let held = format!("{key} AND token = $3 AND state = 'running'");
     let renew = format!("UPDATE {t} SET renewed_at = now() WHERE {held}");
     // ... and $4 the new state, $5 the delay until due in microseconds (NULL: the due time
-    // stays), $6 the attempts taken back, $7 the encoded history (NULL: it stays).
+    // stays), $6 whether the attempt is taken back (a give-back: if it started), $7 the encoded
+    // history (NULL: it stays).
     let settle = format!(
         r#"UPDATE {t} SET state = $4::text, token = NULL,
     settled_at = CASE WHEN $4::text IN ('done', 'dead') THEN now() ELSE settled_at END,
     due_at = CASE WHEN $5::bigint IS NULL THEN due_at
         ELSE now() + $5::bigint * interval '1 microsecond' END,
-    attempts = GREATEST(attempts - $6::integer, 0),
-    history = COALESCE($7::bytea, history)
+    attempts = GREATEST(attempts - CASE WHEN $6::boolean AND started THEN 1 ELSE 0 END, 0),
+    started = FALSE, history = COALESCE($7::bytea, history)
 WHERE {held}"#
     );
     // Several settlements in one statement: the arrays hold one element per lease, as the
@@ -163,9 +189,9 @@ WHERE {held}"#
     settled_at = CASE WHEN v.state IN ('done', 'dead') THEN now() ELSE t.settled_at END,
     due_at = CASE WHEN v.due_us IS NULL THEN t.due_at
         ELSE now() + v.due_us * interval '1 microsecond' END,
-    attempts = GREATEST(t.attempts - v.taken_back, 0),
-    history = COALESCE(v.history, t.history)
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::integer[],
+    attempts = GREATEST(t.attempts - CASE WHEN v.taken_back AND t.started THEN 1 ELSE 0 END, 0),
+    started = FALSE, history = COALESCE(v.history, t.history)
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::boolean[],
     $7::bytea[]) AS v(namespace, "key", token, state, due_us, taken_back, history)
 WHERE t.namespace = v.namespace AND t."key" = v."key" AND t.token = v.token
     AND t.state = 'running'
@@ -194,6 +220,7 @@ ORDER BY received_at, namespace, "key" LIMIT $3"#
         format!(
             r#"WITH retried AS (
     UPDATE {t} SET state = 'queued', due_at = now(), settled_at = NULL, token = NULL,
+        started = FALSE,
         attempts = CASE WHEN state = 'dead' THEN 0 ELSE attempts END,
         crashes = CASE WHEN state = 'dead' THEN 0 ELSE crashes END
     WHERE {which}
@@ -204,12 +231,18 @@ ORDER BY received_at, namespace, "key" LIMIT $3"#
 SELECT (SELECT count(*) FROM retried) AS retried, (SELECT count(*) FROM woken) AS woken"#
         )
     };
-    // $1 namespace, $2 key; or $1 namespace.
-    let retry_now = retry(&format!("{key} AND state IN ('queued', 'running', 'dead')"));
+    // A queued or dead entry; a running one when $4 forces it, or when it was not renewed for
+    // $3 microseconds (NULL: never).
+    let taken_by_hand = format!(
+        "{key} AND (state IN ('queued', 'dead') OR state = 'running' AND ($4::boolean \
+         OR renewed_at <= now() - $3::bigint * interval '1 microsecond'))"
+    );
+    // $1 namespace, $2 key, $3 and $4 as above; or $1 namespace.
+    let retry_now = retry(&taken_by_hand);
     let retry_dead = retry("namespace = $1 AND state = 'dead'");
     let discard = format!(
-        "UPDATE {t} SET state = 'done', token = NULL, settled_at = now() \
-         WHERE {key} AND state IN ('queued', 'running', 'dead')"
+        "UPDATE {t} SET state = 'done', token = NULL, started = FALSE, settled_at = now() \
+         WHERE {taken_by_hand}"
     );
     // $1 the namespace or NULL. Each count reads the rows of one state alone: the partial
     // indexes hold the queued and the running ones.
@@ -254,6 +287,9 @@ WHERE t.namespace = old.namespace AND t."key" = old."key""#,
         enqueue: enqueue.into(),
         state: state.into(),
         take: take.into(),
+        start: start.into(),
+        give_back: give_back.into(),
+        add_started: add_started.into(),
         renew: renew.into(),
         settle: settle.into(),
         settle_many: settle_many.into(),

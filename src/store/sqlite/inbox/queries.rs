@@ -17,20 +17,30 @@ pub(in crate::store::sqlite) struct InboxQueries {
     pub(crate) enqueue: Arc<str>,
     /// (namespace, key): the entry's state.
     pub(super) state: Arc<str>,
-    /// (stale limit, max attempts): running entries not renewed within the limit whose attempts
-    /// ran out become dead, the crash counted.
+    /// (stale limit, max attempts): running entries whose handler started, not renewed within
+    /// the limit, whose attempts ran out become dead, the crash counted.
     pub(super) expire: Arc<str>,
-    /// (limit, whether the policy reclaims, stale limit, max attempts): takes the oldest due
-    /// entries, returning `namespace, key, token, attempts, crashes, reclaimed, due_at,
-    /// request, history`.
-    pub(super) take: Arc<str>,
+    /// (limit, whether the policy reclaims, stale limit, max attempts): the rowids of the
+    /// oldest due entries, oldest first: queued ones, and running ones not renewed within the
+    /// limit (under reclaim, all; under hold, those never started).
+    pub(super) pick: Arc<str>,
+    /// (rowid, token): leases one picked entry, returning `namespace, key, token, attempts,
+    /// crashes, reclaimed, due_at, request, history, received_at`.
+    pub(super) lease: Arc<str>,
+    /// (lease): the entry's handler starts, its attempt counted once.
+    pub(super) start: Arc<str>,
+    /// (token): the entry leased under it queued again, due now, its attempt taken back if
+    /// it started.
+    pub(super) untake: Arc<str>,
+    /// Adds the `started` column to an earlier release's table.
+    pub(in crate::store::sqlite) add_started: Arc<str>,
     /// (lease): moves the renewal time.
     pub(super) renew: Arc<str>,
     /// (lease, `done` or `dead`, history).
     pub(super) settle: Arc<str>,
     /// (lease, microseconds until due, history): queued again, due later.
     pub(super) retry_later: Arc<str>,
-    /// (lease): queued again, due now, the attempt taken back.
+    /// (lease): queued again, due now, the attempt taken back if it started.
     pub(super) give_back: Arc<str>,
     /// (namespace or NULL, four states, limit): [`entry_columns`], the oldest first.
     pub(super) entries: Arc<str>,
@@ -38,11 +48,14 @@ pub(in crate::store::sqlite) struct InboxQueries {
     pub(super) entry: Arc<str>,
     /// (namespace, key): the stored request, NULL once retention deleted it.
     pub(super) request: Arc<str>,
-    /// (namespace, key): a queued or dead entry due now, a dead one's counts started over.
+    /// (namespace, key, microseconds without a renewal or NULL, force): a queued or dead entry
+    /// due now, a dead one's counts started over; a running one when forced, or not renewed
+    /// for that long.
     pub(super) retry_now: Arc<str>,
     /// (namespace): `retry_now` for every dead entry of the namespace.
     pub(super) retry_dead: Arc<str>,
-    /// (namespace, key): a queued or dead entry done.
+    /// (namespace, key, microseconds without a renewal or NULL, force): a queued or dead entry
+    /// done; a running one as for `retry_now`.
     pub(super) discard: Arc<str>,
     /// (namespace or NULL): queued, running, dead, and microseconds since the oldest due
     /// entry's due time (NULL if none is due).
@@ -77,6 +90,7 @@ pub(in crate::store::sqlite) fn inbox_queries(table: &TableName) -> InboxQueries
     attempts    INTEGER NOT NULL DEFAULT 0,
     crashes     INTEGER NOT NULL DEFAULT 0,
     reclaimed   INTEGER NOT NULL DEFAULT 0,
+    started     INTEGER NOT NULL DEFAULT 1,
     received_at INTEGER NOT NULL,
     due_at      INTEGER NOT NULL,
     renewed_at  INTEGER NOT NULL,
@@ -102,42 +116,55 @@ ON CONFLICT (namespace, "key") DO NOTHING"#
     let stale = |n: u8| format!("renewed_at <= {now} - ?{n}");
     let expire = format!(
         "UPDATE {t} SET state = 'dead', token = NULL, crashes = crashes + 1, settled_at = {now} \
-         WHERE state = 'running' AND {} AND attempts >= ?2",
+         WHERE state = 'running' AND started AND {} AND attempts >= ?2",
         stale(1)
     );
-    // Each branch walks its own partial index; SQLite keeps `'now'` and `random()` per
-    // statement and per row, so every taken row gets a token of its own. The SET expressions
-    // see the row as it was: a running row is one taken over after a crash.
-    let take = format!(
-        r#"UPDATE {t} SET state = 'running', token = random(), attempts = attempts + 1,
-    crashes = crashes + (state = 'running'), reclaimed = (state = 'running'),
-    renewed_at = {now}
-WHERE rowid IN (
-    SELECT id FROM (
-        SELECT id, due_at FROM (
-            SELECT rowid AS id, due_at FROM {t}
-            WHERE state = 'queued' AND due_at <= {now} ORDER BY due_at LIMIT ?1)
-        UNION ALL
-        SELECT id, due_at FROM (
-            SELECT rowid AS id, due_at FROM {t}
-            WHERE state = 'running' AND ?2 AND {stale} AND attempts < ?4
-            ORDER BY due_at LIMIT ?1)
-    ) ORDER BY due_at LIMIT ?1)
-RETURNING namespace, "key", token, attempts, crashes, reclaimed, due_at, request, history"#,
+    // Each branch walks its own partial index.
+    let pick = format!(
+        r#"SELECT id FROM (
+    SELECT id, due_at FROM (
+        SELECT rowid AS id, due_at FROM {t}
+        WHERE state = 'queued' AND due_at <= {now} ORDER BY due_at LIMIT ?1)
+    UNION ALL
+    SELECT id, due_at FROM (
+        SELECT rowid AS id, due_at FROM {t}
+        WHERE state = 'running' AND (?2 OR NOT started) AND {stale}
+            AND (NOT started OR attempts < ?4)
+        ORDER BY due_at LIMIT ?1)
+) ORDER BY due_at LIMIT ?1"#,
         stale = stale(3),
     );
-    let lease = format!(r#"{key} AND token = ?3 AND state = 'running'"#);
-    let renew = format!("UPDATE {t} SET renewed_at = {now} WHERE {lease}");
+    // The SET expressions see the row as it was: a running row whose handler started is one
+    // taken over after a crash.
+    let lease = format!(
+        r#"UPDATE {t} SET state = 'running', token = ?2,
+    crashes = crashes + (state = 'running' AND started),
+    reclaimed = (state = 'running' AND started), started = 0, renewed_at = {now}
+WHERE rowid = ?1
+RETURNING namespace, "key", token, attempts, crashes, reclaimed, due_at, request, history,
+    received_at"#
+    );
+    let add_started = format!("ALTER TABLE {t} ADD COLUMN started INTEGER NOT NULL DEFAULT 1");
+    let held = format!(r#"{key} AND token = ?3 AND state = 'running'"#);
+    let renew = format!("UPDATE {t} SET renewed_at = {now} WHERE {held}");
+    let start =
+        format!("UPDATE {t} SET attempts = attempts + (NOT started), started = 1 WHERE {held}");
+    let untake = format!(
+        "UPDATE {t} SET state = 'queued', token = NULL, due_at = {now}, \
+         attempts = max(attempts - started, 0), started = 0 \
+         WHERE state = 'running' AND token = ?1"
+    );
     let settle = format!(
-        "UPDATE {t} SET state = ?4, token = NULL, settled_at = {now}, history = ?5 WHERE {lease}"
+        "UPDATE {t} SET state = ?4, token = NULL, started = 0, settled_at = {now}, history = ?5 \
+         WHERE {held}"
     );
     let retry_later = format!(
-        "UPDATE {t} SET state = 'queued', token = NULL, due_at = {now} + ?4, history = ?5 \
-         WHERE {lease}"
+        "UPDATE {t} SET state = 'queued', token = NULL, started = 0, due_at = {now} + ?4, \
+         history = ?5 WHERE {held}"
     );
     let give_back = format!(
         "UPDATE {t} SET state = 'queued', token = NULL, due_at = {now}, \
-         attempts = max(attempts - 1, 0) WHERE {lease}"
+         attempts = max(attempts - started, 0), started = 0 WHERE {held}"
     );
     let columns = entry_columns();
     let entries = format!(
@@ -150,14 +177,18 @@ ORDER BY received_at, namespace, "key" LIMIT ?6"#
     // Every SET expression sees the row as it was.
     let retry = format!(
         "UPDATE {t} SET state = 'queued', due_at = {now}, settled_at = NULL, token = NULL, \
-         attempts = CASE WHEN state = 'dead' THEN 0 ELSE attempts END, \
+         started = 0, attempts = CASE WHEN state = 'dead' THEN 0 ELSE attempts END, \
          crashes = CASE WHEN state = 'dead' THEN 0 ELSE crashes END"
     );
-    let retry_now = format!("{retry} WHERE {key} AND state IN ('queued', 'running', 'dead')");
+    let by_hand = format!(
+        "{key} AND (state IN ('queued', 'dead') OR state = 'running' AND (?4 OR {}))",
+        stale(3)
+    );
+    let retry_now = format!("{retry} WHERE {by_hand}");
     let retry_dead = format!("{retry} WHERE namespace = ?1 AND state = 'dead'");
     let discard = format!(
-        "UPDATE {t} SET state = 'done', token = NULL, settled_at = {now} \
-         WHERE {key} AND state IN ('queued', 'running', 'dead')"
+        "UPDATE {t} SET state = 'done', token = NULL, started = 0, settled_at = {now} \
+         WHERE {by_hand}"
     );
     let stats = format!(
         r#"SELECT coalesce(sum(state = 'queued'), 0), coalesce(sum(state = 'running'), 0),
@@ -177,7 +208,11 @@ FROM {t} WHERE ?1 IS NULL OR namespace = ?1"#
         enqueue: enqueue.into(),
         state: state.into(),
         expire: expire.into(),
-        take: take.into(),
+        pick: pick.into(),
+        lease: lease.into(),
+        start: start.into(),
+        untake: untake.into(),
+        add_started: add_started.into(),
         renew: renew.into(),
         settle: settle.into(),
         retry_later: retry_later.into(),
