@@ -55,7 +55,7 @@ use axum::{Extension, Json, Router};
 use http::StatusCode;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 use tower_idempotency::admin::Admin;
-use tower_idempotency::inbox::{Backoff, Inbox, InboxDelivery, InboxLayer, WorkerHandle};
+use tower_idempotency::inbox::{Backoff, Inbox, InboxDelivery, IngestLayer, WorkerHandle};
 use tower_idempotency::journal::Journal as DeliveryJournal;
 use tower_idempotency::store::inbox::InboxStore;
 use tower_idempotency::store::{AnyStore, SqliteStore, Store};
@@ -136,7 +136,7 @@ fn secret(var: &str) -> Option<String> {
 /// An inbox route of the demo without its secret: it stores unsigned deliveries, said out
 /// loud. An inbox must verify (a forgery sent first would be the copy it keeps), so a real
 /// receiver sets every secret.
-fn demo_unverified<St, K>(layer: InboxLayer<St, K>, route: &str) -> InboxLayer<St, K> {
+fn demo_unverified<St, K>(layer: IngestLayer<St, K>, route: &str) -> IngestLayer<St, K> {
     eprintln!("{route}: no secret set; the demo's inbox stores unsigned deliveries");
     layer.unverified()
 }

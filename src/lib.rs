@@ -7,6 +7,7 @@
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub mod admin;
 pub mod body;
+pub mod claim;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
@@ -14,12 +15,10 @@ mod engine;
 pub mod inbox;
 pub mod journal;
 pub mod key;
-mod layer;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 pub mod replay;
 pub mod response;
-mod service;
 pub mod store;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
@@ -36,6 +35,7 @@ pub mod transactional;
 pub mod verify;
 pub mod version_guard;
 
+pub use claim::{ClaimMode, Idempotency, IdempotencyLayer};
 pub use engine::Guarded;
 pub use engine::ResponseFuture;
 pub use engine::{
@@ -44,7 +44,5 @@ pub use engine::{
 };
 pub use journal::{Journal, Seen};
 pub use key::{IdempotencyKey, Scope};
-pub use layer::IdempotencyLayer;
 pub use response::Outcome;
-pub use service::{Claims, Idempotency};
 pub use store::{Stale, StalePolicy};

@@ -27,10 +27,10 @@
 //! | `Guarded::call`, `deliver` | `engine/mode.rs` |
 //! | the delivery's span and response future | `engine/observe.rs` |
 //! | the body (left unread), the signature | `engine/prepare.rs` |
-//! | `Claims::find` | `service.rs` |
+//! | `ClaimMode::find` | `claim/mode.rs` |
 //! | `find_key`: extract, check the length, scope | `engine/prepare.rs`, `key/header.rs`, `key/scope.rs` |
 //! | `Drain::enter` | `engine/drain.rs` |
-//! | `Claims::claim` | `service.rs` |
+//! | `ClaimMode::claim` | `claim/mode.rs` |
 //! | [`run::acquire`] | `engine/run.rs` |
 //! | `Store::claim` | `store/postgres/claims.rs` |
 //! | the batcher: a lone write goes at once | `store/batch.rs` |
@@ -39,9 +39,9 @@
 //! Then the row read back (`store/sql/rows.rs`, `store/sql/mod.rs`), the claim under its
 //! guard (`engine/guard/mod.rs`), the run (`engine/run.rs`, the handler itself, `replay.rs`
 //! when answers are kept), the settlement (`engine/guard/mod.rs`, `Owner::settle` in
-//! `service.rs`, and the same three store files for the commit), and the answer's report
+//! `claim/mode.rs`, and the same three store files for the commit), and the answer's report
 //! (`engine/observe.rs`, `metrics.rs`). The other modes take the same path through their own
-//! file in place of `service.rs`.
+//! `mode.rs` in place of `claim/mode.rs`.
 
 pub(crate) mod drain;
 pub(crate) mod guard;

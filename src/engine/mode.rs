@@ -92,9 +92,12 @@ where
     fn answered(&self, found: Self::Found, res: &mut Response<ResponseBody<ResB>>);
 }
 
-/// The service of every mode, made by its layer: [`Idempotency`](crate::Idempotency) for
-/// claim-then-commit, [`VersionGuard`](crate::version_guard::VersionGuard), and
-/// `transactional::TransactionalService` (with a SQL store's feature).
+/// The service of every mode, made by its layer and named after it:
+/// [`Idempotency`](crate::Idempotency) for claim-then-commit,
+/// [`VersionGuard`](crate::version_guard::VersionGuard), `transactional::Transactional` (with a
+/// SQL store's feature) and [`Ingest`](crate::inbox::Ingest) for the inbox. Each mode is a
+/// folder of the same shape: `layer.rs` (the layer `XLayer`, the service alias `X`) and
+/// `mode.rs` (its mode type, `XMode`), beside what is its own.
 ///
 /// The inner service receives `Request<RequestBody<B>>` and its error type is kept: the
 /// layer's own outcomes (duplicate, in flight, bad key, store down) are responses.

@@ -1,7 +1,7 @@
 //! Inbox mode: answer the sender as soon as its delivery is stored durably, and run the
 //! handler later, exactly once, on workers of any number of instances.
 //!
-//! The [`InboxLayer`] verifies a delivery and finds its key as the inline layer does, then
+//! The [`IngestLayer`] verifies a delivery and finds its key as the inline layer does, then
 //! makes one durable write holding both the claim and the delivery (method, path and query,
 //! headers, body) and answers 202. The handler does not run on the request path. A duplicate
 //! of any event the inbox holds, queued, running, done or dead, is answered 200 without a
@@ -22,7 +22,7 @@
 //! layer's 401) is a failed attempt that says so, never done.
 //!
 //! An inbox layer checks signatures (`.verify(..)`) or is told
-//! [`unverified`](InboxLayer::unverified); see [why](InboxLayer#verification-is-not-optional).
+//! [`unverified`](IngestLayer::unverified); see [why](IngestLayer#verification-is-not-optional).
 //!
 //! ```
 //! # #[cfg(all(feature = "memory", feature = "axum"))] {
@@ -98,8 +98,8 @@
 //!
 //! The method, the path and query, the body, and the headers but the hop-by-hop ones
 //! (`Connection`, `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`)
-//! and the credentials (`Authorization`, `Cookie`); see [`InboxLayer::keep_header`] and
-//! [`InboxLayer::drop_header`]. Request extensions (a `ConnectInfo`, say) are not kept.
+//! and the credentials (`Authorization`, `Cookie`); see [`IngestLayer::keep_header`] and
+//! [`IngestLayer::drop_header`]. Request extensions (a `ConnectInfo`, say) are not kept.
 //!
 //! The path kept is the one the app received: with axum, before a `Router::nest` (or
 //! `nest_service`) took its prefix off, so that the worker's request, sent through the whole
@@ -111,7 +111,7 @@
 //! decided who runs the event. A middleware that checks credentials sees the stored request,
 //! without its `Authorization`: webhook routes are authenticated by their signature
 //! (`verify`, which the inbox layer runs before it stores, and skips for a worker's request);
-//! keep the header the middleware needs ([`InboxLayer::keep_header`]), or let requests that
+//! keep the header the middleware needs ([`IngestLayer::keep_header`]), or let requests that
 //! carry an [`InboxDelivery`] in their extensions through (nothing a client sends can put one
 //! there).
 //!
@@ -131,16 +131,18 @@ use crate::store::inbox::InboxStore;
 mod attempt;
 mod backoff;
 mod delivery;
-mod ingest;
+mod layer;
+mod mode;
 mod settle;
 mod worker;
 
 pub use backoff::Backoff;
 pub use delivery::InboxDelivery;
-pub use ingest::{InboxLayer, InboxService, Ingest};
+pub use layer::{Ingest, IngestLayer};
+pub use mode::IngestMode;
 pub use worker::{WorkerHandle, Workers};
 
-/// An inbox on a store: makes the [`InboxLayer`]s that fill it and the [`Workers`] that empty
+/// An inbox on a store: makes the [`IngestLayer`]s that fill it and the [`Workers`] that empty
 /// it, which share its store and its wake-ups. Cheap to clone.
 pub struct Inbox<St> {
     shared: Arc<Shared<St>>,
@@ -181,9 +183,9 @@ impl<St: InboxStore + Clone> Inbox<St> {
     }
 
     /// A layer that stores each delivery of its route in this inbox, finding keys with
-    /// [`key::auto`](crate::key::auto) until [`key`](InboxLayer::key) says otherwise.
-    pub fn layer(&self) -> InboxLayer<St> {
-        InboxLayer::new(self.clone())
+    /// [`key::auto`](crate::key::auto) until [`key`](IngestLayer::key) says otherwise.
+    pub fn layer(&self) -> IngestLayer<St> {
+        IngestLayer::new(self.clone())
     }
 
     /// Workers that run this inbox's entries through `service`: the app whose routes carry

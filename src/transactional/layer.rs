@@ -7,10 +7,17 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::TransactionalStore;
-use super::service::{Transactional, TransactionalService};
+use super::mode::TxMode;
 use crate::engine::Guarded;
 use crate::engine::settings::{Settings, shared_settings};
 use crate::key::{Auto, ExtractKey};
+
+/// The service of transactional mode, made by [`TransactionalLayer`].
+/// See [`Guarded`], the service shell every mode shares.
+///
+/// As in claim-then-commit mode, a handler whose delivery went away runs to its end in a task
+/// of its own, and its answer commits or rolls back the transaction.
+pub type Transactional<S, St, K = Auto> = Guarded<S, TxMode<St, K>>;
 
 /// The layer of transactional mode.
 ///
@@ -117,12 +124,12 @@ where
     St: TransactionalStore,
     K: ExtractKey + Clone,
 {
-    type Service = TransactionalService<S, St, K>;
+    type Service = Transactional<S, St, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Guarded::new(
             inner,
-            Arc::new(Transactional {
+            Arc::new(TxMode {
                 store: self.store.clone(),
                 key: self.key.clone(),
                 settings: self.settings.clone(),

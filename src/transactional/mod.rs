@@ -166,13 +166,13 @@
 //! Key errors are answered as in claim-then-commit mode.
 
 mod layer;
-mod service;
+mod mode;
 mod tx;
 
 /// The store's part of transactional mode lives with the stores; these are its names here as well.
 pub use crate::store::{Begin, TransactionalStore};
-pub use layer::TransactionalLayer;
-pub use service::{Transactional, TransactionalService};
+pub use layer::{Transactional, TransactionalLayer};
+pub use mode::TxMode;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use tx::MissingTransaction;

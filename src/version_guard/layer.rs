@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::service::{VersionGuard, Versions};
+use super::mode::VersionMode;
 use super::version::ExtractVersion;
 use crate::engine::Guarded;
 use crate::engine::settings::HeldHook;
@@ -11,6 +11,11 @@ use crate::engine::settings::{Settings, shared_settings};
 use crate::key::{ExtractKey, IdempotencyKey};
 use crate::store::VersionStore;
 use crate::store::{Pending, Stale};
+
+/// The service made by [`VersionGuardLayer`]: begin the entity's
+/// version, run the inner service, then commit or release it. See [`Guarded`], the service
+/// shell every mode shares.
+pub type VersionGuard<S, St, E, V> = Guarded<S, VersionMode<St, E, V>>;
 
 /// Makes an inner service apply each entity's versions in order: a delivery whose version is
 /// older than the entity's applied one is answered 200 (`idempotency-outcome: outdated`)
@@ -148,7 +153,7 @@ where
     fn layer(&self, inner: S) -> Self::Service {
         Guarded::new(
             inner,
-            Arc::new(Versions {
+            Arc::new(VersionMode {
                 store: self.store.clone(),
                 entity: self.entity.clone(),
                 version: self.version.clone(),

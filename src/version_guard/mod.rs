@@ -255,7 +255,7 @@ mod advance;
 mod error;
 mod layer;
 mod lifecycle;
-mod service;
+mod mode;
 pub mod version;
 
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
@@ -273,7 +273,7 @@ pub use crate::store::{Advance, PendingVersion, VersionClaim, VersionLease, Vers
 )]
 pub use advance::advance;
 pub use error::VersionGuardError;
-pub use layer::{Unset, VersionGuardLayer};
+pub use layer::{Unset, VersionGuard, VersionGuardLayer};
 pub use lifecycle::{IllegalTransition, Lifecycle};
-pub use service::{VersionGuard, Versions};
+pub use mode::VersionMode;
 pub use version::ExtractVersion;

@@ -13,9 +13,8 @@ use tower_service::Service;
 
 use super::error::VersionGuardError;
 use super::version::ExtractVersion;
-use crate::MissingKey;
 use crate::body::{RequestBody, ResponseBody};
-use crate::engine::Guarded;
+use crate::engine::MissingKey;
 use crate::engine::drain::Entry;
 use crate::engine::guard::{LeaseGuard, Leased, Owner, Settle};
 use crate::engine::mode::Mode;
@@ -29,15 +28,10 @@ use crate::response::{Outcome, problem};
 use crate::store::{LeaseToken, Pending, Stale, StoreError};
 use crate::store::{VersionClaim, VersionLease, VersionStore};
 
-/// The service made by [`VersionGuardLayer`](super::VersionGuardLayer): begin the entity's
-/// version, run the inner service, then commit or release it. See [`Guarded`], the service
-/// shell every mode shares.
-pub type VersionGuard<S, St, E, V> = Guarded<S, Versions<St, E, V>>;
-
-/// The version guard as a mode of the service shell: what a [`VersionGuard`] service does with
-/// each delivery, and the settings it does it with. Made by
-/// [`VersionGuardLayer`](super::VersionGuardLayer).
-pub struct Versions<St, E, V> {
+/// The version guard as a mode of the service shell: what a
+/// [`VersionGuard`](super::VersionGuard) service does with each delivery, and the settings it
+/// does it with. Made by [`VersionGuardLayer`](super::VersionGuardLayer).
+pub struct VersionMode<St, E, V> {
     pub(crate) store: St,
     pub(crate) entity: E,
     pub(crate) version: V,
@@ -46,9 +40,9 @@ pub struct Versions<St, E, V> {
     pub(crate) on_held: Option<HeldHook>,
 }
 
-impl<St: fmt::Debug, E: fmt::Debug, V: fmt::Debug> fmt::Debug for Versions<St, E, V> {
+impl<St: fmt::Debug, E: fmt::Debug, V: fmt::Debug> fmt::Debug for VersionMode<St, E, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Versions")
+        f.debug_struct("VersionMode")
             .field("store", &self.store)
             .field("entity", &self.entity)
             .field("version", &self.version)
@@ -64,7 +58,7 @@ pub(crate) struct Found {
     version: i64,
 }
 
-impl<S, St, E, V, B, ResB> Mode<S, B, ResB> for Versions<St, E, V>
+impl<S, St, E, V, B, ResB> Mode<S, B, ResB> for VersionMode<St, E, V>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
@@ -238,7 +232,7 @@ impl Leased for VersionLease {
     }
 }
 
-impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Owner for Versions<St, E, V> {
+impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Owner for VersionMode<St, E, V> {
     type Lease = VersionLease;
     const WHAT: &'static str = "pending version";
 

@@ -13,7 +13,6 @@ use http_body::Body;
 use tower_service::Service;
 
 use crate::body::{BoxError, RequestBody, ResponseBody};
-use crate::engine::Guarded;
 use crate::engine::drain::Entry;
 use crate::engine::guard::{LeaseGuard, Owner, Settle};
 use crate::engine::mode::Mode;
@@ -29,14 +28,10 @@ use crate::replay::{Capture, Keeper, Replay, RequestFingerprint};
 use crate::response::Outcome;
 use crate::store::{Claim, Completed, Fingerprint, Lease, Receipt, Stale, Store, StoreError};
 
-/// The service made by [`IdempotencyLayer`](crate::IdempotencyLayer): claim, run the inner
-/// service, then commit or release. See [`Guarded`], the service shell every mode shares.
-pub type Idempotency<S, St, K = Auto> = Guarded<S, Claims<St, K>>;
-
-/// Claim-then-commit as a mode of the service shell: what an [`Idempotency`] service does
-/// with each delivery, and the settings it does it with. Made by
-/// [`IdempotencyLayer`](crate::IdempotencyLayer).
-pub struct Claims<St, K = Auto> {
+/// Claim-then-commit as a mode of the service shell: what an
+/// [`Idempotency`](super::Idempotency) service does with each delivery, and the settings it
+/// does it with. Made by [`IdempotencyLayer`](crate::IdempotencyLayer).
+pub struct ClaimMode<St, K = Auto> {
     pub(crate) store: St,
     pub(crate) key: K,
     pub(crate) settings: Settings,
@@ -45,7 +40,7 @@ pub struct Claims<St, K = Auto> {
     pub(crate) capture: Option<Arc<Capture>>,
 }
 
-impl<St, K> Claims<St, K> {
+impl<St, K> ClaimMode<St, K> {
     pub(crate) fn new(store: St, key: K, settings: Settings, claims: ClaimSettings) -> Self {
         let capture = claims.replay.as_ref().map(|replay| {
             Arc::new(Capture {
@@ -64,9 +59,9 @@ impl<St, K> Claims<St, K> {
     }
 }
 
-impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for Claims<St, K> {
+impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for ClaimMode<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Claims")
+        f.debug_struct("ClaimMode")
             .field("store", &self.store)
             .field("key", &self.key)
             .field("settings", &self.settings)
@@ -84,7 +79,7 @@ pub(crate) struct Found {
     attempt: Option<u32>,
 }
 
-impl<S, St, K, B, ResB> Mode<S, B, ResB> for Claims<St, K>
+impl<S, St, K, B, ResB> Mode<S, B, ResB> for ClaimMode<St, K>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
@@ -164,11 +159,11 @@ where
 /// (duplicate, in flight, held, store unavailable); with `.wait_in_flight(..)`, a claim in
 /// flight is waited for and claimed again.
 async fn claimed<St: Store, K: ExtractKey>(
-    owner: &Arc<Claims<St, K>>,
+    owner: &Arc<ClaimMode<St, K>>,
     key: &IdempotencyKey,
     fingerprint: Option<&Fingerprint>,
     entry: Entry,
-) -> Result<LeaseGuard<Claims<St, K>>, Refusal> {
+) -> Result<LeaseGuard<ClaimMode<St, K>>, Refusal> {
     let settings = &owner.settings;
     let mut claimed = claim(owner, key, entry).await;
     if let (Ok(Claimed::InFlight(_)), Some(wait)) = (&claimed, owner.claims.wait_in_flight) {
@@ -232,7 +227,7 @@ async fn claimed<St: Store, K: ExtractKey>(
 /// The answer to a duplicate of a done key: 422 if it reuses the key for another request,
 /// the stored answer if there is one to replay, else the plain 200.
 fn duplicate<St, K>(
-    owner: &Claims<St, K>,
+    owner: &ClaimMode<St, K>,
     fingerprint: Option<&Fingerprint>,
     done: &Completed,
 ) -> Refusal {
@@ -264,7 +259,7 @@ fn duplicate<St, K>(
 
 /// What a claim answered, with a granted claim already under its guard.
 enum Claimed<St: Store, K: ExtractKey> {
-    Acquired(LeaseGuard<Claims<St, K>>),
+    Acquired(LeaseGuard<ClaimMode<St, K>>),
     Done(Completed),
     InFlight(crate::store::Pending),
     Held(crate::store::Pending),
@@ -273,7 +268,7 @@ enum Claimed<St: Store, K: ExtractKey> {
 /// Claims `key` within the store timeout (see [`acquire`]); `entry` counts the delivery in
 /// the drain.
 async fn claim<St: Store, K: ExtractKey>(
-    owner: &Arc<Claims<St, K>>,
+    owner: &Arc<ClaimMode<St, K>>,
     key: &IdempotencyKey,
     entry: Entry,
 ) -> Result<Claimed<St, K>, StoreError> {
@@ -291,7 +286,7 @@ async fn claim<St: Store, K: ExtractKey>(
     acquire(claiming, owner.settings.store_timeout, "claim").await
 }
 
-impl<St: Store, K: ExtractKey> Owner for Claims<St, K> {
+impl<St: Store, K: ExtractKey> Owner for ClaimMode<St, K> {
     type Lease = Lease;
     const WHAT: &'static str = "claim";
 

@@ -16,7 +16,6 @@ use tower_service::Service;
 use super::TransactionalStore;
 use super::tx::TxHandle;
 use crate::body::{RequestBody, ResponseBody};
-use crate::engine::Guarded;
 use crate::engine::drain::{Entry, Stage};
 use crate::engine::guard::{LeaseState, Leased};
 use crate::engine::mode::Mode;
@@ -30,25 +29,19 @@ use crate::response::Outcome;
 use crate::response::with_outcome;
 use crate::store::{Begin, LeaseToken, StoreError};
 
-/// The service of transactional mode, made by [`TransactionalLayer`](super::TransactionalLayer).
-/// See [`Guarded`], the service shell every mode shares.
-///
-/// As in claim-then-commit mode, a handler whose delivery went away runs to its end in a task
-/// of its own, and its answer commits or rolls back the transaction.
-pub type TransactionalService<S, St, K = Auto> = Guarded<S, Transactional<St, K>>;
-
-/// Transactional mode as a mode of the service shell: what a [`TransactionalService`] does
-/// with each delivery, and the settings it does it with.
-pub struct Transactional<St, K = Auto> {
+/// Transactional mode as a mode of the service shell: what a
+/// [`Transactional`](super::Transactional) service does with each delivery, and the settings
+/// it does it with. Made by [`TransactionalLayer`](super::TransactionalLayer).
+pub struct TxMode<St, K = Auto> {
     pub(super) store: St,
     pub(super) key: K,
     pub(super) settings: Settings,
     pub(super) lock_timeout: Duration,
 }
 
-impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for Transactional<St, K> {
+impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for TxMode<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Transactional")
+        f.debug_struct("TxMode")
             .field("store", &self.store)
             .field("key", &self.key)
             .field("lock_timeout", &self.lock_timeout)
@@ -62,7 +55,7 @@ pub(crate) struct Held<St: TransactionalStore> {
     open: Open,
 }
 
-impl<S, St, K, B, ResB> Mode<S, B, ResB> for Transactional<St, K>
+impl<S, St, K, B, ResB> Mode<S, B, ResB> for TxMode<St, K>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
@@ -192,7 +185,7 @@ impl Drop for Open {
 
 /// The handler in the delivery's transaction, then `COMMIT` or `ROLLBACK` as it answered.
 async fn run<S, St, K, B, ResB>(
-    shared: Arc<Transactional<St, K>>,
+    shared: Arc<TxMode<St, K>>,
     open: Open,
     tx: Transaction<'static, St::Database>,
     inner: S,

@@ -4,13 +4,17 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use super::mode::{ClaimMode, ClaimSettings};
 use crate::engine::Guarded;
 use crate::engine::settings::{Settings, shared_settings};
 use crate::journal::Journal;
 use crate::key::{self, Auto, ExtractKey, IdempotencyKey};
 use crate::replay::{Replay, RequestFingerprint};
-use crate::service::{ClaimSettings, Claims, Idempotency};
 use crate::store::{Pending, Stale, Store};
+
+/// The service made by [`IdempotencyLayer`]: claim, run the inner service, then commit or
+/// release. See [`Guarded`], the service shell every mode shares.
+pub type Idempotency<S, St, K = Auto> = Guarded<S, ClaimMode<St, K>>;
 
 /// Makes an inner service process each event once: claim the key, run the inner service,
 /// commit on success, release on failure.
@@ -207,7 +211,7 @@ where
     fn layer(&self, inner: S) -> Self::Service {
         Guarded::new(
             inner,
-            Arc::new(Claims::new(
+            Arc::new(ClaimMode::new(
                 self.store.clone(),
                 self.key.clone(),
                 self.settings.clone(),

@@ -1,0 +1,205 @@
+//! Inbox mode's ingest, a mode of the service shell: find the key, store the delivery in one
+//! durable write, answer 202; hand a worker's request to the route's handler.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
+use tower_service::Service;
+
+use super::Inbox;
+use super::layer::IngestSettings;
+use crate::body::{RequestBody, ResponseBody};
+use crate::engine::drain::Entry;
+use crate::engine::handback::{HandBack, HandedBack, Reach};
+use crate::engine::mode::Mode;
+use crate::engine::observe::record;
+use crate::engine::prepare::find_key;
+use crate::engine::refusal::{Refusal, Rejection};
+use crate::engine::run::Ran;
+use crate::engine::settings::Settings;
+use crate::key::{Auto, ExtractKey, IdempotencyKey};
+use crate::response::{Outcome, answer};
+use crate::store::inbox::{Enqueued, InboxStore, StoredRequest};
+
+/// Inbox mode's ingest as a mode of the service shell: a delivery's claim is the write that
+/// stores it. What an [`Ingest`](super::Ingest) service does with each delivery, and the
+/// settings it does it with. Made by [`IngestLayer`](super::IngestLayer).
+pub struct IngestMode<St, K = Auto> {
+    pub(super) inbox: Inbox<St>,
+    pub(super) key: K,
+    pub(super) settings: Settings,
+    pub(super) ingest: IngestSettings,
+}
+
+impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for IngestMode<St, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IngestMode")
+            .field("inbox", &self.inbox)
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+pub(crate) struct Found {
+    key: IdempotencyKey,
+    /// Shared with the claim's future: the headers are not copied again.
+    request: Arc<StoredRequest>,
+}
+
+/// The URI the app received: before a `Router::nest` (or `nest_service`) took its prefix off,
+/// as axum records it; the request's own URI without a router that records one.
+fn received_uri(parts: &Parts) -> &http::Uri {
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::OriginalUri(uri)) = parts.extensions.get() {
+        return uri;
+    }
+    &parts.uri
+}
+
+impl<St, K> IngestMode<St, K> {
+    /// The request as the inbox keeps it.
+    fn stored(&self, parts: &Parts, body: Bytes) -> StoredRequest {
+        let uri = received_uri(parts);
+        let uri = uri
+            .path_and_query()
+            .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned());
+        let headers = parts
+            .headers
+            .iter()
+            .filter(|(name, _)| !self.ingest.dropped.contains(name))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+        StoredRequest::new(parts.method.clone(), uri, headers, body)
+    }
+}
+
+impl<S, St, K, B, ResB> Mode<S, B, ResB> for IngestMode<St, K>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: fmt::Display + Send + 'static,
+    St: InboxStore + Clone,
+    K: ExtractKey,
+    B: Body + Send + 'static,
+    ResB: Send + 'static,
+{
+    type Found = Found;
+    /// The delivery stays counted in the drain until it is answered.
+    type Held = Entry;
+
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// A worker's request reached its route: the handler runs, detached, and its answer goes
+    /// back to the worker.
+    fn handed_back(&self, hand_back: &HandBack) -> HandedBack {
+        match hand_back.reach() {
+            Reach::Run(reporter) => HandedBack::Run(reporter),
+            // An inbox layer inside another's route: the outer one runs it.
+            Reach::Reached => HandedBack::PassThrough,
+            Reach::Closed => HandedBack::Refuse,
+        }
+    }
+
+    fn describe_error(error: &S::Error) -> String {
+        error.to_string()
+    }
+
+    fn reads_body(&self, _parts: &Parts) -> bool {
+        true
+    }
+
+    fn find(&self, parts: &Parts, body: Option<&Bytes>) -> Result<Option<Found>, Rejection> {
+        let Some(key) = find_key(&self.key, &self.settings, parts, body)? else {
+            return Ok(None);
+        };
+        let body = body.cloned().unwrap_or_default();
+        Ok(Some(Found {
+            key,
+            request: Arc::new(self.stored(parts, body)),
+        }))
+    }
+
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "the trait names the future's bounds"
+    )]
+    fn claim(
+        self: Arc<Self>,
+        found: &Found,
+        entry: Entry,
+    ) -> impl Future<Output = Result<Entry, Refusal>> + Send {
+        let key = found.key.clone();
+        let request = found.request.clone();
+        async move {
+            let store = self.inbox.store();
+            let started = crate::engine::observe::started();
+            let stored =
+                tokio::time::timeout(self.settings.store_timeout, store.enqueue(&key, &request))
+                    .await;
+            if let Some(started) = started {
+                crate::metrics::store_call("enqueue", started.elapsed());
+            }
+            match stored {
+                Ok(Ok(Enqueued::Stored)) => {
+                    self.inbox.wake().notify_waiters();
+                    Ok(entry)
+                }
+                Ok(Ok(Enqueued::Duplicate(state))) => {
+                    tracing::trace!(state = state.as_str(), "duplicate of an inbox entry");
+                    Err(Refusal::Duplicate)
+                }
+                Ok(Err(error)) => {
+                    tracing::error!(
+                        namespace = key.namespace(),
+                        key = key.value(),
+                        error = &error as &dyn std::error::Error,
+                        "the inbox could not store a delivery; answered 503",
+                    );
+                    Err(Refusal::StoreUnavailable)
+                }
+                Err(_) => {
+                    tracing::error!(
+                        namespace = key.namespace(),
+                        key = key.value(),
+                        "the inbox did not answer within the store timeout; answered 503 (the \
+                         write may still land: the sender's retry then finds a duplicate)",
+                    );
+                    Err(Refusal::StoreUnavailable)
+                }
+            }
+        }
+    }
+
+    fn run(
+        self: Arc<Self>,
+        held: Entry,
+        _inner: S,
+        _request: Request<RequestBody<B>>,
+    ) -> impl Future<Output = Ran<Response<ResponseBody<ResB>>, S::Error>> + Send + 'static {
+        drop(held);
+        let res = answer(
+            self.ingest.accepted,
+            Outcome::Queued,
+            ResponseBody::bytes(Bytes::new()),
+        );
+        std::future::ready(Ok(Ok(res)))
+    }
+
+    fn record(&self, found: &Found, outcome: Outcome) {
+        record(&found.key, outcome);
+    }
+
+    fn answered(&self, found: Found, res: &mut Response<ResponseBody<ResB>>) {
+        if res.extensions().get::<Outcome>() == Some(&Outcome::Queued) {
+            record(&found.key, Outcome::Queued);
+        }
+        res.extensions_mut().insert(found.key);
+    }
+}
