@@ -583,7 +583,8 @@ pub(crate) async fn settle_each<S: InboxStore + ?Sized>(
 
 /// The answers of a batch written in one statement or transaction: per settlement, the rows
 /// it changed (none: its lease was lost); or the one failure, told to each.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
 pub(crate) fn batch_results(
     written: Result<Vec<u64>, StoreError>,
     batch: &[Settling],

@@ -299,7 +299,6 @@ mod server;
 mod transactional;
 mod versions;
 
-use inbox::InboxQueries;
 use queries::{ClaimQueries, add_receipt, queries, upgrade};
 use server::{check_sql_mode, flavor_of, is_mariadb};
 
@@ -331,8 +330,8 @@ pub struct MySqlStore {
     table: Table<MySql>,
     /// The statements only this backend has.
     claims: Arc<ClaimQueries>,
-    /// The statements of the inbox table.
-    inbox: Arc<InboxQueries>,
+    /// The statements of the inbox that are MySQL's own (the others are the table's).
+    inbox: Arc<inbox::Own>,
     flavor: Arc<OnceCell<MySqlFlavor>>,
     /// Where concurrent claims and commits meet to go together.
     batches: batch::Batches,
@@ -346,7 +345,7 @@ impl MySqlStore {
     /// the server is MariaDB or MySQL.
     pub fn new(pool: MySqlPool) -> Self {
         let table = TableName::default_table();
-        let inbox = InboxQueries::new(&table);
+        let inbox = inbox::Own::new(&table);
         let (sql, claims) = queries(table);
         let (table, claims) = (Table::new(pool, sql), Arc::new(claims));
         Self {
@@ -362,7 +361,7 @@ impl MySqlStore {
     /// Uses the table `name` instead: `[A-Za-z_][A-Za-z0-9_]*` of at most 49 bytes.
     pub fn with_table_name(mut self, name: &str) -> Result<Self, ConfigError> {
         let table = TableName::parse(name, false)?;
-        self.inbox = Arc::new(InboxQueries::new(&table));
+        self.inbox = Arc::new(inbox::Own::new(&table));
         let (sql, claims) = queries(table);
         self.table = self.table.with_queries(sql);
         self.claims = Arc::new(claims);
@@ -565,7 +564,7 @@ impl MySqlStore {
             .execute(&mut *conn)
             .await
             .store()?;
-        sqlx::raw_sql(AssertSqlSafe(self.inbox.migrate.clone()))
+        sqlx::raw_sql(AssertSqlSafe(self.table.sql.inbox.migrate.clone()))
             .execute(&mut *conn)
             .await
             .store()?;
@@ -580,7 +579,7 @@ impl MySqlStore {
         .store()?;
         if started == 0 {
             tracing::info!(table = %table.inbox().name(), "adding the started column to the inbox table");
-            alter_briefly(conn, self.inbox.add_started.to_string()).await?;
+            alter_briefly(conn, self.table.sql.inbox.add_started.to_string()).await?;
         }
         Ok(())
     }

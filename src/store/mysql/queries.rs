@@ -212,6 +212,7 @@ SET t.deliveries = t.deliveries + v.n,
         version_queries(&table);
     let claim_read: std::sync::Arc<str> = claim_read.into();
     let queries = Queries {
+        inbox: super::inbox::shared(&table),
         read: claim_read.clone(),
         tally: tally.into(),
         table,

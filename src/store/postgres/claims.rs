@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
-use crate::store::batch::{ClaimWrite, CommitWrite, EnqueueWrite};
+use crate::store::batch::{ClaimWrite, CommitWrite};
 use crate::store::sql::{AfterRead, ClaimRow, held};
 use crate::store::{
     Claim, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, Store, StoreError, StuckClaim,
@@ -111,22 +111,5 @@ impl PostgresStore {
     ) -> Result<(), StoreError> {
         let write = CommitWrite::of(lease, receipt);
         held(self.batches.commits.write(write).await?)
-    }
-}
-
-impl PostgresStore {
-    /// The enqueue's insert-or-read of `key`'s entry: its state, and whether this insert stored
-    /// it (none: an enqueue that committed after the statement's snapshot stored it). In the
-    /// next batch of inserts when one is in flight (see [`max_batch`](Self::max_batch)).
-    pub(super) async fn insert_entry(
-        &self,
-        key: &IdempotencyKey,
-        bytes: &[u8],
-    ) -> Result<Option<(String, bool)>, StoreError> {
-        let write = EnqueueWrite {
-            key: key.clone(),
-            request: bytes.to_vec(),
-        };
-        self.batches.enqueues.write(write).await
     }
 }

@@ -329,7 +329,7 @@ mod transactional;
 mod versions;
 
 use batch::Batches;
-use inbox::{Herald, InboxQueries, inbox_queries};
+use inbox::Herald;
 use queries::{add_receipt, drop_earlier, insert_new, insert_or_read, queries, upgrade};
 
 /// Claims kept in a PostgreSQL table, shared by every app instance that uses the database.
@@ -341,8 +341,8 @@ use queries::{add_receipt, drop_earlier, insert_new, insert_or_read, queries, up
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub struct PostgresStore {
     table: Table<Postgres>,
-    /// The statements on the inbox table.
-    inbox: Arc<InboxQueries>,
+    /// The statements of the inbox that are PostgreSQL's own (the others are the table's).
+    inbox: Arc<inbox::Own>,
     /// Sends the notifications of new inbox entries.
     herald: Arc<Herald>,
     /// Where concurrent claims, commits and inbox entries meet to go together.
@@ -363,7 +363,7 @@ impl PostgresStore {
 
     /// A store on `table`, its batches of at most `most` writes.
     fn on(table: Table<Postgres>, most: usize) -> Self {
-        let inbox: Arc<InboxQueries> = inbox_queries(&table.sql.table).into();
+        let inbox: Arc<inbox::Own> = inbox::own(&table.sql.table).into();
         let lone = batch::Lone {
             claim: insert_or_read(&table.sql.table).into(),
             insert: insert_new(&table.sql.table).into(),
@@ -472,7 +472,7 @@ impl PostgresStore {
             .execute(&mut *tx)
             .await
             .store()?;
-        sqlx::raw_sql(AssertSqlSafe(self.inbox.migrate.clone()))
+        sqlx::raw_sql(AssertSqlSafe(self.table.sql.inbox.migrate.clone()))
             .execute(&mut *tx)
             .await
             .store()?;
@@ -487,7 +487,7 @@ impl PostgresStore {
         .store()?;
         if !started {
             tracing::info!(table = %table.inbox().name(), "adding the started column to the inbox table");
-            sqlx::raw_sql(AssertSqlSafe(self.inbox.add_started.clone()))
+            sqlx::raw_sql(AssertSqlSafe(self.table.sql.inbox.add_started.clone()))
                 .execute(&mut *tx)
                 .await
                 .store()?;

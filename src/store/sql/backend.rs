@@ -7,6 +7,12 @@ pub(crate) type Statement<'q, DB> = sqlx::query::Query<'q, DB, <DB as Database>:
 
 /// A database the SQL stores run on: what [`Table`] needs beyond sqlx's [`Database`].
 pub(crate) trait Backend: Database {
+    /// The statement that begins a transaction of several writes: SQLite's takes the write
+    /// lock up front (waiting for it under the busy timeout), where a deferred one could fail
+    /// to upgrade its read lock.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
+    const BEGIN: &'static str = "BEGIN";
+
     /// How many rows a statement changed (or matched: MySQL's connections report matched
     /// rows, sqlx sets `CLIENT_FOUND_ROWS`).
     fn rows_affected(done: &Self::QueryResult) -> u64;
@@ -39,6 +45,8 @@ impl Backend for sqlx::Postgres {
 
 #[cfg(feature = "sqlite")]
 impl Backend for sqlx::Sqlite {
+    const BEGIN: &'static str = "BEGIN IMMEDIATE";
+
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
     }

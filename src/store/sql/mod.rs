@@ -9,10 +9,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool};
-use sqlx::{Row as _, Type};
+use sqlx::{AssertSqlSafe, Database, Executor, Pool, Row as _};
 
 mod backend;
+mod inbox;
 mod purge;
 mod queries;
 mod rows;
@@ -26,10 +26,14 @@ pub(crate) use super::tally::CHUNK as TALLY_CHUNK;
 use super::tally::Tally;
 pub(crate) use backend::Backend;
 use backend::Statement;
-pub(crate) use queries::{Bounded, Purge, Queries, VersionQueries};
+#[cfg(feature = "postgres")]
+pub(crate) use inbox::settlement;
+pub(crate) use queries::{Bounded, InboxPurge, InboxQueries, Purge, Queries, VersionQueries};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use rows::taken_entry;
 pub(crate) use rows::{
-    ClaimRow, NEVER_STALE, NewKeys, duration_from_micros, key_record, micros, stuck_claim,
-    undecodable_stuck_row, version_claim, version_row,
+    ClaimRow, NEVER_STALE, NewKeys, duration_from_micros, entry_state, inbox_entry, key_record,
+    micros, stuck_claim, undecodable_stuck_row, version_claim, version_row,
 };
 pub(crate) use table::TableName;
 #[cfg(feature = "postgres")]
@@ -136,23 +140,35 @@ impl<DB: Database> Table<DB> {
     }
 }
 
-/// What the statements bind and read, on `DB`: the bounds of every generic statement below.
-///
-/// (Written out where they are needed: bounds on a trait's associated types are not implied
-/// where the trait is used.)
-impl<DB> Table<DB>
-where
-    DB: Backend,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
-    i64: for<'a> Encode<'a, DB> + for<'r> Decode<'r, DB> + Type<DB>,
-    bool: for<'a> Encode<'a, DB> + for<'r> Decode<'r, DB> + Type<DB>,
-    String: for<'r> Decode<'r, DB> + Type<DB>,
-    for<'r> &'r [u8]: Decode<'r, DB> + Type<DB>,
-    Option<Vec<u8>>: for<'a> Encode<'a, DB> + Type<DB>,
-    usize: ColumnIndex<DB::Row>,
-{
+/// `impl<DB> Table<DB>` for the generic statements of `$items`, under the bounds they all
+/// need: what they bind and read on `DB`. Written once here, as bounds on a trait's
+/// associated types are not implied where the trait is used.
+macro_rules! statements {
+    ($($items:item)*) => {
+        impl<DB> $crate::store::sql::Table<DB>
+        where
+            DB: $crate::store::sql::Backend,
+            for<'c> &'c mut DB::Connection: ::sqlx::Executor<'c, Database = DB>,
+            DB::Arguments: ::sqlx::IntoArguments<DB>,
+            for<'a> &'a str: ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
+            i64: for<'a> ::sqlx::Encode<'a, DB> + for<'r> ::sqlx::Decode<'r, DB> + ::sqlx::Type<DB>,
+            bool: for<'a> ::sqlx::Encode<'a, DB>
+                + for<'r> ::sqlx::Decode<'r, DB>
+                + ::sqlx::Type<DB>,
+            String: for<'r> ::sqlx::Decode<'r, DB> + ::sqlx::Type<DB>,
+            for<'r> &'r [u8]: ::sqlx::Decode<'r, DB> + ::sqlx::Type<DB>,
+            Option<Vec<u8>>: for<'a> ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
+            for<'a> Option<&'a str>: ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
+            Option<i64>: for<'a> ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
+            usize: ::sqlx::ColumnIndex<DB::Row>,
+        {
+            $($items)*
+        }
+    };
+}
+pub(crate) use statements;
+
+statements! {
     /// Runs a write, in the writer's turn, and counts the rows it changed.
     async fn write(&self, query: Statement<'_, DB>) -> Result<u64, StoreError> {
         let _turn = self.writer.turn().await;

@@ -3,22 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::{AssertSqlSafe, ColumnIndex, Decode, Encode, Executor, IntoArguments, Row as _, Type};
+use sqlx::{AssertSqlSafe, Row as _};
 
-use super::{Backend, Bounded, Purge, ResultExt as _, Table, micros};
+use super::{Bounded, Purge, ResultExt as _, micros, statements};
 use crate::store::StoreError;
 
-impl<DB> Table<DB>
-where
-    DB: Backend,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
-    i64: for<'a> Encode<'a, DB> + for<'r> Decode<'r, DB> + Type<DB>,
-    bool: for<'a> Encode<'a, DB> + for<'r> Decode<'r, DB> + Type<DB>,
-    String: for<'r> Decode<'r, DB> + Type<DB>,
-    usize: ColumnIndex<DB::Row>,
-{
+statements! {
     /// Walks the table in key order, [`PURGE_BATCH`](super::PURGE_BATCH) keys at a time: each batch is two short
     /// statements (the batch's last key, then the delete), so claims wait at most for one
     /// batch's locks, and no index on the settle time is needed.

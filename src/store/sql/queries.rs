@@ -49,6 +49,8 @@ pub(crate) struct Queries {
     pub(crate) tx_check: Arc<str>,
     /// The entity versions of the version guard.
     pub(crate) versions: VersionQueries,
+    /// The inbox.
+    pub(crate) inbox: InboxQueries,
 }
 
 /// The statements on the versions table, shared by the SQL stores.
@@ -104,4 +106,76 @@ pub(crate) struct Bounded {
     /// the rows in the range that the delete does not match (in-flight claims,
     /// transactional markers), nor locks the gaps between them.
     pub(crate) before: Option<Arc<str>>,
+}
+
+/// The inbox's statements that every SQL store runs the same way, on `<table>_inbox`: each
+/// backend writes them in its own dialect, and [`Table`](super::Table) binds them in one order
+/// for all (`sql/inbox.rs`). A backend's enqueue and take, which differ, are its own.
+///
+/// Parameters, by position: a key is (namespace, key), a lease (namespace, key, token);
+/// durations are whole microseconds; what an operator's action may take of a running entry is
+/// (force, microseconds without a renewal or NULL).
+pub(crate) struct InboxQueries {
+    /// Creates the table and its indexes (`IF NOT EXISTS`).
+    pub(crate) migrate: Arc<str>,
+    /// Adds the `started` column to an earlier release's table, whose running entries started.
+    pub(crate) add_started: Arc<str>,
+    /// (key): the entry's state.
+    pub(crate) state: Arc<str>,
+    /// (lease): moves the renewal time.
+    pub(crate) renew: Arc<str>,
+    /// (state, microseconds until due or NULL, whether a started attempt is taken back, the
+    /// encoded history or NULL, lease): settles a running entry; NULL leaves the due time or
+    /// the history as they are. A settled entry is not started, and its token is cleared.
+    pub(crate) settle: Arc<str>,
+    /// (lease): the running entry's handler starts, its attempt counted once.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
+    pub(crate) start: Arc<str>,
+    /// (token): the running entry leased under it queued again, due now, its attempt taken
+    /// back if it started.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
+    pub(crate) untake: Arc<str>,
+    /// (namespace or NULL, namespace or NULL, whether queued, running, done and dead entries
+    /// are wanted, four flags, limit): the entries' [columns](super::inbox_entry), the oldest
+    /// first.
+    pub(crate) entries: Arc<str>,
+    /// (key): the entry's [columns](super::inbox_entry).
+    pub(crate) entry: Arc<str>,
+    /// (key): the stored request, NULL once retention deleted it.
+    pub(crate) request: Arc<str>,
+    /// (key, force, microseconds or NULL): a queued or dead entry due now, a dead one's counts
+    /// started over; a running one when forced, or not renewed for that long.
+    pub(crate) retry_now: Arc<str>,
+    /// (namespace): `retry_now` for every dead entry of the namespace.
+    pub(crate) retry_dead: Arc<str>,
+    /// (key, force, microseconds or NULL): a queued or dead entry done without running; a
+    /// running one as for `retry_now`.
+    pub(crate) discard: Arc<str>,
+    /// (namespace or NULL, namespace or NULL): one row, the queued, running and dead entries
+    /// counted, and the microseconds since the oldest due entry fell due (NULL if none).
+    pub(crate) stats: Arc<str>,
+    /// How retention deletes done entries' requests, then the entries.
+    pub(crate) purge: InboxPurge,
+}
+
+/// How an inbox's retention deletes, at most a limit of rows a statement.
+pub(crate) enum InboxPurge {
+    /// One statement each (age, limit): the requests of done entries settled at least the
+    /// age ago, then such entries.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    Direct {
+        requests: Arc<str>,
+        entries: Arc<str>,
+    },
+    /// Each part in a transaction of its own, `before` run first on its connection: a pick of
+    /// the rows (age, age, limit) that skips those another transaction holds, then a statement
+    /// a picked row (key).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    Picked {
+        before: Arc<str>,
+        pick_requests: Arc<str>,
+        request_of: Arc<str>,
+        pick_entries: Arc<str>,
+        entry_of: Arc<str>,
+    },
 }

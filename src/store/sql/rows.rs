@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::ResultExt as _;
 use super::table::TableName;
 use crate::key::IdempotencyKey;
+use crate::store::inbox::{Attempt, Entry, EntryState};
 use crate::store::{
     Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Stale, StoreError,
     StuckClaim, VersionClaim,
@@ -272,6 +273,84 @@ where
         row.try_get(1).store()?,
         row.try_get(2).store()?,
         row.try_get(3).store()?,
+    ))
+}
+
+/// A count of attempts or crashes read back; a negative one (written by hand) reads as zero.
+fn attempts(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
+
+/// The state an inbox row holds.
+pub(crate) fn entry_state(text: &str) -> Result<EntryState, StoreError> {
+    EntryState::parse(text)
+        .ok_or_else(|| StoreError::backend(format!("unexpected state {text:?} in the inbox table")))
+}
+
+fn inbox_key(namespace: String, key: String) -> Result<IdempotencyKey, StoreError> {
+    IdempotencyKey::new(namespace, key).map_err(StoreError::backend)
+}
+
+/// An inbox entry as operators see it, from the ten columns every SQL inbox's `entries` and
+/// `entry` answer: `namespace, key, state, attempts, crashes` (counts as 64-bit integers), the
+/// microseconds since it was received, until it is due (NULL unless queued) and since its
+/// last renewal (NULL unless running), whether the request is kept (0 or 1), the history.
+pub(crate) fn inbox_entry<R>(row: &R) -> Result<Entry, StoreError>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> &'r [u8]: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let micros_at = |i: usize| -> Result<Option<Duration>, StoreError> {
+        let us: Option<i64> = row.try_get(i).store()?;
+        Ok(us.map(duration_from_micros))
+    };
+    let history: Option<&[u8]> = row.try_get(9).store()?;
+    let has_request: i64 = row.try_get(8).store()?;
+    Ok(Entry::new(
+        inbox_key(row.try_get(0).store()?, row.try_get(1).store()?)?,
+        entry_state(&row.try_get::<String, _>(2).store()?)?,
+        attempts(row.try_get(3).store()?),
+        attempts(row.try_get(4).store()?),
+        micros_at(5)?.unwrap_or_default(),
+        micros_at(6)?,
+        micros_at(7)?,
+        has_request != 0,
+        Attempt::decode_history(history.unwrap_or_default())?,
+    ))
+}
+
+/// What a take answers for one entry it leased, from the nine columns a take returns
+/// (PostgreSQL's, SQLite's): `namespace, key, token, attempts, crashes`, whether it was taken
+/// over after a crash, the request, the history, and when it was received (microseconds since
+/// the Unix epoch). The attempt is the next: the take does not count it.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn taken_entry<R>(
+    row: &R,
+) -> Result<
+    Result<crate::store::inbox::Taken, crate::store::inbox::unreadable::Unreadable>,
+    StoreError,
+>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> &'r [u8]: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let key = inbox_key(row.try_get(0).store()?, row.try_get(1).store()?)?;
+    let token = LeaseToken::from_i64(row.try_get(2).store()?);
+    let received: i64 = row.try_get(8).store()?;
+    Ok(crate::store::inbox::unreadable::taken(
+        Lease::new(key, token, row.try_get(5).store()?),
+        row.try_get(6).store()?,
+        attempts(row.try_get(3).store()?).saturating_add(1),
+        attempts(row.try_get(4).store()?),
+        std::time::UNIX_EPOCH + duration_from_micros(received),
+        row.try_get(7).store()?,
     ))
 }
 

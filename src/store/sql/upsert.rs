@@ -4,30 +4,17 @@
 
 use std::time::Duration;
 
-use sqlx::{AssertSqlSafe, ColumnIndex, Decode, Encode, Executor, IntoArguments, Row as _, Type};
+use sqlx::{AssertSqlSafe, Row as _};
 
 use super::version_row;
-use super::{
-    Backend, ClaimRow, NEVER_STALE, ResultExt as _, Table, micros, returned, version_claim,
-};
+use super::{ClaimRow, NEVER_STALE, ResultExt as _, micros, returned, statements, version_claim};
 use crate::key::IdempotencyKey;
 use crate::store::{Advance, Claim, LeaseToken, Stale, StalePolicy, StoreError, VersionClaim};
 
 /// Whether an error is of a kind a backend names: a serialization failure, a lock timeout.
 pub(crate) type Is = fn(&sqlx::Error) -> bool;
 
-impl<DB> Table<DB>
-where
-    DB: Backend,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
-    i64: for<'a> Encode<'a, DB> + for<'r> Decode<'r, DB> + Type<DB>,
-    bool: for<'a> Encode<'a, DB> + for<'r> Decode<'r, DB> + Type<DB>,
-    String: for<'r> Decode<'r, DB> + Type<DB>,
-    for<'r> &'r [u8]: Decode<'r, DB> + Type<DB>,
-    usize: ColumnIndex<DB::Row>,
-{
+statements! {
     /// The claim: the upsert writes `token` if and only if it inserts the row or takes it
     /// over, and returns the row either way. Parameters: namespace, key, token, whether the
     /// policy reclaims, the stale limit in microseconds. On an error the caller gives back

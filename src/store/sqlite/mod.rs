@@ -298,8 +298,9 @@ use queries::{add_receipt, queries, upgrade};
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub struct SqliteStore {
     table: Table<Sqlite>,
-    /// The statements of the [inbox](self#the-inbox), on `<table>_inbox`.
-    inbox: Arc<inbox::InboxQueries>,
+    /// The statements of the [inbox](self#the-inbox) that are SQLite's own (the others are
+    /// the table's), on `<table>_inbox`.
+    inbox: Arc<inbox::Own>,
     /// Where concurrent claims and commits meet to share a transaction; none when each goes
     /// alone.
     batches: Batcher<batch::Write, batch::Wrote>,
@@ -364,7 +365,7 @@ impl SqliteStore {
 
     /// A store on `table`, its batches of at most `most` writes.
     fn on(table: Table<Sqlite>, most: usize) -> Self {
-        let inbox = Arc::new(inbox::inbox_queries(&table.sql.table));
+        let inbox = Arc::new(inbox::own(&table.sql.table));
         Self {
             batches: batch::batcher(table.clone(), inbox.enqueue.clone(), most),
             inbox,
@@ -469,7 +470,7 @@ impl SqliteStore {
             .execute(&mut *tx)
             .await
             .store()?;
-        sqlx::raw_sql(AssertSqlSafe(self.inbox.migrate.clone()))
+        sqlx::raw_sql(AssertSqlSafe(self.table.sql.inbox.migrate.clone()))
             .execute(&mut *tx)
             .await
             .store()?;
@@ -482,7 +483,7 @@ impl SqliteStore {
                 .store()?;
         if !inbox_columns.iter().any(|c| c == "started") {
             tracing::info!(table = %table.inbox().name(), "adding the started column to the inbox table");
-            sqlx::raw_sql(AssertSqlSafe(self.inbox.add_started.clone()))
+            sqlx::raw_sql(AssertSqlSafe(self.table.sql.inbox.add_started.clone()))
                 .execute(&mut *tx)
                 .await
                 .store()?;

@@ -209,6 +209,7 @@ FROM v WHERE t.namespace = v.namespace AND t."key" = v."key""#
     );
     let versions = version_queries(&table);
     Queries {
+        inbox: super::inbox::shared(&table),
         table,
         read: read.into(),
         tally: tally.into(),

@@ -1,40 +1,29 @@
-//! The SQL of the PostgreSQL inbox: its table and every statement, written once per table
-//! name.
+//! The SQL of the PostgreSQL inbox, written once per table name: the statements every SQL
+//! store runs the same way ([`InboxQueries`]), and PostgreSQL's own ([`Own`]).
 
 use std::sync::Arc;
 
-use crate::store::sql::TableName;
+use crate::store::sql::{InboxPurge, InboxQueries, TableName};
 
 /// The longest channel name PostgreSQL takes (`NAMEDATALEN - 1`).
 const MAX_CHANNEL_LEN: usize = 63;
 
-/// The statements on the inbox table `<table>_inbox`, made once and shared by the store's
-/// clones. The parameters of each are listed where it is written.
-pub(crate) struct InboxQueries {
+/// The key's row: `$1` namespace, `$2` key.
+const KEY: &str = r#"namespace = $1 AND "key" = $2"#;
+
+/// The statements of the PostgreSQL inbox that no other store runs: the enqueue, the take, and
+/// the ones that carry a batch in arrays. Made once and shared by the store's clones. The
+/// parameters of each are listed where it is written.
+pub(crate) struct Own {
     /// The channel the enqueue (and an operator's retry) notifies.
     pub(crate) channel: String,
-    pub(crate) migrate: Arc<str>,
     pub(crate) enqueue: Arc<str>,
-    pub(crate) state: Arc<str>,
     pub(crate) take: Arc<str>,
     pub(crate) start: Arc<str>,
-    pub(crate) give_back: Arc<str>,
-    /// Adds the `started` column to an earlier release's table.
-    pub(crate) add_started: Arc<str>,
-    pub(crate) renew: Arc<str>,
-    pub(crate) settle: Arc<str>,
+    pub(crate) untake: Arc<str>,
     pub(crate) settle_many: Arc<str>,
     /// The notification alone, which [`Herald`](super::herald::Herald) sends.
     pub(crate) herald: Arc<str>,
-    pub(crate) entries: Arc<str>,
-    pub(crate) entry: Arc<str>,
-    pub(crate) request: Arc<str>,
-    pub(crate) retry_now: Arc<str>,
-    pub(crate) retry_dead: Arc<str>,
-    pub(crate) discard: Arc<str>,
-    pub(crate) stats: Arc<str>,
-    pub(crate) purge_requests: Arc<str>,
-    pub(crate) purge_entries: Arc<str>,
 }
 
 /// Microseconds from `from` to `to`, by the database's clock.
@@ -54,13 +43,11 @@ fn channel(inbox: &TableName) -> String {
     }
 }
 
-pub(crate) fn inbox_queries(table: &TableName) -> InboxQueries {
+/// The statements every SQL store runs the same way, in PostgreSQL's words.
+pub(crate) fn shared(table: &TableName) -> InboxQueries {
     let inbox = table.inbox();
     let t = inbox.quoted('"');
     let index = |suffix: &str| format!("\"{}_{suffix}\"", inbox.bare());
-    let channel = channel(&inbox);
-    // The name is letters, digits, `_` and `.` only: a literal needs no escaping.
-    let notify = format!("pg_notify('{channel}', '')");
     let age_of = |at: &str| micros_between(at, "now()");
     let migrate = format!(
         r#"CREATE TABLE IF NOT EXISTS {t} (
@@ -84,6 +71,129 @@ CREATE INDEX IF NOT EXISTS {run} ON {t} (renewed_at) WHERE state = 'running';"#,
         due = index("due_idx"),
         run = index("run_idx"),
     );
+    let add_started =
+        format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS started BOOLEAN NOT NULL DEFAULT TRUE");
+    let lease = format!("{KEY} AND token = $3 AND state = 'running'");
+    // $1 state, $2 microseconds until due or NULL, $3 whether a started attempt is taken
+    // back, $4 history or NULL, $5 namespace, $6 key, $7 token.
+    let settle = format!(
+        r#"UPDATE {t} SET state = $1::text, token = NULL, started = FALSE,
+    settled_at = CASE WHEN $1::text IN ('done', 'dead') THEN now() ELSE settled_at END,
+    due_at = CASE WHEN $2::bigint IS NULL THEN due_at
+        ELSE now() + $2::bigint * interval '1 microsecond' END,
+    attempts = GREATEST(attempts - CASE WHEN $3::boolean AND started THEN 1 ELSE 0 END, 0),
+    history = COALESCE($4::bytea, history)
+WHERE namespace = $5 AND "key" = $6 AND token = $7 AND state = 'running'"#
+    );
+    let described = format!(
+        r#"namespace, "key", state, attempts::bigint, crashes::bigint, {age} AS age_us,
+    CASE WHEN state = 'queued' THEN {due} END AS due_us,
+    CASE WHEN state = 'running' THEN {idle} END AS idle_us,
+    CAST(request IS NOT NULL AS integer)::bigint AS has_request, history"#,
+        age = age_of("received_at"),
+        due = micros_between("now()", "due_at"),
+        idle = age_of("renewed_at"),
+    );
+    let of_namespace = "($1::text IS NULL OR namespace = $2::text)";
+    // A dead entry starts over; a queued one is only made due.
+    let retry = format!(
+        "UPDATE {t} SET state = 'queued', due_at = now(), settled_at = NULL, token = NULL, \
+         started = FALSE, attempts = CASE WHEN state = 'dead' THEN 0 ELSE attempts END, \
+         crashes = CASE WHEN state = 'dead' THEN 0 ELSE crashes END"
+    );
+    let by_hand = format!(
+        "{KEY} AND (state IN ('queued', 'dead') OR state = 'running' AND ($3::boolean \
+         OR renewed_at <= now() - $4::bigint * interval '1 microsecond'))"
+    );
+    // Each count reads the rows of one state alone: the partial indexes hold the queued and
+    // the running ones.
+    let count = |state: &str| {
+        format!("(SELECT count(*) FROM {t} WHERE state = '{state}' AND {of_namespace})")
+    };
+    // Rows another statement holds are left for the next purge.
+    let old = |also: &str| {
+        format!(
+            r#"WITH old AS (
+    SELECT namespace, "key" FROM {t}
+    WHERE state = 'done'{also} AND settled_at <= now() - $1::bigint * interval '1 microsecond'
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)"#
+        )
+    };
+    InboxQueries {
+        migrate: migrate.into(),
+        add_started: add_started.into(),
+        state: format!("SELECT state FROM {t} WHERE {KEY}").into(),
+        renew: format!("UPDATE {t} SET renewed_at = now() WHERE {lease}").into(),
+        settle: settle.into(),
+        start: format!(
+            "UPDATE {t} SET attempts = CASE WHEN started THEN attempts ELSE attempts + 1 END, \
+             started = TRUE WHERE {lease}"
+        )
+        .into(),
+        untake: format!("{UNTAKE} token = $1", UNTAKE = untake(&t)).into(),
+        entries: format!(
+            r#"SELECT {described} FROM {t}
+WHERE {of_namespace} AND ((state = 'queued' AND $3) OR (state = 'running' AND $4)
+    OR (state = 'done' AND $5) OR (state = 'dead' AND $6))
+ORDER BY received_at, namespace, "key" LIMIT $7"#
+        )
+        .into(),
+        entry: format!("SELECT {described} FROM {t} WHERE {KEY}").into(),
+        request: format!("SELECT request FROM {t} WHERE {KEY}").into(),
+        retry_now: format!("{retry} WHERE {by_hand}").into(),
+        retry_dead: format!("{retry} WHERE namespace = $1 AND state = 'dead'").into(),
+        discard: format!(
+            "UPDATE {t} SET state = 'done', token = NULL, started = FALSE, settled_at = now() \
+             WHERE {by_hand}"
+        )
+        .into(),
+        stats: format!(
+            r#"SELECT {queued}, {running}, {dead},
+    (SELECT {oldest} FROM {t} WHERE state = 'queued' AND due_at <= now() AND {of_namespace})"#,
+            queued = count("queued"),
+            running = count("running"),
+            dead = count("dead"),
+            oldest = age_of("min(due_at)"),
+        )
+        .into(),
+        purge: InboxPurge::Direct {
+            requests: format!(
+                r#"{old}
+UPDATE {t} AS t SET request = NULL FROM old
+WHERE t.namespace = old.namespace AND t."key" = old."key""#,
+                old = old(" AND request IS NOT NULL"),
+            )
+            .into(),
+            entries: format!(
+                r#"{old}
+DELETE FROM {t} AS t USING old
+WHERE t.namespace = old.namespace AND t."key" = old."key""#,
+                old = old(""),
+            )
+            .into(),
+        },
+    }
+}
+
+/// A give-back by token, to be completed with the tokens' condition: the running rows alone
+/// are read (the partial index holds them).
+fn untake(t: &str) -> String {
+    format!(
+        "UPDATE {t} SET state = 'queued', token = NULL, due_at = now(), \
+         attempts = GREATEST(attempts - CASE WHEN started THEN 1 ELSE 0 END, 0), \
+         started = FALSE WHERE state = 'running' AND"
+    )
+}
+
+/// PostgreSQL's own statements.
+pub(crate) fn own(table: &TableName) -> Own {
+    let inbox = table.inbox();
+    let t = inbox.quoted('"');
+    let channel = channel(&inbox);
+    // The name is letters, digits, `_` and `.` only: a literal needs no escaping.
+    let notify = format!("pg_notify('{channel}', '')");
     // $1 namespace, $2 key, $3 the encoded request. A duplicate is the read alone: the insert
     // does not start. A row another enqueue committed after the statement's snapshot is in
     // neither part (the insert runs into it and does nothing): no row is answered then. The
@@ -92,7 +202,7 @@ CREATE INDEX IF NOT EXISTS {run} ON {t} (renewed_at) WHERE state = 'running';"#,
     // `herald`).
     let enqueue = format!(
         r#"WITH found AS (
-    SELECT state FROM {t} WHERE namespace = $1 AND "key" = $2
+    SELECT state FROM {t} WHERE {KEY}
 ), inserted AS (
     INSERT INTO {t} (namespace, "key", state, attempts, crashes, received_at, due_at,
         renewed_at, request)
@@ -105,9 +215,6 @@ SELECT state, FALSE AS stored FROM found
 UNION ALL
 SELECT state, TRUE AS stored FROM inserted"#
     );
-    let herald = format!("SELECT {notify}");
-    let key = r#"namespace = $1 AND "key" = $2"#;
-    let state = format!("SELECT state FROM {t} WHERE {key}");
     // $1 the limit, $2 whether the policy reclaims, $3 the stale limit in microseconds, $4 the
     // most attempts, $5 the worker's tokens, one per entry the limit allows. Each kind of
     // candidate is read in its index's order and locked, skipping the rows other workers
@@ -143,10 +250,10 @@ SELECT state, TRUE AS stored FROM inserted"#
     FROM picked AS p
     WHERE t.namespace = p.namespace AND t."key" = p."key"
     RETURNING t.namespace, t."key", t.state, t.token, t.attempts, t.crashes, p.crashed,
-        t.request, t.history, p.n,
-        (extract(epoch FROM t.received_at) * 1000000)::bigint AS received_us
+        t.request, t.history, p.n, t.received_at
 )
-SELECT namespace, "key", token, attempts, crashes, crashed, request, history, received_us
+SELECT namespace, "key", token, attempts::bigint, crashes::bigint, crashed, request, history,
+    (extract(epoch FROM received_at) * 1000000)::bigint
 FROM leased WHERE state = 'running' ORDER BY n"#
     );
     // $1 namespaces, $2 keys, $3 tokens: each lease's entry started, its attempt counted once.
@@ -159,149 +266,28 @@ WHERE t.namespace = v.namespace AND t."key" = v."key" AND t.token = v.token
     AND t.state = 'running'
 RETURNING t.token"#
     );
-    // $1 tokens. The running rows alone are read (the partial index holds them).
-    let give_back = format!(
-        r#"UPDATE {t} SET state = 'queued', token = NULL, due_at = now(),
-    attempts = GREATEST(attempts - CASE WHEN started THEN 1 ELSE 0 END, 0), started = FALSE
-WHERE state = 'running' AND token = ANY($1::bigint[])"#
-    );
-    let add_started =
-        format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS started BOOLEAN NOT NULL DEFAULT TRUE");
-    // $1 namespace, $2 key, $3 token.
-    let held = format!("{key} AND token = $3 AND state = 'running'");
-    let renew = format!("UPDATE {t} SET renewed_at = now() WHERE {held}");
-    // ... and $4 the new state, $5 the delay until due in microseconds (NULL: the due time
-    // stays), $6 whether the attempt is taken back (a give-back: if it started), $7 the encoded
-    // history (NULL: it stays).
-    let settle = format!(
-        r#"UPDATE {t} SET state = $4::text, token = NULL,
-    settled_at = CASE WHEN $4::text IN ('done', 'dead') THEN now() ELSE settled_at END,
-    due_at = CASE WHEN $5::bigint IS NULL THEN due_at
-        ELSE now() + $5::bigint * interval '1 microsecond' END,
-    attempts = GREATEST(attempts - CASE WHEN $6::boolean AND started THEN 1 ELSE 0 END, 0),
-    started = FALSE, history = COALESCE($7::bytea, history)
-WHERE {held}"#
-    );
-    // Several settlements in one statement: the arrays hold one element per lease, as the
-    // parameters of `settle` do; answers the (namespace, key, token) of each row settled.
+    // The arrays hold one element per lease, as the parameters of the settlement of one do;
+    // answers the (namespace, key, token) of each row settled.
     let settle_many = format!(
-        r#"UPDATE {t} AS t SET state = v.state, token = NULL,
+        r#"UPDATE {t} AS t SET state = v.state, token = NULL, started = FALSE,
     settled_at = CASE WHEN v.state IN ('done', 'dead') THEN now() ELSE t.settled_at END,
     due_at = CASE WHEN v.due_us IS NULL THEN t.due_at
         ELSE now() + v.due_us * interval '1 microsecond' END,
     attempts = GREATEST(t.attempts - CASE WHEN v.taken_back AND t.started THEN 1 ELSE 0 END, 0),
-    started = FALSE, history = COALESCE(v.history, t.history)
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::boolean[],
-    $7::bytea[]) AS v(namespace, "key", token, state, due_us, taken_back, history)
+    history = COALESCE(v.history, t.history)
+FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::bytea[], $5::text[], $6::text[],
+    $7::bigint[]) AS v(state, due_us, taken_back, history, namespace, "key", token)
 WHERE t.namespace = v.namespace AND t."key" = v."key" AND t.token = v.token
     AND t.state = 'running'
 RETURNING t.namespace, t."key", v.token"#
     );
-    let described = format!(
-        r#"namespace, "key", state, attempts, crashes, {age} AS age_us,
-    CASE WHEN state = 'queued' THEN {due} END AS due_us,
-    CASE WHEN state = 'running' THEN {idle} END AS idle_us,
-    request IS NOT NULL AS has_request, history"#,
-        age = age_of("received_at"),
-        due = micros_between("now()", "due_at"),
-        idle = age_of("renewed_at"),
-    );
-    let of_namespace = "($1::text IS NULL OR namespace = $1::text)";
-    // $1 the namespace or NULL, $2 the states (none: all), $3 the limit.
-    let entries = format!(
-        r#"SELECT {described} FROM {t}
-WHERE {of_namespace} AND (cardinality($2::text[]) = 0 OR state = ANY($2::text[]))
-ORDER BY received_at, namespace, "key" LIMIT $3"#
-    );
-    let entry = format!("SELECT {described} FROM {t} WHERE {key}");
-    let request = format!("SELECT request FROM {t} WHERE {key}");
-    // A dead entry starts over; a queued one is only made due. Workers elsewhere are told.
-    let retry = |which: &str| {
-        format!(
-            r#"WITH retried AS (
-    UPDATE {t} SET state = 'queued', due_at = now(), settled_at = NULL, token = NULL,
-        started = FALSE,
-        attempts = CASE WHEN state = 'dead' THEN 0 ELSE attempts END,
-        crashes = CASE WHEN state = 'dead' THEN 0 ELSE crashes END
-    WHERE {which}
-    RETURNING 1
-), woken AS (
-    SELECT {notify} FROM (SELECT 1 FROM retried LIMIT 1) AS one
-)
-SELECT (SELECT count(*) FROM retried) AS retried, (SELECT count(*) FROM woken) AS woken"#
-        )
-    };
-    // A queued or dead entry; a running one when $4 forces it, or when it was not renewed for
-    // $3 microseconds (NULL: never).
-    let taken_by_hand = format!(
-        "{key} AND (state IN ('queued', 'dead') OR state = 'running' AND ($4::boolean \
-         OR renewed_at <= now() - $3::bigint * interval '1 microsecond'))"
-    );
-    // $1 namespace, $2 key, $3 and $4 as above; or $1 namespace.
-    let retry_now = retry(&taken_by_hand);
-    let retry_dead = retry("namespace = $1 AND state = 'dead'");
-    let discard = format!(
-        "UPDATE {t} SET state = 'done', token = NULL, started = FALSE, settled_at = now() \
-         WHERE {taken_by_hand}"
-    );
-    // $1 the namespace or NULL. Each count reads the rows of one state alone: the partial
-    // indexes hold the queued and the running ones.
-    let count = |state: &str| {
-        format!("(SELECT count(*) FROM {t} WHERE state = '{state}' AND {of_namespace})")
-    };
-    let stats = format!(
-        r#"SELECT {queued}, {running}, {dead},
-    (SELECT {oldest} FROM {t} WHERE state = 'queued' AND due_at <= now() AND {of_namespace})"#,
-        queued = count("queued"),
-        running = count("running"),
-        dead = count("dead"),
-        oldest = age_of("min(due_at)"),
-    );
-    // $1 the age in microseconds, $2 the limit. Rows another statement holds are left for the
-    // next purge.
-    let old = |also: &str| {
-        format!(
-            r#"WITH old AS (
-    SELECT namespace, "key" FROM {t}
-    WHERE state = 'done'{also} AND settled_at <= now() - $1::bigint * interval '1 microsecond'
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)"#
-        )
-    };
-    let purge_requests = format!(
-        r#"{old}
-UPDATE {t} AS t SET request = NULL FROM old
-WHERE t.namespace = old.namespace AND t."key" = old."key""#,
-        old = old(" AND request IS NOT NULL"),
-    );
-    let purge_entries = format!(
-        r#"{old}
-DELETE FROM {t} AS t USING old
-WHERE t.namespace = old.namespace AND t."key" = old."key""#,
-        old = old(""),
-    );
-    InboxQueries {
-        channel,
-        migrate: migrate.into(),
+    Own {
         enqueue: enqueue.into(),
-        state: state.into(),
         take: take.into(),
         start: start.into(),
-        give_back: give_back.into(),
-        add_started: add_started.into(),
-        renew: renew.into(),
-        settle: settle.into(),
+        untake: format!("{} token = ANY($1::bigint[])", untake(&t)).into(),
         settle_many: settle_many.into(),
-        herald: herald.into(),
-        entries: entries.into(),
-        entry: entry.into(),
-        request: request.into(),
-        retry_now: retry_now.into(),
-        retry_dead: retry_dead.into(),
-        discard: discard.into(),
-        stats: stats.into(),
-        purge_requests: purge_requests.into(),
-        purge_entries: purge_entries.into(),
+        herald: format!("SELECT {notify}").into(),
+        channel,
     }
 }

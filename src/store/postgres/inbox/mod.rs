@@ -1,0 +1,286 @@
+//! The inbox on PostgreSQL: [`InboxStore`] for [`PostgresStore`], in the table
+//! `<table>_inbox` (see the [module docs](crate::store::postgres#inbox) for the SQL). What
+//! every SQL store runs the same way is [`Table`](crate::store::sql::Table)'s; here are the
+//! enqueue, the take, and the batches that PostgreSQL binds as arrays.
+
+use std::time::Duration;
+
+use sqlx::{AssertSqlSafe, Row as _};
+
+use super::{PostgresStore, is_serialization_failure};
+use crate::key::IdempotencyKey;
+use crate::store::batch::EnqueueWrite;
+use crate::store::inbox::unreadable;
+use crate::store::inbox::{
+    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Running, Settlement,
+    Settling, StoredRequest, Take, Taken, Wake,
+};
+use crate::store::sql::{
+    ResultExt as _, entry_state, micros, retry_serialization_failure, settlement, taken_entry,
+};
+use crate::store::{Lease, LeaseToken, StalePolicy, StoreError};
+
+mod herald;
+mod queries;
+mod watch;
+
+pub(crate) use herald::Herald;
+pub(super) use queries::{Own, own, shared};
+
+/// The most entries one take leases: a bound on the tokens sent with the statement.
+const TAKE_LIMIT: usize = 10_000;
+
+impl PostgresStore {
+    /// The enqueue's insert-or-read of `key`'s entry: its state, and whether this insert stored
+    /// it (none: an enqueue that committed after the statement's snapshot stored it). In the
+    /// next batch of inserts when one is in flight (see [`max_batch`](Self::max_batch)).
+    async fn insert_entry(
+        &self,
+        key: &IdempotencyKey,
+        bytes: &[u8],
+    ) -> Result<Option<(String, bool)>, StoreError> {
+        let write = EnqueueWrite {
+            key: key.clone(),
+            request: bytes.to_vec(),
+        };
+        self.batches.enqueues.write(write).await
+    }
+
+    /// Wakes the workers of other instances when `changed` entries were made due.
+    fn woken(&self, changed: u64) -> u64 {
+        if changed > 0 {
+            self.herald.poke(self.pool(), &self.inbox.herald);
+        }
+        changed
+    }
+}
+
+/// Each operation is one statement, but for two cases: an enqueue whose key another enqueue
+/// stored at the same moment reads the entry's state with a second, and a purge deletes the
+/// requests, then the entries.
+impl InboxStore for PostgresStore {
+    async fn enqueue(
+        &self,
+        key: &IdempotencyKey,
+        request: &StoredRequest,
+    ) -> Result<Enqueued, StoreError> {
+        let bytes = request.encode();
+        // The row the insert ran into may be missing from the statement's snapshot, and (in
+        // theory) purged before a second read.
+        for _ in 0..3 {
+            let state = match self.insert_entry(key, &bytes).await? {
+                Some((_, true)) => {
+                    self.woken(1);
+                    return Ok(Enqueued::Stored);
+                }
+                Some((state, false)) => Some(entry_state(&state)?),
+                None => self.table.entry_state(key).await?,
+            };
+            if let Some(state) = state {
+                return Ok(Enqueued::Duplicate(state));
+            }
+        }
+        Err(StoreError::backend(
+            "the key's inbox entry vanished between its insert and its read, three times",
+        ))
+    }
+
+    /// One statement, tried once more after a serialization failure. Should an entry it
+    /// leased be unreadable, the others are given back and the error answered; the unreadable
+    /// one stays running, to be taken again once its lease is stale.
+    async fn take(&self, take: &Take) -> Result<Vec<Taken>, StoreError> {
+        let n = take.limit().min(TAKE_LIMIT);
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let tokens: Vec<i64> = take.tokens[..n].iter().map(|t| t.to_i64()).collect();
+        let max_attempts = i32::try_from(take.max_attempts).unwrap_or(i32::MAX);
+        let statement = || {
+            sqlx::query(AssertSqlSafe(self.inbox.take.clone()))
+                .bind(i64::try_from(n).unwrap_or(i64::MAX))
+                .bind(take.stale.policy() == StalePolicy::Reclaim)
+                .bind(micros(take.stale.after()))
+                .bind(max_attempts)
+                .bind(tokens.as_slice())
+                .fetch_all(self.pool())
+        };
+        let rows = retry_serialization_failure("take", is_serialization_failure, statement).await?;
+        let (mut taken, mut unreadable, mut damaged) = (Vec::new(), Vec::new(), None);
+        for row in &rows {
+            match taken_entry(row) {
+                Ok(Ok(entry)) => taken.push(entry),
+                Ok(Err(entry)) => unreadable.push(entry),
+                Err(error) => {
+                    damaged.get_or_insert(error);
+                }
+            }
+        }
+        unreadable::bury(self, unreadable).await;
+        if let Some(error) = damaged {
+            let tokens: Vec<LeaseToken> = taken.iter().map(|entry| entry.lease.token()).collect();
+            let _ = self.give_back(&tokens).await;
+            return Err(error);
+        }
+        Ok(taken)
+    }
+
+    /// One `UPDATE … FROM unnest(…)` for the whole take.
+    async fn start(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let namespaces: Vec<&str> = leases.iter().map(|l| l.key().namespace()).collect();
+        let keys: Vec<&str> = leases.iter().map(|l| l.key().value()).collect();
+        let tokens: Vec<i64> = leases.iter().map(|l| l.token().to_i64()).collect();
+        let started: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(self.inbox.start.clone()))
+            .bind(namespaces)
+            .bind(keys)
+            .bind(&tokens)
+            .fetch_all(self.pool())
+            .await
+            .store()?;
+        Ok(tokens.iter().map(|t| started.contains(t)).collect())
+    }
+
+    /// One `UPDATE … WHERE token = ANY($1)`.
+    async fn give_back(&self, tokens: &[LeaseToken]) -> Result<u64, StoreError> {
+        let tokens: Vec<i64> = tokens.iter().map(|t| t.to_i64()).collect();
+        let done = sqlx::query(AssertSqlSafe(self.inbox.untake.clone()))
+            .bind(tokens)
+            .execute(self.pool())
+            .await
+            .store()?;
+        Ok(done.rows_affected())
+    }
+
+    async fn renew_entry(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.renew_entry(lease).await
+    }
+
+    async fn settle(
+        &self,
+        lease: &Lease,
+        settlement: &Settlement,
+        history: &[Attempt],
+    ) -> Result<(), StoreError> {
+        self.table.settle_entry(lease, settlement, history).await
+    }
+
+    /// One `UPDATE … FROM unnest(…)` for the whole batch.
+    async fn settle_many(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
+        if let [one] = batch {
+            return vec![self.settle(&one.lease, &one.settlement, &one.history).await];
+        }
+        settle_many(self, batch).await
+    }
+
+    async fn entries(
+        &self,
+        namespace: Option<&str>,
+        states: &[EntryState],
+        limit: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        self.table.entries(namespace, states, limit).await
+    }
+
+    async fn entry(&self, key: &IdempotencyKey) -> Result<Option<Entry>, StoreError> {
+        self.table.entry(key).await
+    }
+
+    async fn stored_request(
+        &self,
+        key: &IdempotencyKey,
+    ) -> Result<Option<StoredRequest>, StoreError> {
+        self.table.stored_request(key).await
+    }
+
+    /// Workers elsewhere are told, as of a new entry.
+    async fn retry_now(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        let retried = self.table.retry_now(key, running).await?;
+        Ok(self.woken(u64::from(retried)) > 0)
+    }
+
+    async fn retry_dead(&self, namespace: &str) -> Result<u64, StoreError> {
+        Ok(self.woken(self.table.retry_dead(namespace).await?))
+    }
+
+    async fn discard(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        self.table.discard(key, running).await
+    }
+
+    async fn inbox_stats(&self, namespace: Option<&str>) -> Result<InboxStats, StoreError> {
+        self.table.inbox_stats(namespace).await
+    }
+
+    async fn purge_inbox(
+        &self,
+        requests_after: Duration,
+        entries_after: Duration,
+        limit: usize,
+    ) -> Result<Purged, StoreError> {
+        self.table
+            .purge_inbox(requests_after, entries_after, limit)
+            .await
+    }
+
+    /// Listens on the inbox's channel (see the [module docs](crate::store::postgres#inbox)),
+    /// on a connection of its own made with the pool's options, and wakes `wake` at each
+    /// notification, and once after each time it starts listening (what was stored while
+    /// nothing listened is looked for then). A lost connection is made again, after a pause
+    /// that grows from 50 ms to 5 s while the database stays unreachable.
+    fn watch(&self, wake: Wake) -> impl Future<Output = ()> + Send {
+        let options = (*self.pool().connect_options()).clone();
+        watch::watch(options, self.inbox.channel.clone(), wake)
+    }
+}
+
+/// A batch of settlements in one statement, its arrays one element per settlement: each
+/// whose lease held is answered settled, the others lost; a failure fails them all.
+async fn settle_many(store: &PostgresStore, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
+    let mut columns = (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    for one in batch {
+        let (state, due, taken_back, history) = settlement(&one.settlement, &one.history);
+        columns.0.push(state.as_str());
+        columns.1.push(due);
+        columns.2.push(taken_back);
+        columns.3.push(history);
+        columns.4.push(one.lease.key().namespace());
+        columns.5.push(one.lease.key().value());
+        columns.6.push(one.lease.token().to_i64());
+    }
+    let rows = sqlx::query(AssertSqlSafe(store.inbox.settle_many.clone()))
+        .bind(columns.0)
+        .bind(columns.1)
+        .bind(columns.2)
+        .bind(columns.3)
+        .bind(columns.4)
+        .bind(columns.5)
+        .bind(columns.6)
+        .fetch_all(store.pool())
+        .await;
+    let settled: std::collections::HashSet<(String, String, i64)> = match rows {
+        Ok(rows) => rows
+            .iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2)))
+            .collect(),
+        Err(error) => {
+            return crate::store::batch::all_fail(error, batch.len());
+        }
+    };
+    batch
+        .iter()
+        .map(|one| {
+            let key = one.lease.key();
+            let row = (
+                key.namespace().to_owned(),
+                key.value().to_owned(),
+                one.lease.token().to_i64(),
+            );
+            if settled.contains(&row) {
+                Ok(())
+            } else {
+                Err(StoreError::LeaseLost)
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,203 @@
+//! The inbox on SQLite: [`InboxStore`] for [`SqliteStore`], in the table `<table>_inbox`. What
+//! every SQL store runs the same way is [`Table`](crate::store::sql::Table)'s; here are the
+//! enqueue and the take.
+//!
+//! Every write takes its turn in the store's queue of writers (see the [module
+//! docs](crate::store::sqlite#writers)), as the claims do; reads use the pool directly.
+
+use std::time::Duration;
+
+use sqlx::AssertSqlSafe;
+
+use super::SqliteStore;
+use super::batch::{Write, Wrote};
+use crate::key::IdempotencyKey;
+use crate::store::inbox::unreadable;
+use crate::store::inbox::{
+    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Running, Settlement,
+    Settling, StoredRequest, Take, Taken,
+};
+use crate::store::sql::{ResultExt as _, micros, taken_entry};
+use crate::store::{Lease, LeaseToken, StalePolicy, StoreError};
+
+mod queries;
+
+pub(super) use queries::{Own, own, shared};
+
+impl SqliteStore {
+    /// Inserts the entry of `key` unless there is one: in the next batch of writes when one
+    /// is in flight (see [`max_batch`](Self::max_batch)). Answers how many rows it stored.
+    async fn insert_entry(&self, key: &IdempotencyKey, bytes: &[u8]) -> Result<u64, StoreError> {
+        let write = Write::Enqueue {
+            key: key.clone(),
+            request: bytes.to_vec(),
+        };
+        match self.batches.write(write).await? {
+            Wrote::Matched(stored) => Ok(stored),
+            Wrote::Row(_) | Wrote::Found(_) => Err(StoreError::backend(
+                "a batched insert was answered for another kind of write",
+            )),
+        }
+    }
+}
+
+/// A number bound as SQLite's integer.
+fn int(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
+/// The statements of the [module docs](crate::store::sqlite#the-inbox).
+impl InboxStore for SqliteStore {
+    /// A read of the entry's state; if there is none, the insert. An entry purged in between
+    /// is stored again.
+    async fn enqueue(
+        &self,
+        key: &IdempotencyKey,
+        request: &StoredRequest,
+    ) -> Result<Enqueued, StoreError> {
+        // A duplicate is one read, through the pool: it never waits for the writer's turn.
+        let bytes = request.encode();
+        for _ in 0..3 {
+            if let Some(state) = self.table.entry_state(key).await? {
+                return Ok(Enqueued::Duplicate(state));
+            }
+            if self.insert_entry(key, &bytes).await? > 0 {
+                return Ok(Enqueued::Stored);
+            }
+        }
+        Err(StoreError::backend(format!(
+            "the inbox entry {key} was deleted as often as it was stored"
+        )))
+    }
+
+    /// One `BEGIN IMMEDIATE` transaction in the writer's turn: under reclaim, the stale
+    /// entries whose attempts ran out turn dead; then the oldest due entries are picked, and
+    /// each leased under its token.
+    async fn take(&self, take: &Take) -> Result<Vec<Taken>, StoreError> {
+        if take.limit() == 0 {
+            return Ok(Vec::new());
+        }
+        let reclaims = take.stale.policy() == StalePolicy::Reclaim;
+        let (stale, max_attempts) = (micros(take.stale.after()), i64::from(take.max_attempts));
+        let turn = self.table.turn().await;
+        let mut tx = self
+            .table
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .store()?;
+        if reclaims {
+            sqlx::query(AssertSqlSafe(self.inbox.expire.clone()))
+                .bind(stale)
+                .bind(max_attempts)
+                .execute(&mut *tx)
+                .await
+                .store()?;
+        }
+        let picked: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(self.inbox.pick.clone()))
+            .bind(int(take.limit()))
+            .bind(reclaims)
+            .bind(stale)
+            .bind(max_attempts)
+            .fetch_all(&mut *tx)
+            .await
+            .store()?;
+        let mut rows = Vec::with_capacity(picked.len());
+        for (rowid, token) in picked.into_iter().zip(&take.tokens) {
+            let row = sqlx::query(AssertSqlSafe(self.inbox.lease.clone()))
+                .bind(rowid)
+                .bind(token.to_i64())
+                .fetch_one(&mut *tx)
+                .await
+                .store()?;
+            // A row whose key cannot be read rolls the take back (the transaction is dropped).
+            rows.push(taken_entry(&row)?);
+        }
+        tx.commit().await.store()?;
+        drop(turn);
+        let (mut taken, mut unreadable) = (Vec::with_capacity(rows.len()), Vec::new());
+        for row in rows {
+            match row {
+                Ok(entry) => taken.push(entry),
+                Err(entry) => unreadable.push(entry),
+            }
+        }
+        unreadable::bury(self, unreadable).await;
+        Ok(taken)
+    }
+
+    async fn start(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
+        self.table.start_entries(leases).await
+    }
+
+    async fn give_back(&self, tokens: &[LeaseToken]) -> Result<u64, StoreError> {
+        self.table.untake(tokens).await
+    }
+
+    async fn renew_entry(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.table.renew_entry(lease).await
+    }
+
+    async fn settle(
+        &self,
+        lease: &Lease,
+        settlement: &Settlement,
+        history: &[Attempt],
+    ) -> Result<(), StoreError> {
+        self.table.settle_entry(lease, settlement, history).await
+    }
+
+    /// One `BEGIN IMMEDIATE` transaction in one writer's turn, one `UPDATE` per settlement:
+    /// the batch waits for one sync of the disk, not one each.
+    async fn settle_many(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
+        self.table.settle_together(batch).await
+    }
+
+    async fn entries(
+        &self,
+        namespace: Option<&str>,
+        states: &[EntryState],
+        limit: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        self.table.entries(namespace, states, limit).await
+    }
+
+    async fn entry(&self, key: &IdempotencyKey) -> Result<Option<Entry>, StoreError> {
+        self.table.entry(key).await
+    }
+
+    async fn stored_request(
+        &self,
+        key: &IdempotencyKey,
+    ) -> Result<Option<StoredRequest>, StoreError> {
+        self.table.stored_request(key).await
+    }
+
+    async fn retry_now(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        self.table.retry_now(key, running).await
+    }
+
+    async fn retry_dead(&self, namespace: &str) -> Result<u64, StoreError> {
+        self.table.retry_dead(namespace).await
+    }
+
+    async fn discard(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
+        self.table.discard(key, running).await
+    }
+
+    async fn inbox_stats(&self, namespace: Option<&str>) -> Result<InboxStats, StoreError> {
+        self.table.inbox_stats(namespace).await
+    }
+
+    /// Two statements, each in the writer's turn: the requests, then the entries.
+    async fn purge_inbox(
+        &self,
+        requests_after: Duration,
+        entries_after: Duration,
+        limit: usize,
+    ) -> Result<Purged, StoreError> {
+        self.table
+            .purge_inbox(requests_after, entries_after, limit)
+            .await
+    }
+}
