@@ -1,8 +1,5 @@
 //! GitHub: the `X-GitHub-Delivery` id; the `X-Hub-Signature-256` signature, of the body.
 
-#[cfg(feature = "verify")]
-use std::time::Duration;
-
 use super::{Id, Sender};
 use crate::key::Header;
 
@@ -16,11 +13,7 @@ pub(crate) static SENDER: Sender = Sender {
     signature: &[SIGNATURE],
     signature_precedence: 2,
     #[cfg(feature = "verify")]
-    tolerance: Duration::ZERO,
-    #[cfg(feature = "verify")]
-    signs_url: false,
-    #[cfg(feature = "verify")]
-    check: scheme::check,
+    scheme: scheme::SCHEME,
 };
 
 /// GitHub: the `X-GitHub-Delivery` header (a GUID, kept on redelivery), namespace `github`.
@@ -40,10 +33,11 @@ pub(crate) mod scheme {
 
     use super::{SENDER, SIGNATURE};
     use crate::key::senders::signature::{
-        Check, Secrets, Verifier, VerifyError,
-        mac::any_matches,
-        parse::{from_hex, header},
+        Check, Scheme, Secrets, Verdict, Verifier, mac::any_matches, parse::prefixed_hex,
     };
+
+    /// The body alone is signed: no timestamp, and not the URL.
+    pub(super) const SCHEME: Scheme = Scheme::new(check);
 
     /// GitHub: `X-Hub-Signature-256: sha256=<hex>`, HMAC-SHA256 of the body keyed with the
     /// webhook's secret. The delivery id is not signed: see the [module docs](crate::verify).
@@ -58,16 +52,8 @@ pub(crate) mod scheme {
         Verifier::of(&SENDER, secrets.into())
     }
 
-    pub(super) fn check(
-        check: &Check,
-        parts: &Parts,
-        body: &[u8],
-        _now: SystemTime,
-    ) -> Result<(), VerifyError> {
-        let header = header(parts, SIGNATURE)?;
-        let hex = header
-            .strip_prefix("sha256=")
-            .ok_or_else(|| VerifyError::malformed("expected `sha256=<hex>`"))?;
-        any_matches(check, &[from_hex(hex)?], &[body])
+    pub(super) fn check(check: &Check, parts: &Parts, body: &[u8], _now: SystemTime) -> Verdict {
+        let signature = prefixed_hex(parts, SIGNATURE, "sha256=")?;
+        any_matches(check, &[signature], &[body])
     }
 }

@@ -1,17 +1,17 @@
 //! The webhook senders this crate knows: one file per sender, holding all the crate knows of
 //! it. Its [`Sender`] record says what every part of the crate asks of it: its name and
 //! namespace, where its delivery id is, which header carries its signature and with what
-//! precedence, and, with the `verify` feature, its timestamp tolerance and its signature
-//! check. Beside the record, the file holds the sender's key preset (`key::github()`) and,
-//! under `#[cfg(feature = "verify")]`, a `scheme` module with the check and the sender's
-//! public verifier (`verify::github(secret)`), whose docs describe its signature scheme and
-//! where it is published.
+//! precedence, and, with the `verify` feature, its signature scheme (the check, the timestamp
+//! tolerance, whether the URL is signed). Beside the record, the file holds the sender's key
+//! preset (`key::github()`) and, under `#[cfg(feature = "verify")]`, a `scheme` module with
+//! the scheme, its check and the sender's public verifier (`verify::github(secret)`), whose
+//! docs describe its signature scheme and where it is published.
 //!
 //! [`key::auto`](crate::key::auto), the [detection](detect) of a sender by its headers, and
 //! signature verification all read the records of [`ALL`], so that the key claimed always
 //! belongs to the sender whose signature is checked. What they share to check a signature
-//! (the errors, the MAC, the parsing and clock helpers, the verifier that runs the checks)
-//! is in `signature/`, which imports none of the senders' files.
+//! (the scheme's record, the errors, the MAC, the parsing and clock helpers, the verifier
+//! that runs the checks) is in `signature/`, which imports none of the senders' files.
 //!
 //! # Adding a sender
 //!
@@ -19,9 +19,10 @@
 //!
 //! 1. the file `acme.rs` here, shaped as the others: the record `pub(crate) static SENDER`,
 //!    `pub fn key()` with its docs, and a `#[cfg(feature = "verify")] pub(crate) mod scheme`
-//!    holding `pub fn verifier(secrets: impl Into<Secrets>) -> Verifier` with the docs of the
-//!    scheme (its format, what it covers, its tolerance, where it is published) and the
-//!    `check` the record names;
+//!    holding the `SCHEME` the record names (`Scheme::new(check)`, with the tolerance of a
+//!    signed timestamp or `signs_url()` where the sender signs those),
+//!    `pub fn verifier(secrets: impl Into<Secrets>) -> Verifier` with the docs of the scheme
+//!    (its format, what it covers, its tolerance, where it is published), and the `check`;
 //! 2. `acme` in the list of senders in this file, at the place its id header takes in
 //!    detection. The list declares the module, puts its record in [`ALL`], and gives it its
 //!    public names: `key::acme()` and `verify::acme(secret)`.
@@ -99,16 +100,9 @@ pub(crate) struct Sender {
     /// request that carries no sender's id header and two senders' signature headers is the
     /// sender's with the lower number.
     pub(crate) signature_precedence: u8,
-    /// How far its signed timestamp may be from this machine's clock; zero when it signs none.
+    /// Its signature scheme: its check, its timestamp tolerance, whether it signs the URL.
     #[cfg(feature = "verify")]
-    pub(crate) tolerance: std::time::Duration,
-    /// Whether its signature covers the URL it requested, so that a verifier's
-    /// [public URL](signature::Verifier::public_url) applies to it.
-    #[cfg(feature = "verify")]
-    pub(crate) signs_url: bool,
-    /// Its signature check.
-    #[cfg(feature = "verify")]
-    pub(crate) check: signature::SignatureCheck,
+    pub(crate) scheme: signature::Scheme,
 }
 
 /// Where a sender puts the id it keeps the same across its retries.

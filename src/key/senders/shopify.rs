@@ -1,8 +1,5 @@
 //! Shopify: the `X-Shopify-Webhook-Id` id; the `X-Shopify-Hmac-Sha256` signature, of the body.
 
-#[cfg(feature = "verify")]
-use std::time::Duration;
-
 use super::{Id, Sender};
 use crate::key::Header;
 
@@ -16,11 +13,7 @@ pub(crate) static SENDER: Sender = Sender {
     signature: &[SIGNATURE],
     signature_precedence: 3,
     #[cfg(feature = "verify")]
-    tolerance: Duration::ZERO,
-    #[cfg(feature = "verify")]
-    signs_url: false,
-    #[cfg(feature = "verify")]
-    check: scheme::check,
+    scheme: scheme::SCHEME,
 };
 
 /// Shopify: the `X-Shopify-Webhook-Id` header, namespace `shopify`.
@@ -42,10 +35,13 @@ pub(crate) mod scheme {
 
     use super::{SENDER, SIGNATURE};
     use crate::key::senders::signature::{
-        Check, Secrets, Verifier, VerifyError,
+        Check, Scheme, Secrets, Verdict, Verifier,
         mac::any_matches,
         parse::{from_base64, header},
     };
+
+    /// The body alone is signed: no timestamp, and not the URL.
+    pub(super) const SCHEME: Scheme = Scheme::new(check);
 
     /// Shopify: `X-Shopify-Hmac-Sha256: <base64>`, HMAC-SHA256 of the body keyed with the
     /// app's client secret. The webhook id is not signed: see the [module docs](crate::verify).
@@ -60,12 +56,7 @@ pub(crate) mod scheme {
         Verifier::of(&SENDER, secrets.into())
     }
 
-    pub(super) fn check(
-        check: &Check,
-        parts: &Parts,
-        body: &[u8],
-        _now: SystemTime,
-    ) -> Result<(), VerifyError> {
+    pub(super) fn check(check: &Check, parts: &Parts, body: &[u8], _now: SystemTime) -> Verdict {
         let signature = from_base64(header(parts, SIGNATURE)?)?;
         any_matches(check, &[signature], &[body])
     }

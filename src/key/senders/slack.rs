@@ -1,9 +1,6 @@
 //! Slack Events API: the body's `/event_id`; the `X-Slack-Signature` signature, of the
 //! timestamp and body.
 
-#[cfg(feature = "verify")]
-use std::time::Duration;
-
 use super::{Id, Sender};
 use crate::key::Json;
 
@@ -21,11 +18,7 @@ pub(crate) static SENDER: Sender = Sender {
     signature: &[SIGNATURE],
     signature_precedence: 1,
     #[cfg(feature = "verify")]
-    tolerance: Duration::from_secs(5 * 60),
-    #[cfg(feature = "verify")]
-    signs_url: false,
-    #[cfg(feature = "verify")]
-    check: scheme::check,
+    scheme: scheme::SCHEME,
 };
 
 /// Slack Events API: the body field `/event_id`, namespace `slack`.
@@ -43,19 +36,22 @@ pub fn key() -> Json {
 /// Slack's signature: `X-Slack-Signature`, of the timestamp and body.
 #[cfg(feature = "verify")]
 pub(crate) mod scheme {
-    use std::time::SystemTime;
+    use std::time::{Duration, SystemTime};
 
     use http::request::Parts;
 
     use super::{SENDER, SIGNATURE};
     use crate::key::senders::signature::{
-        Check, Secrets, Verifier, VerifyError,
+        Check, Scheme, Secrets, Verdict, Verifier,
         clock::{fresh, seconds},
         mac::any_matches,
-        parse::{from_hex, header},
+        parse::{header, prefixed_hex},
     };
 
     const TIMESTAMP: &str = "x-slack-request-timestamp";
+
+    /// A signed timestamp, at most 5 minutes from now as Slack advises; not the URL.
+    pub(super) const SCHEME: Scheme = Scheme::new(check).tolerance(Duration::from_secs(5 * 60));
 
     /// Slack: `X-Slack-Signature: v0=<hex>` and `X-Slack-Request-Timestamp`, HMAC-SHA256 of
     /// `v0:<timestamp>:<body>` keyed with the app's signing secret. Tolerance: 5 minutes, as
@@ -70,17 +66,9 @@ pub(crate) mod scheme {
         Verifier::of(&SENDER, secrets.into())
     }
 
-    pub(super) fn check(
-        check: &Check,
-        parts: &Parts,
-        body: &[u8],
-        now: SystemTime,
-    ) -> Result<(), VerifyError> {
+    pub(super) fn check(check: &Check, parts: &Parts, body: &[u8], now: SystemTime) -> Verdict {
         let timestamp = header(parts, TIMESTAMP)?;
-        let hex = header(parts, SIGNATURE)?
-            .strip_prefix("v0=")
-            .ok_or_else(|| VerifyError::malformed("expected `v0=<hex>`"))?;
-        let signature = from_hex(hex)?;
+        let signature = prefixed_hex(parts, SIGNATURE, "v0=")?;
         fresh(seconds(timestamp)?, now, check.tolerance)?;
         let content = [b"v0:", timestamp.as_bytes(), b":", body];
         any_matches(check, &[signature], &content)

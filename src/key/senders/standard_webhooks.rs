@@ -1,9 +1,6 @@
 //! Standard Webhooks (and Svix): the `webhook-id` (or `svix-id`); the `webhook-signature` (or
 //! `svix-signature`) signature, of the id, timestamp and body.
 
-#[cfg(feature = "verify")]
-use std::time::Duration;
-
 use super::{Id, Sender};
 use crate::key::{Header, Or};
 
@@ -19,11 +16,7 @@ pub(crate) static SENDER: Sender = Sender {
     signature: SIGNATURE,
     signature_precedence: 6,
     #[cfg(feature = "verify")]
-    tolerance: Duration::from_secs(5 * 60),
-    #[cfg(feature = "verify")]
-    signs_url: false,
-    #[cfg(feature = "verify")]
-    check: scheme::check,
+    scheme: scheme::SCHEME,
 };
 
 /// Standard Webhooks senders: the `webhook-id` header, or `svix-id` from senders using the
@@ -40,7 +33,7 @@ pub fn key() -> Or<Header, Header> {
 /// of the id, timestamp and body, symmetric (`v1`) or asymmetric (`v1a`).
 #[cfg(feature = "verify")]
 pub(crate) mod scheme {
-    use std::time::SystemTime;
+    use std::time::{Duration, SystemTime};
 
     use base64::Engine as _;
     use base64::engine::general_purpose::STANDARD as BASE64;
@@ -50,12 +43,15 @@ pub(crate) mod scheme {
 
     use super::{ID, SENDER};
     use crate::key::senders::signature::{
-        Check, Secrets, Verifier, VerifyError,
+        Check, Scheme, Secrets, Verdict, Verifier, VerifyError,
         clock::{fresh, seconds},
         ed25519::{self, PublicKey},
-        mac::signed_by,
+        mac::{matched, signed_by},
         parse::{entries, from_base64, header},
     };
+
+    /// A signed timestamp, at most 5 minutes from now as the specification says; not the URL.
+    pub(super) const SCHEME: Scheme = Scheme::new(check).tolerance(Duration::from_secs(5 * 60));
 
     /// Standard Webhooks and Svix: `webhook-id`, `webhook-timestamp` and `webhook-signature`
     /// (or the same headers with `svix-`), a space-separated list of signatures of
@@ -147,12 +143,7 @@ pub(crate) mod scheme {
         })
     }
 
-    pub(super) fn check(
-        check: &Check,
-        parts: &Parts,
-        body: &[u8],
-        now: SystemTime,
-    ) -> Result<(), VerifyError> {
+    pub(super) fn check(check: &Check, parts: &Parts, body: &[u8], now: SystemTime) -> Verdict {
         // The headers of the family whose id the key presets read: `webhook-id` first. A
         // delivery signed with the other family's headers does not vouch for this id.
         let prefix = if parts.headers.contains_key(ID[0]) {
@@ -190,13 +181,10 @@ pub(crate) mod scheme {
         fresh(seconds(timestamp)?, now, check.tolerance)?;
         let content = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body];
         // The HMAC first, the cheaper.
-        if signed_by::<Hmac<Sha256>>(check, &symmetric, &content)
-            || ed25519::signed_by(check, &asymmetric, &content)
-        {
-            Ok(())
-        } else {
-            Err(VerifyError::Mismatch)
-        }
+        matched(
+            signed_by::<Hmac<Sha256>>(check, &symmetric, &content)
+                || ed25519::signed_by(check, &asymmetric, &content),
+        )
     }
 
     #[cfg(test)]

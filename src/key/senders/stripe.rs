@@ -1,9 +1,6 @@
 //! Stripe: the event id in the body's `/id`; the `Stripe-Signature` signature, of the
 //! timestamp and body.
 
-#[cfg(feature = "verify")]
-use std::time::Duration;
-
 use super::{Id, Sender};
 use crate::key::Json;
 
@@ -20,11 +17,7 @@ pub(crate) static SENDER: Sender = Sender {
     signature: &[SIGNATURE],
     signature_precedence: 0,
     #[cfg(feature = "verify")]
-    tolerance: Duration::from_secs(5 * 60),
-    #[cfg(feature = "verify")]
-    signs_url: false,
-    #[cfg(feature = "verify")]
-    check: scheme::check,
+    scheme: scheme::SCHEME,
 };
 
 /// Stripe: the event id (`evt_…`) in the body field `/id`, namespace `stripe`.
@@ -39,17 +32,20 @@ pub fn key() -> Json {
 /// Stripe's signature: `Stripe-Signature`, of the timestamp and body (the event id is in it).
 #[cfg(feature = "verify")]
 pub(crate) mod scheme {
-    use std::time::SystemTime;
+    use std::time::{Duration, SystemTime};
 
     use http::request::Parts;
 
     use super::{SENDER, SIGNATURE};
     use crate::key::senders::signature::{
-        Check, Secrets, Verifier, VerifyError,
+        Check, Scheme, Secrets, Verdict, Verifier, VerifyError,
         clock::{fresh, seconds},
         mac::any_matches,
         parse::{entries, from_hex, header},
     };
+
+    /// A signed timestamp, at most 5 minutes from now as in Stripe's libraries; not the URL.
+    pub(super) const SCHEME: Scheme = Scheme::new(check).tolerance(Duration::from_secs(5 * 60));
 
     /// Stripe: `Stripe-Signature: t=<unix seconds>,v1=<hex>[,v1=<hex>…]`, HMAC-SHA256 of
     /// `<t>.<body>` keyed with the endpoint's signing secret (`whsec_…`, used as it is). Any
@@ -67,12 +63,7 @@ pub(crate) mod scheme {
         Verifier::of(&SENDER, secrets.into())
     }
 
-    pub(super) fn check(
-        check: &Check,
-        parts: &Parts,
-        body: &[u8],
-        now: SystemTime,
-    ) -> Result<(), VerifyError> {
+    pub(super) fn check(check: &Check, parts: &Parts, body: &[u8], now: SystemTime) -> Verdict {
         // Every item but the timestamp counted before anything is decoded: each `v1` may
         // cost a check of the body.
         let items = entries(header(parts, SIGNATURE)?, ',', |item| {

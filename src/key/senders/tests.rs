@@ -162,7 +162,7 @@ fn each_check_reads_the_signature_header_detection_uses() {
         for (mut headers, signature) in seeds {
             let wanted = format!("header `{signature}`");
             loop {
-                let asked = match (sender.check)(check, &parts(&headers), b"", now) {
+                let asked = match (sender.scheme.check)(check, &parts(&headers), b"", now) {
                     Err(VerifyError::Missing { expected }) if expected == wanted => break,
                     Err(VerifyError::Missing { expected }) => expected,
                     other => panic!("{sender:?} never asks for {wanted}: {other:?}"),

@@ -1,9 +1,6 @@
 //! Twilio: the `I-Twilio-Idempotency-Token` id; the `X-Twilio-Signature` signature, of the URL
 //! it requested and the POST parameters or the body's digest.
 
-#[cfg(feature = "verify")]
-use std::time::Duration;
-
 use super::{Id, Sender};
 use crate::key::Header;
 
@@ -17,11 +14,7 @@ pub(crate) static SENDER: Sender = Sender {
     signature: &[SIGNATURE],
     signature_precedence: 5,
     #[cfg(feature = "verify")]
-    tolerance: Duration::ZERO,
-    #[cfg(feature = "verify")]
-    signs_url: true,
-    #[cfg(feature = "verify")]
-    check: scheme::check,
+    scheme: scheme::SCHEME,
 };
 
 /// Twilio: the `I-Twilio-Idempotency-Token` header, namespace `twilio`.
@@ -45,10 +38,13 @@ pub(crate) mod scheme {
 
     use super::{SENDER, SIGNATURE};
     use crate::key::senders::signature::{
-        Check, Secrets, Verifier, VerifyError,
-        mac::signed_by,
+        Check, Scheme, Secrets, Verdict, Verifier, VerifyError,
+        mac::{matched, signed_by},
         parse::{from_base64, from_hex, header},
     };
+
+    /// The URL is signed, and no timestamp.
+    pub(super) const SCHEME: Scheme = Scheme::new(check).signs_url();
 
     /// Twilio: `X-Twilio-Signature: <base64>`, HMAC-SHA1 keyed with the account's auth token of
     /// the full URL followed by the POST parameters sorted by name, each name then its value. A
@@ -67,12 +63,7 @@ pub(crate) mod scheme {
         Verifier::of(&SENDER, auth_tokens.into())
     }
 
-    pub(super) fn check(
-        check: &Check,
-        parts: &Parts,
-        body: &[u8],
-        _now: SystemTime,
-    ) -> Result<(), VerifyError> {
+    pub(super) fn check(check: &Check, parts: &Parts, body: &[u8], _now: SystemTime) -> Verdict {
         let signature = from_base64(header(parts, SIGNATURE)?)?;
         let url = url(check, parts)?;
         let query = parts.uri.query().unwrap_or_default();
@@ -102,18 +93,13 @@ pub(crate) mod scheme {
             }
         };
         let signatures = [signature];
-        let matched = variants(&url).iter().any(|url| {
+        matched(variants(&url).iter().any(|url| {
             let mut content: Vec<&[u8]> = vec![url.as_bytes()];
             for (name, value) in &params {
                 content.extend([name.as_slice(), value.as_slice()]);
             }
             signed_by::<Hmac<Sha1>>(check, &signatures, &content)
-        });
-        if matched {
-            Ok(())
-        } else {
-            Err(VerifyError::Mismatch)
-        }
+        }))
     }
 
     /// The URL Twilio requested: the configured public base, or `https://` and the `Host`

@@ -1,9 +1,6 @@
 //! Twitch EventSub: the `Twitch-Eventsub-Message-Id`; the `-Signature` signature, of the id,
 //! timestamp and body.
 
-#[cfg(feature = "verify")]
-use std::time::Duration;
-
 use super::{Id, Sender};
 use crate::key::Header;
 
@@ -17,11 +14,7 @@ pub(crate) static SENDER: Sender = Sender {
     signature: &[SIGNATURE],
     signature_precedence: 4,
     #[cfg(feature = "verify")]
-    tolerance: Duration::from_secs(10 * 60),
-    #[cfg(feature = "verify")]
-    signs_url: false,
-    #[cfg(feature = "verify")]
-    check: scheme::check,
+    scheme: scheme::SCHEME,
 };
 
 /// Twitch EventSub: the `Twitch-Eventsub-Message-Id` header, namespace `twitch`.
@@ -36,19 +29,22 @@ pub fn key() -> Header {
 /// body.
 #[cfg(feature = "verify")]
 pub(crate) mod scheme {
-    use std::time::SystemTime;
+    use std::time::{Duration, SystemTime};
 
     use http::request::Parts;
 
     use super::{ID, SENDER, SIGNATURE};
     use crate::key::senders::signature::{
-        Check, Secrets, Verifier, VerifyError,
+        Check, Scheme, Secrets, Verdict, Verifier, VerifyError,
         clock::fresh,
         mac::any_matches,
-        parse::{from_hex, header},
+        parse::{header, prefixed_hex},
     };
 
     const TIMESTAMP: &str = "twitch-eventsub-message-timestamp";
+
+    /// A signed timestamp, at most 10 minutes from now as Twitch advises; not the URL.
+    pub(super) const SCHEME: Scheme = Scheme::new(check).tolerance(Duration::from_secs(10 * 60));
 
     /// Twitch EventSub: `Twitch-Eventsub-Message-Signature: sha256=<hex>`, HMAC-SHA256 of the
     /// message id, the timestamp (RFC 3339, as sent) and the body, keyed with the
@@ -65,18 +61,10 @@ pub(crate) mod scheme {
         Verifier::of(&SENDER, secrets.into())
     }
 
-    pub(super) fn check(
-        check: &Check,
-        parts: &Parts,
-        body: &[u8],
-        now: SystemTime,
-    ) -> Result<(), VerifyError> {
+    pub(super) fn check(check: &Check, parts: &Parts, body: &[u8], now: SystemTime) -> Verdict {
         let id = header(parts, ID)?;
         let timestamp = header(parts, TIMESTAMP)?;
-        let hex = header(parts, SIGNATURE)?
-            .strip_prefix("sha256=")
-            .ok_or_else(|| VerifyError::malformed("expected `sha256=<hex>`"))?;
-        let signature = from_hex(hex)?;
+        let signature = prefixed_hex(parts, SIGNATURE, "sha256=")?;
         let micros = crate::timestamp::parse_timestamp(timestamp)
             .map_err(|error| VerifyError::malformed(error.to_string()))?;
         fresh(micros.div_euclid(1_000_000), now, check.tolerance)?;

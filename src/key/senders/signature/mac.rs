@@ -1,9 +1,9 @@
-//! Checking a signature: the one comparison every scheme makes.
+//! Checking a signature: the one comparison every scheme makes, and its verdict.
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use super::{Check, VerifyError};
+use super::{Check, Verdict, VerifyError};
 
 /// Whether any signature is the MAC `M` of `content` under any of the check's secrets, each
 /// comparison in constant time.
@@ -25,12 +25,14 @@ pub(crate) fn signed_by<M: Mac + KeyInit + Clone>(
 
 /// Whether any signature is the HMAC-SHA256 of `content` under any of the check's secrets,
 /// each comparison in constant time.
-pub(crate) fn any_matches(
-    check: &Check,
-    signatures: &[Vec<u8>],
-    content: &[&[u8]],
-) -> Result<(), VerifyError> {
-    if signed_by::<Hmac<Sha256>>(check, signatures, content) {
+pub(crate) fn any_matches(check: &Check, signatures: &[Vec<u8>], content: &[&[u8]]) -> Verdict {
+    matched(signed_by::<Hmac<Sha256>>(check, signatures, content))
+}
+
+/// The verdict of a comparison: `Ok` when a signature matched, [`VerifyError::Mismatch`]
+/// otherwise.
+pub(crate) fn matched(signed: bool) -> Verdict {
+    if signed {
         Ok(())
     } else {
         Err(VerifyError::Mismatch)

@@ -59,6 +59,18 @@ pub(crate) fn entries(
     Ok(entries)
 }
 
+/// The signature of a header written `<prefix><hex>`, such as GitHub's `sha256=<hex>`.
+pub(crate) fn prefixed_hex(
+    parts: &Parts,
+    name: &str,
+    prefix: &str,
+) -> Result<Vec<u8>, VerifyError> {
+    let hex = header(parts, name)?
+        .strip_prefix(prefix)
+        .ok_or_else(|| VerifyError::malformed(format!("expected `{prefix}<hex>`")))?;
+    from_hex(hex)
+}
+
 pub(crate) fn from_hex(text: &str) -> Result<Vec<u8>, VerifyError> {
     let malformed = || VerifyError::malformed("a signature is not hexadecimal");
     if !text.len().is_multiple_of(2) {

@@ -85,11 +85,11 @@ impl<S: AsRef<str>> From<Vec<S>> for Secrets {
 #[derive(Clone)]
 #[must_use]
 pub struct Verifier {
-    /// Each configured sender, with what its [check](Sender::check) is given.
+    /// Each configured sender, with what its [check](super::Scheme::check) is given.
     checks: Vec<(&'static Sender, Check)>,
 }
 
-/// What a sender's [signature check](Sender::check) is given: its configuration.
+/// What a sender's [signature check](super::Scheme::check) is given: its configuration.
 #[derive(Clone)]
 pub(crate) struct Check {
     /// Its secrets, as the keys of its MAC.
@@ -126,7 +126,7 @@ impl Verifier {
         let check = Check {
             keys: secrets.into_keys(sender, &public_keys),
             public_keys: public_keys.into(),
-            tolerance: sender.tolerance,
+            tolerance: sender.scheme.tolerance,
             public_url: None,
         };
         Self {
@@ -180,7 +180,7 @@ impl Verifier {
         );
         let base: Arc<str> = base.trim_end_matches('/').into();
         for (sender, check) in &mut self.checks {
-            if sender.signs_url {
+            if sender.scheme.signs_url {
                 check.public_url = Some(base.clone());
             }
         }
@@ -211,7 +211,7 @@ impl Verifier {
                 .ok_or(VerifyError::NoSecret {
                     sender: sender.name,
                 })?;
-        (sender.check)(check, parts, body, now)
+        (sender.scheme.check)(check, parts, body, now)
     }
 }
 
