@@ -25,14 +25,22 @@
 //!    (its format, what it covers, its tolerance, where it is published), and the `check`;
 //! 2. `acme` in the list of senders in this file, at the place its id header takes in
 //!    detection. The list declares the module, puts its record in [`ALL`], and gives it its
-//!    public names: `key::acme()` and `verify::acme(secret)`.
+//!    public names: `key::acme()` and `verify::acme(secret)`;
+//! 3. its signer in the testing kit (feature `testing`): the file `src/testing/sign/acme.rs`,
+//!    a type `Acme` made by `pub fn acme(secret)`, whose `delivery(..)` signs as the sender's
+//!    published scheme says; and in `testing/sign/mod.rs` its `mod acme;`, its
+//!    `pub use acme::{Acme, acme};` and its row in the module's table. The signer is written
+//!    from the sender's documentation, not from `check`, and imports nothing of `signature/`:
+//!    each is the other's test. `tests/testing_sign.rs` signs the sender's published example
+//!    with it, and sends its deliveries and their forgeries through the verifier.
 //!
 //! Tests written against [`ALL`] then fail until they are told of it, so that nothing that
 //! names every sender forgets one: `tests.rs` here lists each sender's key preset and every
 //! id and signature header in the order of detection, `verify/mod.rs` each public verifier,
-//! and `key::auto`'s message for a request that names no sender each id header. The docs
-//! that name every sender are the tables of README.md and of the `verify` module, and the
-//! order of detection in [`key::auto`](crate::key::auto)'s docs.
+//! `testing/sign/mod.rs` each signer of the testing kit, and `key::auto`'s message for a
+//! request that names no sender each id header. The docs that name every sender are the
+//! tables of README.md, of the `verify` module and of `testing::sign`, and the order of
+//! detection in [`key::auto`](crate::key::auto)'s docs.
 
 use std::fmt;
 use std::sync::LazyLock;

@@ -150,6 +150,33 @@ impl std::fmt::Debug for Secret {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::senders::{ALL, detect};
+
+    /// Each sender the crate verifies has one signer here: the deliveries of the signers, one
+    /// each in the order of `ALL`, are detected as those senders' and named after them.
+    #[test]
+    fn every_sender_has_one_signer() {
+        let deliveries = [
+            github("secret").delivery("d-1", "{}"),
+            shopify("secret").delivery("w-1", "{}"),
+            standard_webhooks("whsec_c2VjcmV0").delivery("msg_1", "{}"),
+            twilio("secret", "https://example.com/sms").delivery("tok-1", [("Body", "hi")]),
+            twitch("secret").delivery("m-1", "{}"),
+            stripe("secret").delivery(r#"{"id":"evt_1"}"#),
+            slack("secret").delivery(r#"{"event_id":"Ev1"}"#),
+        ];
+        let senders: Vec<_> = deliveries
+            .iter()
+            .map(|delivery| {
+                detect(&delivery.parts()).unwrap_or_else(|| panic!("{delivery} names no sender"))
+            })
+            .collect();
+        assert_eq!(senders, ALL);
+        for (delivery, sender) in deliveries.iter().zip(ALL) {
+            let named = format!("{} delivery", sender.name);
+            assert!(delivery.to_string().starts_with(&named), "{delivery}");
+        }
+    }
 
     #[test]
     fn encodings() {
