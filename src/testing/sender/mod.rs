@@ -108,10 +108,7 @@ impl<S> Sender<S> {
         S: Clone + Send + 'static,
     {
         let app = Mutex::new(app);
-        Self::build(1, move |_| {
-            let app = app.lock().unwrap_or_else(PoisonError::into_inner).clone();
-            std::future::ready(app)
-        })
+        Self::instances(1, move |_| std::future::ready(clone_of(&app)))
     }
 
     /// A sender to `count` instances of the app, the way several processes of it run: `build`
@@ -140,14 +137,6 @@ impl<S> Sender<S> {
         Fut: Future<Output = S> + Send + 'static,
     {
         assert!(count > 0, "a sender needs at least one instance of the app");
-        Self::build(count, build)
-    }
-
-    fn build<F, Fut>(count: usize, build: F) -> Self
-    where
-        F: Fn(usize) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = S> + Send + 'static,
-    {
         Self {
             build: Arc::new(move |instance| Box::pin(build(instance))),
             instances: count,
@@ -303,7 +292,7 @@ where
     pub async fn run(&self, scenario: Scenario) -> Result<Report, Failure> {
         let mut apps = Vec::with_capacity(self.instances);
         for instance in 0..self.instances {
-            apps.push(erase::<S, B, RB>((self.build)(instance).await));
+            apps.push(Self::erase((self.build)(instance).await));
         }
         let play = play::Play {
             label: scenario.label(self.instances),
@@ -351,36 +340,35 @@ where
             Err(failure) => panic!("{failure}"),
         }
     }
+
+    /// `app` behind a [`Call`]: cloned for each request, made ready, called, its answer's body
+    /// boxed.
+    fn erase(app: S) -> Call {
+        let app = Mutex::new(app);
+        Arc::new(move |request: Request<Bytes>| {
+            let mut app = clone_of(&app);
+            let request = request.map(B::from);
+            Box::pin(async move {
+                poll_fn(|cx| app.poll_ready(cx)).await.map_err(Into::into)?;
+                let response = app.call(request).await.map_err(Into::into)?;
+                Ok(response.map(|body| {
+                    body.map_frame(|frame| {
+                        frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
+                    })
+                    .map_err(Into::into)
+                    .boxed_unsync()
+                }))
+            })
+        })
+    }
 }
 
-/// `app` behind a [`Call`]: cloned (under a lock: a service need not be `Sync`) for each
-/// request, made ready, called, its answer's body boxed.
-fn erase<S, B, RB>(app: S) -> Call
-where
-    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    B: From<Bytes> + Send + 'static,
-    RB: Body + Send + 'static,
-    RB::Data: Send,
-    RB::Error: Into<BoxError>,
-{
-    let app = Mutex::new(app);
-    Arc::new(move |request: Request<Bytes>| {
-        let mut app = app.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let request = request.map(B::from);
-        Box::pin(async move {
-            poll_fn(|cx| app.poll_ready(cx)).await.map_err(Into::into)?;
-            let response = app.call(request).await.map_err(Into::into)?;
-            Ok(response.map(|body| {
-                body.map_frame(|frame| {
-                    frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
-                })
-                .map_err(Into::into)
-                .boxed_unsync()
-            }))
-        })
-    })
+/// A clone of the app `shared` holds: under a lock, since a service need not be `Sync`.
+fn clone_of<S: Clone>(shared: &Mutex<S>) -> S {
+    shared
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
 }
 
 impl<S, B> fmt::Debug for Sender<S, B> {

@@ -44,12 +44,29 @@ pub(super) enum What {
     NoAnswer,
 }
 
+/// The effects of a scenario: the sender's counter, and what it read before the scenario.
+#[derive(Clone)]
+pub(super) struct Tally {
+    count: Count,
+    before: usize,
+}
+
+impl Tally {
+    /// How many effects there were since the scenario began.
+    pub(super) async fn seen(&self) -> usize {
+        (self.count)().await.saturating_sub(self.before)
+    }
+}
+
 impl Play<'_> {
-    /// The effect counter.
-    pub(super) fn counter(&self) -> Count {
-        self.effects
+    /// Reads the effect counter before the scenario begins.
+    pub(super) async fn tally(&self) -> Tally {
+        let count = self
+            .effects
             .cloned()
-            .expect("this scenario counts effects: give the sender `.effects(..)`")
+            .expect("this scenario counts effects: give the sender `.effects(..)`");
+        let before = count().await;
+        Tally { count, before }
     }
 
     /// The instance that copy `n` goes to: each in turn.
@@ -62,20 +79,17 @@ impl Play<'_> {
         delivery: &Delivery,
         copies: usize,
     ) -> Result<Report, Failure> {
-        let count = self.counter();
-        let before = count().await;
+        let tally = self.tally().await;
         let mut report = Report::new(self.label.clone(), delivery.to_string());
         let mut troubles = Vec::new();
         for copy in 0..copies {
             let attempt = send(self.app(copy), delivery).await;
             report.chains.push(vec![attempt.clone()]);
             let what = match attempt {
-                Attempt::Answer(status, _) if status.is_success() => {
-                    match seen(&count, before).await {
-                        0 => What::Early(status),
-                        _ => continue,
-                    }
-                }
+                Attempt::Answer(status, _) if status.is_success() => match tally.seen().await {
+                    0 => What::Early(status),
+                    _ => continue,
+                },
                 Attempt::Answer(status, _) => What::Refused(status),
                 Attempt::HungUp | Attempt::Error(_) => What::NoAnswer,
             };
@@ -85,8 +99,8 @@ impl Play<'_> {
             });
             break;
         }
-        let effects = seen(&count, before).await;
-        self.verdict(report, effects, troubles, Verdict::InARow)
+        self.verdict(report, &tally, troubles, Verdict::InARow)
+            .await
     }
 
     pub(super) async fn at_once(
@@ -94,14 +108,13 @@ impl Play<'_> {
         delivery: &Delivery,
         copies: usize,
     ) -> Result<Report, Failure> {
-        let count = self.counter();
-        let before = count().await;
+        let tally = self.tally().await;
         let mut report = Report::new(self.label.clone(), delivery.to_string());
         let start = Arc::new(Barrier::new(copies));
         let tasks: Vec<_> = (0..copies)
             .map(|copy| {
-                let (app, delivery, count) =
-                    (self.app(copy).clone(), delivery.clone(), count.clone());
+                let (app, delivery, tally) =
+                    (self.app(copy).clone(), delivery.clone(), tally.clone());
                 let start = start.clone();
                 let (retry_every, give_up_after) = (self.retry_every, self.give_up_after);
                 tokio::spawn(async move {
@@ -110,7 +123,7 @@ impl Play<'_> {
                     let mut tries = Vec::new();
                     loop {
                         let attempt = send(&app, &delivery).await;
-                        let next = until_2xx(&attempt, &count, before, deadline).await;
+                        let next = until_2xx(&attempt, &tally, deadline).await;
                         tries.push(attempt);
                         match next {
                             Next::Again => tokio::time::sleep(retry_every).await,
@@ -135,8 +148,8 @@ impl Play<'_> {
                 troubles.push(Trouble { who, what });
             }
         }
-        let effects = seen(&count, before).await;
-        self.verdict(report, effects, troubles, Verdict::AtOnce)
+        self.verdict(report, &tally, troubles, Verdict::AtOnce)
+            .await
     }
 
     pub(super) async fn newer_first(
@@ -195,15 +208,17 @@ impl Play<'_> {
         Ok(report)
     }
 
-    /// Judges a scenario that counts effects: one effect, and no trouble. The most telling
-    /// problem is named: a second effect first, an early answer before a refusal.
-    pub(super) fn verdict(
+    /// Judges a scenario that counts effects, once it is over: one effect, and no trouble.
+    /// The most telling problem is named: a second effect first, an early answer before a
+    /// refusal.
+    pub(super) async fn verdict(
         &self,
         mut report: Report,
-        effects: usize,
+        tally: &Tally,
         troubles: Vec<Trouble>,
         kind: Verdict,
     ) -> Result<Report, Failure> {
+        let effects = tally.seen().await;
         report.effects = Some(effects);
         let label = &self.label;
         let effects_problem = || format!("{} for 1 event after {label}", plural(effects, "effect"));
@@ -257,11 +272,6 @@ pub(super) enum Verdict {
     HangUp,
 }
 
-/// How many effects there were since `before`.
-pub(super) async fn seen(count: &Count, before: usize) -> usize {
-    count().await.saturating_sub(before)
-}
-
 /// What follows an attempt of a delivery sent again until it is answered 2xx.
 pub(super) enum Next {
     /// Answered 2xx, its effect seen.
@@ -273,15 +283,10 @@ pub(super) enum Next {
 }
 
 /// Judges `attempt` of a delivery sent again until it is answered 2xx, answered 409 until
-/// `deadline`; `before`: the count of effects before the scenario.
-pub(super) async fn until_2xx(
-    attempt: &Attempt,
-    count: &Count,
-    before: usize,
-    deadline: Instant,
-) -> Next {
+/// `deadline`; `tally`: the scenario's effects.
+pub(super) async fn until_2xx(attempt: &Attempt, tally: &Tally, deadline: Instant) -> Next {
     match attempt {
-        Attempt::Answer(status, _) if status.is_success() => match seen(count, before).await {
+        Attempt::Answer(status, _) if status.is_success() => match tally.seen().await {
             0 => Next::Wrong(What::Early(*status)),
             _ => Next::Done,
         },

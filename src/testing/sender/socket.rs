@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
-use super::play::{Next, Play, Trouble, Verdict, What, seen, until_2xx};
+use super::play::{Next, Play, Trouble, Verdict, What, until_2xx};
 use super::report::{Attempt, Failure, Report};
 use super::{Answer, Call};
 use crate::body::BoxError;
@@ -33,13 +33,12 @@ pub(super) async fn hang_up(
     delivery: &Delivery,
     after: Duration,
 ) -> Result<Report, Failure> {
-    let count = play.counter();
+    let tally = play.tally().await;
     let mut servers = Vec::with_capacity(play.apps.len());
     for app in &play.apps {
         let server = Server::start(app.clone()).await;
         servers.push(server.unwrap_or_else(|error| panic!("cannot listen on 127.0.0.1: {error}")));
     }
-    let before = count().await;
     let mut report = Report::new(play.label.clone(), delivery.to_string());
     let deadline = Instant::now() + play.give_up_after;
     let first = servers[0].hang_up(delivery, after, deadline).await;
@@ -60,7 +59,7 @@ pub(super) async fn hang_up(
         let attempt = servers[n % servers.len()]
             .send(delivery, play.give_up_after)
             .await;
-        let next = until_2xx(&attempt, &count, before, deadline).await;
+        let next = until_2xx(&attempt, &tally, deadline).await;
         tries.push(attempt);
         match next {
             Next::Again => tokio::time::sleep(play.retry_every).await,
@@ -76,8 +75,8 @@ pub(super) async fn hang_up(
     for server in &servers {
         server.settled(deadline, play.retry_every).await;
     }
-    let effects = seen(&count, before).await;
-    play.verdict(report, effects, troubles, Verdict::HangUp)
+    play.verdict(report, &tally, troubles, Verdict::HangUp)
+        .await
 }
 
 /// One instance, served on a loopback port.
