@@ -80,16 +80,17 @@ pub use twitch::{Twitch, twitch};
 
 /// HMAC-SHA256 of the concatenated `content` under `key`.
 fn hmac_sha256(key: &[u8], content: &[&[u8]]) -> Vec<u8> {
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes any key");
-    for part in content {
-        mac.update(part);
-    }
-    mac.finalize().into_bytes().to_vec()
+    hmac_of::<Hmac<Sha256>>(key, content)
 }
 
 /// HMAC-SHA1 of the concatenated `content` under `key` (Twilio's).
 fn hmac_sha1(key: &[u8], content: &[&[u8]]) -> Vec<u8> {
-    let mut mac = <Hmac<Sha1> as KeyInit>::new_from_slice(key).expect("HMAC takes any key");
+    hmac_of::<Hmac<Sha1>>(key, content)
+}
+
+/// The HMAC `M` of the concatenated `content` under `key`.
+fn hmac_of<M: Mac + KeyInit>(key: &[u8], content: &[&[u8]]) -> Vec<u8> {
+    let mut mac = <M as KeyInit>::new_from_slice(key).expect("HMAC takes any key");
     for part in content {
         mac.update(part);
     }
