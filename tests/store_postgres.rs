@@ -558,7 +558,8 @@ INSERT INTO {table} (namespace, "key", state, token, deliveries, runs, reclaimed
 /// An enqueue of a new key notifies the inbox's channel once, and a duplicate not at all;
 /// an operator's retry notifies it too. (Notifications arrive in the order their
 /// transactions committed: the markers sent after each step tell what the step sent. The
-/// new entry's own comes from a task of the store's, so it is awaited first.)
+/// new entry's own, and a retry's, come from a task of the store's, so they are awaited before
+/// the next marker.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_entry_notifies_the_channel_and_a_duplicate_does_not() {
     use tower_idempotency::store::inbox::{Enqueued, EntryState, InboxStore, Running};
@@ -610,6 +611,17 @@ async fn a_new_entry_notifies_the_channel_and_a_duplicate_does_not() {
             .unwrap()
     );
     assert!(store.retry_now(&key, Running::Leave).await.unwrap());
+    // The retry's notification, sent by the store's task as a new entry's is, is heard before
+    // the last marker is sent.
+    while heard.len() < 3 {
+        let notification =
+            tokio::time::timeout(std::time::Duration::from_secs(10), listener.recv())
+                .await
+                .expect("the marker and the retry's notification")
+                .unwrap();
+        assert_eq!(notification.channel(), channel);
+        heard.push(notification.payload().to_owned());
+    }
     marker("after the retries").await;
     while heard.last().map(String::as_str) != Some("after the retries") {
         let notification = listener.recv().await.unwrap();

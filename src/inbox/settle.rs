@@ -15,8 +15,20 @@ pub(super) type Settler = Batcher<Settling, ()>;
 /// A settler writing to `store`, one batch in flight at a time, each holding the others back
 /// for `stall` at most.
 pub(super) fn settler<St: InboxStore + Clone>(store: St, stall: Duration) -> Settler {
+    let alone = store.clone();
     Batcher::new(
         Shape::new(DEFAULT_MOST, 1).stall(stall),
+        move |one: Settling| {
+            let store = alone.clone();
+            async move {
+                let mut answers = store.settle_many(std::slice::from_ref(&one)).await;
+                answers.pop().unwrap_or_else(|| {
+                    Err(crate::store::StoreError::backend(
+                        "the store answered no settlement",
+                    ))
+                })
+            }
+        },
         move |batch: Vec<Settling>| {
             let store = store.clone();
             async move { store.settle_many(&batch).await }
@@ -118,8 +130,13 @@ mod tests {
             store: store.clone(),
             hang: Arc::new(AtomicBool::new(true)),
         };
+        let alone = hangs.clone();
         let settler: Settler = Batcher::new(
             Shape::new(DEFAULT_MOST, 1).stall(Duration::from_millis(50)),
+            move |one| {
+                let answers = alone.settle_many(vec![one]);
+                async move { answers.await.remove(0) }
+            },
             move |batch| hangs.settle_many(batch),
         );
         let settle = |n: usize| {

@@ -2,7 +2,8 @@
 //!
 //! A [`Batcher`] has a few writes of its kind in flight at most, its [lanes](Shape::lanes).
 //! A write that finds a lane free is sent at once, alone, on the path it would take without
-//! batching: there is no timer, and a lone delivery never waits for company. Writes that
+//! batching (the backend's lone statement, which it writes beside its claims or its inbox):
+//! there is no timer, and a lone delivery never waits for company. Writes that
 //! arrive while every lane is busy wait, and go together in the next statement (or
 //! transaction) a lane sends, each answered with its own result. Under load each delivery so
 //! shares one statement, one transaction and one flush of the disk with the others that
@@ -114,6 +115,9 @@ pub(crate) type Answers<Out> = Vec<Result<Out, StoreError>>;
 type Run<Op, Out> =
     Arc<dyn Fn(Vec<Op>) -> Pin<Box<dyn Future<Output = Answers<Out>> + Send>> + Send + Sync>;
 
+type One<Op, Out> =
+    Arc<dyn Fn(Op) -> Pin<Box<dyn Future<Output = Result<Out, StoreError>> + Send>> + Send + Sync>;
+
 type Reply<Out> = oneshot::Sender<Result<Out, StoreError>>;
 
 /// Sends writes of one kind to the database in batches (see the [module docs](self)).
@@ -133,8 +137,10 @@ impl<Op, Out> Clone for Batcher<Op, Out> {
 struct Shared<Op, Out> {
     queue: Mutex<Queue<Op, Out>>,
     shape: Shape,
-    /// Writes a batch: given one write, the path without batching.
-    run: Run<Op, Out>,
+    /// Writes one write alone: the path without batching.
+    one: One<Op, Out>,
+    /// Writes a batch of two writes or more.
+    many: Run<Op, Out>,
 }
 
 struct Queue<Op, Out> {
@@ -148,10 +154,13 @@ where
     Op: Keyed + Send + 'static,
     Out: Send + 'static,
 {
-    /// A batcher shaped by `shape`, its batches written by `run`: it is given the writes of one
-    /// batch (never two on one key unless the shape allows it), and answers one result each.
-    pub(crate) fn new<F, Fut>(shape: Shape, run: F) -> Self
+    /// A batcher shaped by `shape`: a write alone is written by `one`, a batch by `many`,
+    /// which is given the writes of one batch (two or more, never two on one key unless the
+    /// shape allows it) and answers one result each.
+    pub(crate) fn new<F1, Fut1, F, Fut>(shape: Shape, one: F1, many: F) -> Self
     where
+        F1: Fn(Op) -> Fut1 + Send + Sync + 'static,
+        Fut1: Future<Output = Result<Out, StoreError>> + Send + 'static,
         F: Fn(Vec<Op>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Answers<Out>> + Send + 'static,
     {
@@ -162,16 +171,14 @@ where
                     busy: 0,
                 }),
                 shape,
-                run: Arc::new(move |ops| Box::pin(run(ops))),
+                one: Arc::new(move |op| Box::pin(one(op))),
+                many: Arc::new(move |ops| Box::pin(many(ops))),
             }),
         }
     }
 
     /// The most writes a batch carries.
-    #[cfg_attr(
-        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
     pub(crate) fn most(&self) -> usize {
         self.shared.shape.most
     }
@@ -216,20 +223,15 @@ where
         // goes away first, or once the write stalls.
         let mut next = Some(HandOff(self.shared.clone()));
         tracing::trace!(target: BATCH_TARGET, writes = 1, "a batch of writes");
-        let mut run = (self.shared.run)(vec![op]);
-        let stalled = match within(&mut run, self.shared.shape.stall).await {
-            Some(answers) => Some(answers),
+        let mut run = (self.shared.one)(op);
+        match within(&mut run, self.shared.shape.stall).await {
+            Some(answer) => answer,
             None => {
                 stalled(1);
                 drop(next.take());
-                None
+                run.await
             }
-        };
-        let mut answers = match stalled {
-            Some(answers) => answers,
-            None => run.await,
-        };
-        answers.pop().unwrap_or_else(|| Err(short()))
+        }
     }
 }
 
@@ -363,8 +365,13 @@ async fn flush<Op: Keyed + Send + 'static, Out: Send + 'static>(
     while let Some(batch) = shared.next_batch() {
         tracing::trace!(target: BATCH_TARGET, writes = batch.len(), "a batch of writes");
         let n = batch.len();
-        let (ops, replies): (Vec<Op>, Vec<Reply<Out>>) = batch.into_iter().unzip();
-        let answers = (shared.run)(ops);
+        let (mut ops, replies): (Vec<Op>, Vec<Reply<Out>>) = batch.into_iter().unzip();
+        let answers: Pin<Box<dyn Future<Output = Answers<Out>> + Send>> = if n == 1 {
+            let one = (shared.one)(ops.pop().expect("one write"));
+            Box::pin(async move { vec![one.await] })
+        } else {
+            (shared.many)(ops)
+        };
         let mut sending = Box::pin(async move {
             let mut answers = answers.await.into_iter();
             for reply in replies {
@@ -412,10 +419,7 @@ impl<Op, Out> Drop for Lane<Op, Out> {
 }
 
 /// Each of `n` writes fails with `error`, the one error of their batch.
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-    allow(dead_code)
-)]
+#[cfg_attr(not(feature = "_sql"), allow(dead_code))]
 pub(crate) fn all_fail<Out>(
     error: impl std::error::Error + Send + Sync + 'static,
     n: usize,
@@ -428,16 +432,10 @@ pub(crate) fn all_fail<Out>(
 
 /// The error of a batch, as each of its writes reports it.
 #[derive(Debug)]
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-    allow(dead_code)
-)]
+#[cfg_attr(not(feature = "_sql"), allow(dead_code))]
 pub(crate) struct BatchFailed(Arc<dyn std::error::Error + Send + Sync>);
 
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-    allow(dead_code)
-)]
+#[cfg_attr(not(feature = "_sql"), allow(dead_code))]
 impl BatchFailed {
     /// The batch's own error.
     pub(crate) fn cause(&self) -> &(dyn std::error::Error + 'static) {

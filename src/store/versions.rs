@@ -176,11 +176,11 @@ impl VersionLease {
 }
 
 #[cfg_attr(
-    any(feature = "postgres", feature = "sqlite", feature = "mysql"),
+    feature = "_sql",
     doc = "What [`advance`](crate::version_guard::advance) did."
 )]
 #[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    not(feature = "_sql"),
     doc = "What `version_guard::advance` did (with a SQL store's feature)."
 )]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,7 +196,7 @@ pub enum Advance {
 }
 
 /// Advances entity versions inside the caller's transaction: the SQL stores.
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 #[cfg_attr(
     docsrs,
     doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))

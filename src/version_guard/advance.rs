@@ -16,7 +16,7 @@ use crate::store::{Advance, AdvanceVersion, StoreError};
 ///
 /// See [the module documentation](super#ordering-in-transactional-mode) for an example, the SQL
 /// per backend, and the plain-SQL alternative.
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 #[cfg_attr(
     docsrs,
     doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))

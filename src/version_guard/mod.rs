@@ -250,7 +250,7 @@ let app: Router = Router::new()
 //! documentation discusses when to answer non-2xx (the sender retries) and when 2xx with an
 //! alert.
 
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 mod advance;
 mod error;
 mod layer;
@@ -258,7 +258,7 @@ mod lifecycle;
 mod mode;
 pub mod version;
 
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 #[cfg_attr(
     docsrs,
     doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
@@ -266,7 +266,7 @@ pub mod version;
 pub use crate::store::AdvanceVersion;
 /// The version store's part lives with the stores; these are its names here as well.
 pub use crate::store::{Advance, PendingVersion, VersionClaim, VersionLease, VersionStore};
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 #[cfg_attr(
     docsrs,
     doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))

@@ -370,7 +370,7 @@ mod tests {
         }
     }
 
-    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+    #[cfg(feature = "_sql")]
     #[test]
     fn driver_urls() {
         assert_eq!(

@@ -31,11 +31,26 @@ fn gated(most: usize, gate: Arc<Semaphore>) -> (Batcher<Write, u32>, Seen) {
     shaped(Shape::new(most, 1), gate)
 }
 
+/// A batcher whose lone write is its batch of one, both written by `many`.
+fn batcher<F, Fut>(shape: Shape, many: F) -> Batcher<Write, u32>
+where
+    F: Fn(Vec<Write>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Answers<u32>> + Send + 'static,
+{
+    let many = Arc::new(many);
+    let alone = many.clone();
+    let one = move |op| {
+        let answers = alone(vec![op]);
+        async move { answers.await.pop().unwrap_or_else(|| Err(short())) }
+    };
+    Batcher::new(shape, one, move |ops| many(ops))
+}
+
 /// As [`gated`], shaped by `shape`.
 fn shaped(shape: Shape, gate: Arc<Semaphore>) -> (Batcher<Write, u32>, Seen) {
     let seen = Arc::new(StdMutex::new(Vec::new()));
     let record = seen.clone();
-    let batcher = Batcher::new(shape, move |ops: Vec<Write>| {
+    let batcher = batcher(shape, move |ops: Vec<Write>| {
         let (gate, record) = (gate.clone(), record.clone());
         async move {
             gate.acquire().await.unwrap().forget();
@@ -422,7 +437,7 @@ async fn a_batch_that_stalls_no_longer_holds_its_lane() {
     let shape = Shape::new(8, 1).stall(Duration::from_millis(50));
     // "slow" waits for the gate; a batch with a "hang…" write never answers, as a statement
     // on a connection that stopped answering.
-    let batcher = Batcher::new(shape, move |ops: Vec<Write>| {
+    let batcher = batcher(shape, move |ops: Vec<Write>| {
         let gate = opened.clone();
         async move {
             if ops.iter().any(|w| w.0.value() == "slow") {

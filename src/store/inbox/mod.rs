@@ -45,7 +45,7 @@ use super::{Lease, LeaseToken, Stale, StoreError};
 use crate::key::IdempotencyKey;
 
 mod codec;
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 pub(crate) mod unreadable;
 
 pub use codec::HISTORY_LIMIT;
@@ -583,7 +583,7 @@ pub(crate) async fn settle_each<S: InboxStore + ?Sized>(
 
 /// The answers of a batch written in one statement or transaction: per settlement, the rows
 /// it changed (none: its lease was lost); or the one failure, told to each.
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
 pub(crate) fn batch_results(
     written: Result<Vec<u64>, StoreError>,

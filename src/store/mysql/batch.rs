@@ -21,8 +21,9 @@ use std::sync::Arc;
 
 use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row as _};
+use sqlx::{AssertSqlSafe, MySql, Row as _};
 
+use super::claims::Lone;
 use super::queries::{AGE_US, IDLE_US, NOW};
 use super::server::{DEADLOCK, mysql_error};
 use crate::key::IdempotencyKey;
@@ -45,72 +46,52 @@ pub(super) struct Batches {
     pub(super) commits: Batcher<CommitWrite, u64>,
 }
 
+/// The statements of a batch, and the lone ones its writes go again by when the batch must be
+/// sent again write by write.
 struct Statements {
-    pool: MySqlPool,
+    lone: Arc<Lone>,
     /// The quoted table.
     table: String,
-    /// MariaDB's lone insert-or-read.
-    claim: Arc<str>,
-    /// The insert alone (`INSERT IGNORE`), for a key likely new.
-    insert: Arc<str>,
-    /// The lone commit.
-    commit: Arc<str>,
 }
 
 impl Batches {
-    pub(super) fn new(
-        pool: MySqlPool,
-        table: &TableName,
-        (claim, insert): (Arc<str>, Arc<str>),
-        commit: Arc<str>,
-        most: usize,
-    ) -> Self {
+    /// Batches of at most `most` writes in `table`, whose writes go alone as `lone` says.
+    pub(super) fn new(lone: Arc<Lone>, table: &TableName, most: usize) -> Self {
         let statements = Arc::new(Statements {
-            pool,
+            lone: lone.clone(),
             table: table.quoted('`'),
-            claim,
-            insert,
-            commit,
         });
-        let on = statements.clone();
         // Rows come back by key: one write of a key a batch.
         let shape = Shape::new(most, LANES);
-        let claims = Batcher::new(shape, move |writes| {
-            let statements = on.clone();
-            async move { statements.claim_all(writes).await }
-        });
-        let commits = Batcher::new(shape, move |writes| {
-            let statements = statements.clone();
-            async move { statements.commit_all(writes).await }
-        });
+        let (on, alone) = (statements.clone(), lone.clone());
+        let claims = Batcher::new(
+            shape,
+            move |write| {
+                let lone = alone.clone();
+                async move { lone.claim_one(&write).await }
+            },
+            move |writes| {
+                let statements = on.clone();
+                async move { statements.claim_all(writes).await }
+            },
+        );
+        let commits = Batcher::new(
+            shape,
+            move |write| {
+                let lone = lone.clone();
+                async move { lone.commit_one(&write).await }
+            },
+            move |writes| {
+                let statements = statements.clone();
+                async move { statements.commit_all(writes).await }
+            },
+        );
         Self { claims, commits }
     }
 }
 
 impl Statements {
-    /// The insert-or-read of one key. A key likely new is inserted first (`INSERT IGNORE`,
-    /// nothing returned), and read with the insert-or-read only if it has a row.
-    async fn claim_one(&self, write: &ClaimWrite) -> Result<ClaimRow, StoreError> {
-        let statement = |sql: &Arc<str>| {
-            sqlx::query(AssertSqlSafe(sql.clone()))
-                .bind(write.key.namespace())
-                .bind(write.key.value())
-                .bind(write.token.to_i64())
-        };
-        if write.likely_new {
-            let inserted = statement(&self.insert).execute(&self.pool).await.store()?;
-            if inserted.rows_affected() == 1 {
-                return Ok(ClaimRow::inserted(write.token));
-            }
-        }
-        let row = statement(&self.claim).fetch_one(&self.pool).await.store()?;
-        ClaimRow::read(&row)
-    }
-
     async fn claim_all(&self, writes: Vec<ClaimWrite>) -> Answers<ClaimRow> {
-        if let [write] = &writes[..] {
-            return vec![self.claim_one(write).await];
-        }
         let order = key_order(&writes);
         let size = writes.len().next_power_of_two();
         let sql = self.claims(size);
@@ -122,8 +103,12 @@ impl Statements {
                 .bind(write.key.value())
                 .bind(write.token.to_i64());
         }
-        let rows = query.fetch_all(&self.pool).await;
-        let rows = match or_alone(rows, &writes, is_deadlock, |write| self.claim_one(write)).await {
+        let rows = query.fetch_all(&self.lone.pool).await;
+        let rows = match or_alone(rows, &writes, is_deadlock, |write| {
+            self.lone.claim_one(write)
+        })
+        .await
+        {
             Ok(rows) => rows,
             Err(answers) => return answers,
         };
@@ -146,22 +131,7 @@ impl Statements {
         answers
     }
 
-    async fn commit_one(&self, write: &CommitWrite) -> Result<u64, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(self.commit.clone()))
-            .bind(write.receipt.as_deref())
-            .bind(write.key.namespace())
-            .bind(write.key.value())
-            .bind(write.token.to_i64())
-            .execute(&self.pool)
-            .await
-            .store()?;
-        Ok(done.rows_affected())
-    }
-
     async fn commit_all(&self, writes: Vec<CommitWrite>) -> Answers<u64> {
-        if let [write] = &writes[..] {
-            return vec![self.commit_one(write).await];
-        }
         let order = key_order(&writes);
         let size = writes.len().next_power_of_two();
         let mut query = sqlx::query(AssertSqlSafe(self.commits(size)));
@@ -177,12 +147,15 @@ impl Statements {
             // Matches no row: no key has an empty namespace.
             query = query.bind("").bind("").bind(0_i64).bind(None::<&[u8]>);
         }
-        let done = query.execute(&self.pool).await;
-        let matched =
-            match or_alone(done, &writes, is_deadlock, |write| self.commit_one(write)).await {
-                Ok(done) => done.rows_affected(),
-                Err(answers) => return answers,
-            };
+        let done = query.execute(&self.lone.pool).await;
+        let matched = match or_alone(done, &writes, is_deadlock, |write| {
+            self.lone.commit_one(write)
+        })
+        .await
+        {
+            Ok(done) => done.rows_affected(),
+            Err(answers) => return answers,
+        };
         if matched == writes.len() as u64 {
             return writes.iter().map(|_| Ok(1)).collect();
         }
@@ -200,7 +173,7 @@ impl Statements {
         for _ in writes.len()..size {
             query = query.bind("").bind("");
         }
-        let rows = match query.fetch_all(&self.pool).await {
+        let rows = match query.fetch_all(&self.lone.pool).await {
             Ok(rows) => rows,
             Err(error) => return all_fail(error, writes.len()),
         };

@@ -240,3 +240,48 @@ impl Store for MySqlStore {
         self.table.purge_completed(older_than).await
     }
 }
+
+/// The statements a write runs when it goes alone, as without batching: a claim's first
+/// statement and a commit. (A batch of them is [`batch`](super::batch)'s.) Shared by a
+/// store's clones.
+pub(super) struct Lone {
+    pub(super) pool: sqlx::MySqlPool,
+    /// MariaDB's insert-or-read of a claim (see the [module docs](super#round-trips)).
+    pub(super) claim: Arc<str>,
+    /// The insert alone (`INSERT IGNORE`), for a key likely new.
+    pub(super) insert: Arc<str>,
+    pub(super) commit: Arc<str>,
+}
+
+impl Lone {
+    /// The insert-or-read of one key. A key likely new is inserted first (`INSERT IGNORE`,
+    /// nothing returned), and read with the insert-or-read only if it has a row.
+    pub(super) async fn claim_one(&self, write: &ClaimWrite) -> Result<ClaimRow, StoreError> {
+        let statement = |sql: &Arc<str>| {
+            sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(write.key.namespace())
+                .bind(write.key.value())
+                .bind(write.token.to_i64())
+        };
+        if write.likely_new {
+            let inserted = statement(&self.insert).execute(&self.pool).await.store()?;
+            if inserted.rows_affected() == 1 {
+                return Ok(ClaimRow::inserted(write.token));
+            }
+        }
+        let row = statement(&self.claim).fetch_one(&self.pool).await.store()?;
+        ClaimRow::read(&row)
+    }
+
+    pub(super) async fn commit_one(&self, write: &CommitWrite) -> Result<u64, StoreError> {
+        let done = sqlx::query(AssertSqlSafe(self.commit.clone()))
+            .bind(write.receipt.as_deref())
+            .bind(write.key.namespace())
+            .bind(write.key.value())
+            .bind(write.token.to_i64())
+            .execute(&self.pool)
+            .await
+            .store()?;
+        Ok(done.rows_affected())
+    }
+}

@@ -618,11 +618,11 @@ impl fmt::Debug for MySqlStore {
 
 /// The batchers of a store on `table`, at most `most` writes a batch.
 fn batches(table: &Table<MySql>, claims: &ClaimQueries, most: usize) -> batch::Batches {
-    batch::Batches::new(
-        table.pool.clone(),
-        &table.sql.table,
-        (claims.insert_or_read.clone(), claims.insert_new.clone()),
-        table.sql.commit.clone(),
-        most,
-    )
+    let lone = claims::Lone {
+        pool: table.pool.clone(),
+        claim: claims.insert_or_read.clone(),
+        insert: claims.insert_new.clone(),
+        commit: table.sql.commit.clone(),
+    };
+    batch::Batches::new(Arc::new(lone), &table.sql.table, most)
 }

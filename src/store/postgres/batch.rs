@@ -22,13 +22,14 @@
 
 use std::sync::Arc;
 
-use sqlx::{AssertSqlSafe, PgPool, Row as _};
+use sqlx::{AssertSqlSafe, Row as _};
 
+use super::claims::Lone;
 use crate::store::StoreError;
 use crate::store::batch::{
     Answers, Batcher, ClaimWrite, CommitWrite, EnqueueWrite, Shape, all_fail, key_order, or_alone,
 };
-use crate::store::sql::{ClaimRow, ResultExt as _, TableName, retry_serialization_failure};
+use crate::store::sql::{ClaimRow, ResultExt as _, TableName};
 
 /// The batches of one kind in flight at once: a second delivery that arrives while one
 /// statement runs goes at once on the second, as it would without batching.
@@ -47,54 +48,65 @@ pub(super) struct Batches {
     pub(super) enqueues: Batcher<EnqueueWrite, Option<(String, bool)>>,
 }
 
-/// The statements a write runs when it goes alone.
-pub(super) struct Lone {
-    pub(super) claim: Arc<str>,
-    /// The claim of a key likely new: an insert alone.
-    pub(super) insert: Arc<str>,
-    pub(super) commit: Arc<str>,
-    pub(super) enqueue: Arc<str>,
-}
-
-/// The statements of a batch, alone and together.
+/// The statements of a batch, and the lone ones its writes go again by when the batch must be
+/// sent again write by write.
 struct Statements {
-    pool: PgPool,
-    lone: Lone,
+    lone: Arc<Lone>,
     claims: String,
     commits: String,
     enqueues: String,
 }
 
 impl Batches {
-    /// Batches of at most `most` writes on `pool`, in `table` and its inbox, whose writes go
-    /// alone as `lone`.
-    pub(super) fn new(pool: PgPool, table: &TableName, lone: Lone, most: usize) -> Self {
+    /// Batches of at most `most` writes in `table` and its inbox, whose writes go alone as
+    /// `lone` says.
+    pub(super) fn new(lone: Arc<Lone>, table: &TableName, most: usize) -> Self {
         let statements = Arc::new(Statements {
-            pool,
-            lone,
+            lone: lone.clone(),
             claims: claims(table),
             commits: commits(table),
             enqueues: enqueues(table),
         });
-        let on = statements.clone();
         // A claim's insert-or-read answers every position of a key, each telling its own
         // token: one batch may carry a key twice. An `UPDATE … FROM` changes a row once,
         // however many bound rows name it, and an inbox insert would tell every position of a
         // key that it stored the entry: one commit, and one entry, of a key a batch.
         let shape = Shape::new(most, LANES);
-        let claims = Batcher::new(shape.same_key(), move |writes| {
-            let statements = on.clone();
-            async move { statements.claim_all(writes).await }
-        });
-        let on = statements.clone();
-        let commits = Batcher::new(shape, move |writes| {
-            let statements = on.clone();
-            async move { statements.commit_all(writes).await }
-        });
-        let enqueues = Batcher::new(shape, move |writes| {
-            let statements = statements.clone();
-            async move { statements.enqueue_all(writes).await }
-        });
+        let (on, alone) = (statements.clone(), lone.clone());
+        let claims = Batcher::new(
+            shape.same_key(),
+            move |write| {
+                let lone = alone.clone();
+                async move { lone.claim_one(&write).await }
+            },
+            move |writes| {
+                let statements = on.clone();
+                async move { statements.claim_all(writes).await }
+            },
+        );
+        let (on, alone) = (statements.clone(), lone.clone());
+        let commits = Batcher::new(
+            shape,
+            move |write| {
+                let lone = alone.clone();
+                async move { lone.commit_one(&write).await }
+            },
+            move |writes| {
+                let statements = on.clone();
+                async move { statements.commit_all(writes).await }
+            },
+        );
+        let enqueues = Batcher::new(
+            shape,
+            move |write| {
+                let lone = lone.clone();
+                async move { lone.enqueue_one(&write).await }
+            },
+            move |writes| {
+                let statements = statements.clone();
+                async move { statements.enqueue_all(writes).await }
+            },
+        );
         Self {
             claims,
             commits,
@@ -104,32 +116,7 @@ impl Batches {
 }
 
 impl Statements {
-    /// The insert-or-read of one key, tried once more after a serialization failure. A key
-    /// likely new is inserted first, and read only if it has a row.
-    async fn claim_one(&self, write: &ClaimWrite) -> Result<Option<ClaimRow>, StoreError> {
-        let statement = |sql: &Arc<str>| {
-            sqlx::query(AssertSqlSafe(sql.clone()))
-                .bind(write.key.namespace())
-                .bind(write.key.value())
-                .bind(write.token.to_i64())
-        };
-        if write.likely_new {
-            let insert = || statement(&self.lone.insert).execute(&self.pool);
-            let done = retry_serialization_failure("claim", is_retryable, insert).await?;
-            if done.rows_affected() == 1 {
-                return Ok(Some(ClaimRow::inserted(write.token)));
-            }
-        }
-        let read = || statement(&self.lone.claim).fetch_optional(&self.pool);
-        retry_serialization_failure("claim", is_retryable, read)
-            .await
-            .and_then(|row| row.as_ref().map(ClaimRow::read).transpose())
-    }
-
     async fn claim_all(&self, writes: Vec<ClaimWrite>) -> Answers<Option<ClaimRow>> {
-        if let [write] = &writes[..] {
-            return vec![self.claim_one(write).await];
-        }
         let order = key_order(&writes);
         let (namespaces, keys, tokens) = order.iter().fold(
             (Vec::new(), Vec::new(), Vec::new()),
@@ -144,9 +131,12 @@ impl Statements {
             .bind(namespaces)
             .bind(keys)
             .bind(tokens)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.lone.pool)
             .await;
-        let rows = match or_alone(rows, &writes, is_retryable, |write| self.claim_one(write)).await
+        let rows = match or_alone(rows, &writes, is_retryable, |write| {
+            self.lone.claim_one(write)
+        })
+        .await
         {
             Ok(rows) => rows,
             Err(answers) => return answers,
@@ -165,26 +155,7 @@ impl Statements {
         answers
     }
 
-    /// One commit, alone: the rows it matched. Tried once more after a serialization failure,
-    /// which a stricter isolation than READ COMMITTED makes likelier beside batches that read
-    /// many rows.
-    async fn commit_one(&self, write: &CommitWrite) -> Result<u64, StoreError> {
-        let statement = || {
-            sqlx::query(AssertSqlSafe(self.lone.commit.clone()))
-                .bind(write.receipt.as_deref())
-                .bind(write.key.namespace())
-                .bind(write.key.value())
-                .bind(write.token.to_i64())
-                .execute(&self.pool)
-        };
-        let done = retry_serialization_failure("commit", is_retryable, statement).await?;
-        Ok(done.rows_affected())
-    }
-
     async fn commit_all(&self, writes: Vec<CommitWrite>) -> Answers<u64> {
-        if let [write] = &writes[..] {
-            return vec![self.commit_one(write).await];
-        }
         let order = key_order(&writes);
         let mut namespaces = Vec::with_capacity(order.len());
         let mut keys = Vec::with_capacity(order.len());
@@ -201,9 +172,12 @@ impl Statements {
             .bind(keys)
             .bind(tokens)
             .bind(receipts)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.lone.pool)
             .await;
-        let rows = match or_alone(rows, &writes, is_retryable, |write| self.commit_one(write)).await
+        let rows = match or_alone(rows, &writes, is_retryable, |write| {
+            self.lone.commit_one(write)
+        })
+        .await
         {
             Ok(rows) => rows,
             Err(answers) => return answers,
@@ -222,27 +196,7 @@ impl Statements {
         answers
     }
 
-    /// One inbox entry's insert-or-read, tried once more after a serialization failure.
-    async fn enqueue_one(
-        &self,
-        write: &EnqueueWrite,
-    ) -> Result<Option<(String, bool)>, StoreError> {
-        let statement = || {
-            sqlx::query(AssertSqlSafe(self.lone.enqueue.clone()))
-                .bind(write.key.namespace())
-                .bind(write.key.value())
-                .bind(write.request.as_slice())
-                .fetch_optional(&self.pool)
-        };
-        let row = retry_serialization_failure("enqueue", is_retryable, statement).await?;
-        row.map(|row| Ok((row.try_get(0).store()?, row.try_get(1).store()?)))
-            .transpose()
-    }
-
     async fn enqueue_all(&self, writes: Vec<EnqueueWrite>) -> Answers<Option<(String, bool)>> {
-        if let [write] = &writes[..] {
-            return vec![self.enqueue_one(write).await];
-        }
         let order = key_order(&writes);
         let mut namespaces = Vec::with_capacity(order.len());
         let mut keys = Vec::with_capacity(order.len());
@@ -256,13 +210,16 @@ impl Statements {
             .bind(namespaces)
             .bind(keys)
             .bind(requests)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.lone.pool)
             .await;
-        let rows =
-            match or_alone(rows, &writes, is_retryable, |write| self.enqueue_one(write)).await {
-                Ok(rows) => rows,
-                Err(answers) => return answers,
-            };
+        let rows = match or_alone(rows, &writes, is_retryable, |write| {
+            self.lone.enqueue_one(write)
+        })
+        .await
+        {
+            Ok(rows) => rows,
+            Err(answers) => return answers,
+        };
         let mut answers: Answers<Option<(String, bool)>> =
             writes.iter().map(|_| Ok(None)).collect();
         for row in &rows {
@@ -291,7 +248,7 @@ fn position(order: &[usize], n: i64) -> Result<usize, StoreError> {
 
 /// 40001 serialization_failure, 40P01 deadlock_detected: nothing was written, and the writes
 /// can be sent again.
-fn is_retryable(e: &sqlx::Error) -> bool {
+pub(super) fn is_retryable(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(e)
         if matches!(e.code().as_deref(), Some("40001" | "40P01")))
 }

@@ -1,12 +1,16 @@
 //! The store contract on PostgreSQL: [`Store`] for [`PostgresStore`], each step one statement
 //! but where the module docs say.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::{AssertSqlSafe, PgPool};
+
+use super::batch::is_retryable;
 use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
 use crate::store::batch::{ClaimWrite, CommitWrite};
-use crate::store::sql::{AfterRead, ClaimRow, held};
+use crate::store::sql::{AfterRead, ClaimRow, held, retry_serialization_failure};
 use crate::store::{
     Claim, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, Store, StoreError, StuckClaim,
 };
@@ -111,5 +115,62 @@ impl PostgresStore {
     ) -> Result<(), StoreError> {
         let write = CommitWrite::of(lease, receipt);
         held(self.batches.commits.write(write).await?)
+    }
+}
+
+/// The statements a write runs when it goes alone, as without batching: a claim's first
+/// statement and a commit here, an inbox entry's insert beside the inbox. (A batch of them is
+/// [`batch`](super::batch)'s.) Shared by a store's clones.
+pub(super) struct Lone {
+    pub(super) pool: PgPool,
+    /// The insert-or-read of a claim (see the [module docs](super#round-trips)).
+    pub(super) claim: Arc<str>,
+    /// The claim of a key likely new: an insert alone.
+    pub(super) insert: Arc<str>,
+    pub(super) commit: Arc<str>,
+    /// The insert-or-read of an inbox entry.
+    pub(super) enqueue: Arc<str>,
+}
+
+impl Lone {
+    /// The insert-or-read of one key, tried once more after a serialization failure. A key
+    /// likely new is inserted first, and read only if it has a row.
+    pub(super) async fn claim_one(
+        &self,
+        write: &ClaimWrite,
+    ) -> Result<Option<ClaimRow>, StoreError> {
+        let statement = |sql: &Arc<str>| {
+            sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(write.key.namespace())
+                .bind(write.key.value())
+                .bind(write.token.to_i64())
+        };
+        if write.likely_new {
+            let insert = || statement(&self.insert).execute(&self.pool);
+            let done = retry_serialization_failure("claim", is_retryable, insert).await?;
+            if done.rows_affected() == 1 {
+                return Ok(Some(ClaimRow::inserted(write.token)));
+            }
+        }
+        let read = || statement(&self.claim).fetch_optional(&self.pool);
+        retry_serialization_failure("claim", is_retryable, read)
+            .await
+            .and_then(|row| row.as_ref().map(ClaimRow::read).transpose())
+    }
+
+    /// One commit, alone: the rows it matched. Tried once more after a serialization failure,
+    /// which a stricter isolation than READ COMMITTED makes likelier beside batches that read
+    /// many rows.
+    pub(super) async fn commit_one(&self, write: &CommitWrite) -> Result<u64, StoreError> {
+        let statement = || {
+            sqlx::query(AssertSqlSafe(self.commit.clone()))
+                .bind(write.receipt.as_deref())
+                .bind(write.key.namespace())
+                .bind(write.key.value())
+                .bind(write.token.to_i64())
+                .execute(&self.pool)
+        };
+        let done = retry_serialization_failure("commit", is_retryable, statement).await?;
+        Ok(done.rows_affected())
     }
 }

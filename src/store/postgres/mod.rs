@@ -364,14 +364,15 @@ impl PostgresStore {
     /// A store on `table`, its batches of at most `most` writes.
     fn on(table: Table<Postgres>, most: usize) -> Self {
         let inbox: Arc<inbox::Own> = inbox::own(&table.sql.table).into();
-        let lone = batch::Lone {
+        let lone = Arc::new(claims::Lone {
+            pool: table.pool.clone(),
             claim: insert_or_read(&table.sql.table).into(),
             insert: insert_new(&table.sql.table).into(),
             commit: table.sql.commit.clone(),
             enqueue: inbox.enqueue.clone(),
-        };
+        });
         Self {
-            batches: Batches::new(table.pool.clone(), &table.sql.table, lone, most),
+            batches: Batches::new(lone, &table.sql.table, most),
             inbox,
             herald: Arc::default(),
             table,

@@ -113,7 +113,7 @@ impl ClaimRow {
     }
 
     /// The row a claim with `token` has just inserted: in flight, its first delivery and run.
-    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    #[cfg(feature = "_sql")]
     pub(crate) fn inserted(token: LeaseToken) -> Self {
         Self {
             state: "processing".to_owned(),
@@ -200,10 +200,7 @@ where
 }
 
 /// A stale policy under which no claim is ever stale: transactional mode has no stale claims.
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-    allow(dead_code)
-)]
+#[cfg_attr(not(feature = "_sql"), allow(dead_code))]
 pub(crate) const NEVER_STALE: Stale = Stale::reclaim_after(Duration::MAX);
 
 /// A row of [`Store::stuck_claims`](super::Store::stuck_claims).

@@ -117,10 +117,7 @@ impl TableName {
     }
 
     /// The inbox table: `<table>_inbox`, in the same schema. At most 55 bytes.
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
     pub(crate) fn inbox(&self) -> Self {
         Self {
             schema: self.schema.clone(),

@@ -12,13 +12,11 @@
 
 use std::sync::Arc;
 
-use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection};
-
-use super::queries::enter;
+use super::claims::Lone;
 use crate::key::IdempotencyKey;
+use crate::store::LeaseToken;
 use crate::store::batch::{Answers, Batcher, Keyed, Shape, all_fail};
-use crate::store::sql::{ClaimRow, ResultExt as _, Table, returned};
-use crate::store::{LeaseToken, StoreError};
+use crate::store::sql::ClaimRow;
 
 /// One write of a delivery.
 pub(super) enum Write {
@@ -80,49 +78,40 @@ impl Keyed for Write {
     }
 }
 
-/// The batcher of one store's writes, at most `most` a transaction, on `table`; an inbox
-/// entry is stored with `enqueue`.
-pub(super) fn batcher(
-    table: Table<Sqlite>,
-    enqueue: Arc<str>,
-    most: usize,
-) -> Batcher<Write, Wrote> {
-    let enter = enter(&table.sql.table).into();
-    let on = Arc::new(On {
-        table,
-        enter,
-        enqueue,
-    });
+/// The batcher of one store's writes, at most `most` a transaction, each written alone as
+/// `lone` says.
+pub(super) fn batcher(lone: Lone, most: usize) -> Batcher<Write, Wrote> {
+    let lone = Arc::new(lone);
+    let alone = lone.clone();
     // One writer at a time: one lane. The statements of a batch run one after another, each
     // seeing the ones before it, so a key may be in a batch twice.
-    Batcher::new(Shape::new(most, 1).same_key(), move |writes| {
-        let on = on.clone();
-        async move { write_all(&on, writes).await }
-    })
+    Batcher::new(
+        Shape::new(most, 1).same_key(),
+        move |write| {
+            let lone = alone.clone();
+            async move {
+                let _turn = lone.table.turn().await;
+                lone.alone(&write).await
+            }
+        },
+        move |writes| {
+            let lone = lone.clone();
+            async move { write_all(&lone, writes).await }
+        },
+    )
 }
 
-/// Where a batch is written.
-struct On {
-    table: Table<Sqlite>,
-    /// The insert of a claim that guesses its key is new.
-    enter: Arc<str>,
-    /// The inbox's insert.
-    enqueue: Arc<str>,
-}
-
-async fn write_all(on: &On, writes: Vec<Write>) -> Answers<Wrote> {
-    let table = &on.table;
+/// Two writes or more in one `BEGIN IMMEDIATE` transaction, in the writer's turn.
+async fn write_all(lone: &Lone, writes: Vec<Write>) -> Answers<Wrote> {
+    let table = &lone.table;
     let _turn = table.turn().await;
-    if let [write] = &writes[..] {
-        return vec![alone(on, write).await];
-    }
     let mut tx = match table.pool.begin_with("BEGIN IMMEDIATE").await {
         Ok(tx) => tx,
         Err(error) => return all_fail(error, writes.len()),
     };
     let mut answers = Vec::with_capacity(writes.len());
     for write in &writes {
-        match write_one(on, &mut tx, write).await {
+        match lone.write_on(&mut tx, write).await {
             Ok(wrote) => answers.push(Ok(wrote)),
             Err(_) => {
                 // Nothing of the batch is written: each write goes again alone, so that the
@@ -130,7 +119,7 @@ async fn write_all(on: &On, writes: Vec<Write>) -> Answers<Wrote> {
                 drop(tx.rollback().await);
                 let mut answers = Vec::with_capacity(writes.len());
                 for write in &writes {
-                    answers.push(alone(on, write).await);
+                    answers.push(lone.alone(write).await);
                 }
                 return answers;
             }
@@ -139,80 +128,5 @@ async fn write_all(on: &On, writes: Vec<Write>) -> Answers<Wrote> {
     match tx.commit().await {
         Ok(()) => answers,
         Err(error) => all_fail(error, writes.len()),
-    }
-}
-
-/// One write on its own, committed alone, in the writer's turn its caller holds.
-async fn alone(on: &On, write: &Write) -> Result<Wrote, StoreError> {
-    match on.table.pool.acquire().await {
-        Ok(mut conn) => write_one(on, &mut conn, write).await,
-        Err(error) => Err(StoreError::backend(error)),
-    }
-}
-
-/// One write's statement, on `conn`.
-async fn write_one(
-    on: &On,
-    conn: &mut SqliteConnection,
-    write: &Write,
-) -> Result<Wrote, StoreError> {
-    let table = &on.table;
-    match write {
-        Write::Enter { key, token } => {
-            // Run to its end, its commit included: a commit that fails is answered.
-            let inserted = sqlx::query(AssertSqlSafe(on.enter.clone()))
-                .bind(key.namespace())
-                .bind(key.value())
-                .bind(token.to_i64())
-                .execute(&mut *conn)
-                .await
-                .store()?;
-            match inserted.rows_affected() {
-                0 => table.read_claim_on(&mut *conn, key).await.map(Wrote::Found),
-                _ => Ok(Wrote::Found(Some(ClaimRow::inserted(*token)))),
-            }
-        }
-        Write::Claim {
-            key,
-            token,
-            reclaim,
-            stale_us,
-        } => {
-            let row = sqlx::query(AssertSqlSafe(table.sql.claim.clone()))
-                .bind(key.namespace())
-                .bind(key.value())
-                .bind(token.to_i64())
-                .bind(*reclaim)
-                .bind(*stale_us)
-                .fetch_all(&mut *conn)
-                .await
-                .store()?;
-            ClaimRow::read(&returned(row)?).map(Wrote::Row)
-        }
-        Write::Commit {
-            key,
-            token,
-            receipt,
-        } => {
-            let done = sqlx::query(AssertSqlSafe(table.sql.commit.clone()))
-                .bind(receipt.as_deref())
-                .bind(key.namespace())
-                .bind(key.value())
-                .bind(token.to_i64())
-                .execute(&mut *conn)
-                .await
-                .store()?;
-            Ok(Wrote::Matched(done.rows_affected()))
-        }
-        Write::Enqueue { key, request } => {
-            let done = sqlx::query(AssertSqlSafe(on.enqueue.clone()))
-                .bind(key.namespace())
-                .bind(key.value())
-                .bind(request.as_slice())
-                .execute(&mut *conn)
-                .await
-                .store()?;
-            Ok(Wrote::Matched(done.rows_affected()))
-        }
     }
 }

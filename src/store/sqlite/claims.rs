@@ -1,12 +1,15 @@
 //! The store contract on SQLite: [`Store`] for [`SqliteStore`], each step one statement but
 //! the claim, which takes one or two.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection};
 
 use super::SqliteStore;
 use super::batch::{Write, Wrote};
 use crate::key::IdempotencyKey;
-use crate::store::sql::{AfterRead, held, micros};
+use crate::store::sql::{AfterRead, ClaimRow, ResultExt as _, Table, held, micros, returned};
 use crate::store::{
     Claim, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, StalePolicy, Store,
     StoreError, StuckClaim,
@@ -141,4 +144,83 @@ impl SqliteStore {
 /// A write answered with what another kind of write answers: a defect of the batch.
 fn mixed_up() -> StoreError {
     StoreError::backend("a batched write was answered for another kind of write")
+}
+
+/// The statements a write runs, alone (as without batching) or in a batch's transaction: a
+/// claim's and a commit's here, an inbox entry's insert beside the inbox. Shared by a store's
+/// clones.
+pub(super) struct Lone {
+    pub(super) table: Table<Sqlite>,
+    /// The insert of a claim that guesses its key is new.
+    pub(super) enter: Arc<str>,
+    /// The inbox's insert.
+    pub(super) enqueue: Arc<str>,
+}
+
+impl Lone {
+    /// One write on its own, committed alone, in the writer's turn its caller holds.
+    pub(super) async fn alone(&self, write: &Write) -> Result<Wrote, StoreError> {
+        match self.table.pool.acquire().await {
+            Ok(mut conn) => self.write_on(&mut conn, write).await,
+            Err(error) => Err(StoreError::backend(error)),
+        }
+    }
+
+    /// One write's statement, on `conn`.
+    pub(super) async fn write_on(
+        &self,
+        conn: &mut SqliteConnection,
+        write: &Write,
+    ) -> Result<Wrote, StoreError> {
+        let table = &self.table;
+        match write {
+            Write::Enter { key, token } => {
+                // Run to its end, its commit included: a commit that fails is answered.
+                let inserted = sqlx::query(AssertSqlSafe(self.enter.clone()))
+                    .bind(key.namespace())
+                    .bind(key.value())
+                    .bind(token.to_i64())
+                    .execute(&mut *conn)
+                    .await
+                    .store()?;
+                match inserted.rows_affected() {
+                    0 => table.read_claim_on(&mut *conn, key).await.map(Wrote::Found),
+                    _ => Ok(Wrote::Found(Some(ClaimRow::inserted(*token)))),
+                }
+            }
+            Write::Claim {
+                key,
+                token,
+                reclaim,
+                stale_us,
+            } => {
+                let row = sqlx::query(AssertSqlSafe(table.sql.claim.clone()))
+                    .bind(key.namespace())
+                    .bind(key.value())
+                    .bind(token.to_i64())
+                    .bind(*reclaim)
+                    .bind(*stale_us)
+                    .fetch_all(&mut *conn)
+                    .await
+                    .store()?;
+                ClaimRow::read(&returned(row)?).map(Wrote::Row)
+            }
+            Write::Commit {
+                key,
+                token,
+                receipt,
+            } => {
+                let done = sqlx::query(AssertSqlSafe(table.sql.commit.clone()))
+                    .bind(receipt.as_deref())
+                    .bind(key.namespace())
+                    .bind(key.value())
+                    .bind(token.to_i64())
+                    .execute(&mut *conn)
+                    .await
+                    .store()?;
+                Ok(Wrote::Matched(done.rows_affected()))
+            }
+            Write::Enqueue { key, request } => self.enqueue_on(conn, key, request).await,
+        }
+    }
 }

@@ -367,7 +367,14 @@ impl SqliteStore {
     fn on(table: Table<Sqlite>, most: usize) -> Self {
         let inbox = Arc::new(inbox::own(&table.sql.table));
         Self {
-            batches: batch::batcher(table.clone(), inbox.enqueue.clone(), most),
+            batches: batch::batcher(
+                claims::Lone {
+                    table: table.clone(),
+                    enter: queries::enter(&table.sql.table).into(),
+                    enqueue: inbox.enqueue.clone(),
+                },
+                most,
+            ),
             inbox,
             table,
             new_keys: NewKeys::default(),

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Row as _};
 
+use super::batch::is_retryable;
 use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
 use crate::store::batch::EnqueueWrite;
@@ -283,4 +284,23 @@ async fn settle_many(store: &PostgresStore, batch: &[Settling]) -> Vec<Result<()
             }
         })
         .collect()
+}
+
+impl super::claims::Lone {
+    /// One inbox entry's insert-or-read, tried once more after a serialization failure.
+    pub(super) async fn enqueue_one(
+        &self,
+        write: &EnqueueWrite,
+    ) -> Result<Option<(String, bool)>, StoreError> {
+        let statement = || {
+            sqlx::query(AssertSqlSafe(self.enqueue.clone()))
+                .bind(write.key.namespace())
+                .bind(write.key.value())
+                .bind(write.request.as_slice())
+                .fetch_optional(&self.pool)
+        };
+        let row = retry_serialization_failure("enqueue", is_retryable, statement).await?;
+        row.map(|row| Ok((row.try_get(0).store()?, row.try_get(1).store()?)))
+            .transpose()
+    }
 }

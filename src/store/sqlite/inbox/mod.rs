@@ -201,3 +201,23 @@ impl InboxStore for SqliteStore {
             .await
     }
 }
+
+impl super::claims::Lone {
+    /// An inbox entry's insert, on `conn`: the rows it stored (none when the key had an
+    /// entry).
+    pub(super) async fn enqueue_on(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+        key: &IdempotencyKey,
+        request: &[u8],
+    ) -> Result<Wrote, StoreError> {
+        let done = sqlx::query(AssertSqlSafe(self.enqueue.clone()))
+            .bind(key.namespace())
+            .bind(key.value())
+            .bind(request)
+            .execute(&mut *conn)
+            .await
+            .store()?;
+        Ok(Wrote::Matched(done.rows_affected()))
+    }
+}
