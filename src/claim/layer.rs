@@ -5,8 +5,7 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::mode::{ClaimMode, ClaimSettings};
-use crate::engine::Guarded;
-use crate::engine::settings::{Settings, shared_settings};
+use crate::engine::mode::{Guarded, Settings, shared_settings};
 use crate::journal::Journal;
 use crate::key::{self, Auto, ExtractKey, IdempotencyKey};
 use crate::replay::{Replay, RequestFingerprint};

@@ -13,15 +13,10 @@ use http_body::Body;
 use tower_service::Service;
 
 use crate::body::{BoxError, RequestBody, ResponseBody};
-use crate::engine::drain::Entry;
-use crate::engine::guard::{LeaseGuard, Owner, Settle};
-use crate::engine::mode::Mode;
-use crate::engine::observe::record;
-use crate::engine::prepare::find_key;
-use crate::engine::refusal::{Refusal, Rejection};
-use crate::engine::run::{Ran, acquire, run};
-use crate::engine::settings::{HeldHook, Settings};
-use crate::engine::wait;
+use crate::engine::mode::{
+    Configured, HeldHook, LeaseGuard, Mode, Owner, Ran, Refusal, Rejection, Settings, Settle,
+    Ticket, acquire, find_key, record, run, wait,
+};
 use crate::journal::{Journal, attempt_of};
 use crate::key::{Auto, ExtractKey, IdempotencyKey};
 use crate::replay::{Capture, Keeper, Replay, RequestFingerprint};
@@ -93,10 +88,6 @@ where
     type Found = Found;
     type Held = LeaseGuard<Self>;
 
-    fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
     fn reads_body(&self, parts: &Parts) -> bool {
         let fingerprints = self.claims.fingerprint.as_deref();
         self.key.reads_body(parts) || fingerprints.is_some_and(RequestFingerprint::reads_body)
@@ -122,7 +113,7 @@ where
     fn claim(
         self: Arc<Self>,
         found: &Found,
-        entry: Entry,
+        entry: Ticket,
     ) -> impl Future<Output = Result<LeaseGuard<Self>, Refusal>> + Send {
         async move {
             let mut guard = claimed(&self, &found.key, found.fingerprint.as_deref(), entry).await?;
@@ -144,7 +135,7 @@ where
     }
 
     fn record(&self, found: &Found, outcome: Outcome) {
-        record(&found.key, outcome);
+        record(&found.key, None, None, outcome);
     }
 
     fn answered(&self, found: Found, res: &mut Response<ResponseBody<ResB>>) {
@@ -162,7 +153,7 @@ async fn claimed<St: Store, K: ExtractKey>(
     owner: &Arc<ClaimMode<St, K>>,
     key: &IdempotencyKey,
     fingerprint: Option<&Fingerprint>,
-    entry: Entry,
+    entry: Ticket,
 ) -> Result<LeaseGuard<ClaimMode<St, K>>, Refusal> {
     let settings = &owner.settings;
     let mut claimed = claim(owner, key, entry).await;
@@ -270,7 +261,7 @@ enum Claimed<St: Store, K: ExtractKey> {
 async fn claim<St: Store, K: ExtractKey>(
     owner: &Arc<ClaimMode<St, K>>,
     key: &IdempotencyKey,
-    entry: Entry,
+    entry: Ticket,
 ) -> Result<Claimed<St, K>, StoreError> {
     let mode = owner.clone();
     let key = key.clone();
@@ -286,13 +277,15 @@ async fn claim<St: Store, K: ExtractKey>(
     acquire(claiming, owner.settings.store_timeout, "claim").await
 }
 
-impl<St: Store, K: ExtractKey> Owner for ClaimMode<St, K> {
-    type Lease = Lease;
-    const WHAT: &'static str = "claim";
-
+impl<St, K> Configured for ClaimMode<St, K> {
     fn settings(&self) -> &Settings {
         &self.settings
     }
+}
+
+impl<St: Store, K: ExtractKey> Owner for ClaimMode<St, K> {
+    type Lease = Lease;
+    const WHAT: &'static str = "claim";
 
     fn stale(&self) -> Stale {
         self.claims.stale
@@ -313,42 +306,6 @@ impl<St: Store, K: ExtractKey> Owner for ClaimMode<St, K> {
             (Settle::Commit, None) => self.store.commit(lease).await,
             (Settle::Release, _) => self.store.release(lease).await,
             (Settle::GiveBack, _) => self.store.give_back(lease).await,
-        }
-    }
-
-    fn report(lease: &Lease, action: Settle, result: &Result<(), StoreError>) {
-        let key = lease.key();
-        tracing::debug!(
-            namespace = key.namespace(),
-            key = key.value(),
-            outcome = action.outcome_of(result).as_str(),
-            lease = %lease.token(),
-            settled = result.is_ok(),
-            "delivery",
-        );
-        match (result, action) {
-            (Ok(()), _) => {}
-            (Err(StoreError::LeaseLost), _) => tracing::warn!(
-                namespace = key.namespace(),
-                key = key.value(),
-                lease = %lease.token(),
-                action = ?action,
-                "lost the lease: another delivery took over this claim; nothing was changed",
-            ),
-            (Err(error), Settle::Commit) => tracing::error!(
-                namespace = key.namespace(),
-                key = key.value(),
-                lease = %lease.token(),
-                error = error as &dyn std::error::Error,
-                "commit failed after the handler succeeded; it is retried in the background",
-            ),
-            (Err(error), Settle::Release | Settle::GiveBack) => tracing::error!(
-                namespace = key.namespace(),
-                key = key.value(),
-                lease = %lease.token(),
-                error = error as &dyn std::error::Error,
-                "release failed; it is retried in the background",
-            ),
         }
     }
 }

@@ -258,19 +258,19 @@ impl Drain {
     }
 
     /// A delivery about to claim: `None` when the drain is closed.
-    pub(crate) fn enter(&self) -> Option<Entry> {
+    pub(crate) fn enter(&self) -> Option<Ticket> {
         // Counted before the check: a drain that closes after this sees the count, or this
         // sees the drain closed (both are SeqCst).
         self.inner.active.fetch_add(1, Ordering::SeqCst);
-        let entry = Entry {
+        let ticket = Ticket {
             drain: self.clone(),
             slot: None,
         };
         crate::metrics::in_flight(1.0);
         if self.is_closed() {
-            return None; // the entry's drop uncounts it
+            return None; // the ticket's drop uncounts it
         }
-        Some(entry)
+        Some(ticket)
     }
 
     /// A claim held in this process on `key`, if there is one.
@@ -339,19 +339,19 @@ impl Slots {
 }
 
 /// One delivery counted by a [`Drain`], from its claim to the end of its settlement.
-pub(crate) struct Entry {
+pub(crate) struct Ticket {
     drain: Drain,
     slot: Option<usize>,
 }
 
-impl Entry {
+impl Ticket {
     /// The delivery holds `tracked` now: the drain reports it, duplicates can wait for it.
     pub(crate) fn hold(&mut self, tracked: Arc<dyn Tracked>) {
         self.slot = Some(self.drain.held().insert(tracked));
     }
 }
 
-impl Drop for Entry {
+impl Drop for Ticket {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
             self.drain.held().remove(slot);
@@ -364,9 +364,9 @@ impl Drop for Entry {
     }
 }
 
-impl fmt::Debug for Entry {
+impl fmt::Debug for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Entry").field("slot", &self.slot).finish()
+        f.debug_struct("Ticket").field("slot", &self.slot).finish()
     }
 }
 

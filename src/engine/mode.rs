@@ -12,15 +12,27 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::drain::Entry;
-use super::handback::{HandBack, HandedBack, in_front_or_behind, run_reported};
+use super::handback::{in_front_or_behind, run_reported};
 use super::observe::ResponseFuture;
 use super::observe::observed;
-use super::prepare::{pass_through, take_body, verified, verifies};
-use super::refusal::{Refusal, Rejection};
-use super::run::{Detach, Ran, detached_run};
-use super::settings::Settings;
+use super::prepare::{pass_through, take_body, verified};
+use super::run::{Detach, detached_run};
 use crate::body::{BoxError, RequestBody, ResponseBody};
+
+// What a mode is made of, from one path: the pieces of the engine a mode's files (its
+// `layer.rs` and `mode.rs`, and the inbox's worker) use.
+pub(crate) use super::MissingKey;
+pub(crate) use super::drain::Ticket;
+#[cfg(feature = "_sql")]
+pub(crate) use super::guard::MarkerGuard;
+pub(crate) use super::guard::{LeaseGuard, Leased, Owner, Settle};
+pub(crate) use super::handback::{HandBack, HandedBack, Reach, Report, panic_message};
+pub(crate) use super::observe::record;
+pub(crate) use super::prepare::{check_len, find_key, verifies};
+pub(crate) use super::refusal::{Refusal, Rejection};
+pub(crate) use super::run::{Nothing, Ran, acquire, call, heartbeat, run};
+pub(crate) use super::settings::{Configured, HeldHook, Settings, shared_settings};
+pub(crate) use super::wait;
 use crate::key::KeyError;
 use crate::response::Outcome;
 
@@ -31,7 +43,7 @@ use crate::response::Outcome;
 /// delivery in the drain, claim, run the inner service under the claim (to completion, in a
 /// task of its own if the delivery goes away), and answer. A mode says what happens at each
 /// step of its own.
-pub(crate) trait Mode<S, B, ResB>: Send + Sync + Sized + 'static
+pub(crate) trait Mode<S, B, ResB>: Configured + Send + Sync + Sized + 'static
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
 {
@@ -40,8 +52,6 @@ where
     type Found: Send + Sync + 'static;
     /// A granted claim, held until the run settles it: a lease guard, an open transaction.
     type Held: Send + 'static;
-
-    fn settings(&self) -> &Settings;
 
     /// What this mode does with a delivery an inbox worker sends back through the app (see
     /// [`handback`](super::handback)): a guard in front of the route lets it through, one
@@ -73,7 +83,7 @@ where
     fn claim(
         self: Arc<Self>,
         found: &Self::Found,
-        entry: Entry,
+        entry: Ticket,
     ) -> impl Future<Output = Result<Self::Held, Refusal>> + Send;
 
     /// Runs the inner service under the claim, and settles it as the answer says.

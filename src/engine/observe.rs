@@ -10,6 +10,7 @@ use http::Response;
 
 use crate::key::IdempotencyKey;
 use crate::response::Outcome;
+use crate::store::LeaseToken;
 
 /// The response future of a delivery: `delivery` in its span, `delivery`, whose fields are
 /// filled in as they become known: `namespace` and `key` once the key is found, `lease` once a
@@ -123,11 +124,19 @@ pub(crate) fn started() -> Option<std::time::Instant> {
     wanted.then(std::time::Instant::now)
 }
 
-/// The one event every delivery with a key records.
-pub(crate) fn record(key: &IdempotencyKey, outcome: Outcome) {
+/// The one event every delivery with a key records: its key (an entity's, with the version,
+/// under the version guard), the lease it held if any, and its outcome.
+pub(crate) fn record(
+    key: &IdempotencyKey,
+    version: Option<i64>,
+    lease: Option<LeaseToken>,
+    outcome: Outcome,
+) {
     tracing::debug!(
         namespace = key.namespace(),
         key = key.value(),
+        version,
+        lease = lease.map(tracing::field::display),
         outcome = outcome.as_str(),
         "delivery",
     );

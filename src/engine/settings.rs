@@ -37,6 +37,13 @@ pub(crate) struct Settings {
     pub(crate) verify: Option<Verification>,
 }
 
+/// What a mode, or the owner of a lease, was configured with: written once per type, read by
+/// the shell ([`Mode`](super::mode::Mode)) and by the lease guard
+/// ([`Owner`](super::guard::Owner)).
+pub(crate) trait Configured {
+    fn settings(&self) -> &Settings;
+}
+
 /// Called when a delivery meets a stale claim that the hold policy keeps.
 pub(crate) type HeldHook =
     std::sync::Arc<dyn Fn(&crate::key::IdempotencyKey, &crate::store::Pending) + Send + Sync>;

@@ -16,11 +16,10 @@ use super::backoff::Backoff;
 use super::delivery::InboxDelivery;
 use super::settle::Settler;
 use crate::body::BoxError;
-use crate::engine::drain::Entry;
-use crate::engine::guard::{LeaseGuard, Owner, Settle};
-use crate::engine::handback::{HandBack, Report, panic_message};
-use crate::engine::run::{Ran, call, heartbeat};
-use crate::engine::settings::Settings;
+use crate::engine::mode::{
+    Configured, HandBack, LeaseGuard, Owner, Ran, Report, Settings, Settle, Ticket, call,
+    heartbeat, panic_message,
+};
 use crate::response::Outcome;
 use crate::store::inbox::{Attempt, AttemptResult, InboxStore, Settlement, Settling, Taken};
 use crate::store::{Lease, Receipt, Stale, StoreError};
@@ -54,13 +53,15 @@ impl<St> Attempting<St> {
     }
 }
 
-impl<St: InboxStore> Owner for Attempting<St> {
-    type Lease = Lease;
-    const WHAT: &'static str = "inbox entry";
-
+impl<St> Configured for Attempting<St> {
     fn settings(&self) -> &Settings {
         &self.shared.settings
     }
+}
+
+impl<St: InboxStore> Owner for Attempting<St> {
+    type Lease = Lease;
+    const WHAT: &'static str = "inbox entry";
 
     fn stale(&self) -> Stale {
         self.shared.stale
@@ -92,35 +93,6 @@ impl<St: InboxStore> Owner for Attempting<St> {
         };
         self.shared.settler.write(settling).await
     }
-
-    fn report(lease: &Lease, action: Settle, result: &Result<(), StoreError>) {
-        let key = lease.key();
-        match result {
-            Ok(()) => tracing::debug!(
-                namespace = key.namespace(),
-                key = key.value(),
-                lease = %lease.token(),
-                action = ?action,
-                "inbox entry settled",
-            ),
-            Err(StoreError::LeaseLost) => tracing::warn!(
-                namespace = key.namespace(),
-                key = key.value(),
-                lease = %lease.token(),
-                action = ?action,
-                "lost the lease on an inbox entry: another worker took it over; nothing was \
-                 changed",
-            ),
-            Err(error) => tracing::error!(
-                namespace = key.namespace(),
-                key = key.value(),
-                lease = %lease.token(),
-                error = error as &dyn std::error::Error,
-                action = ?action,
-                "settling an inbox entry failed; it is tried again",
-            ),
-        }
-    }
 }
 
 /// How an attempt ended.
@@ -136,7 +108,7 @@ pub(super) async fn attempt<St, S, B, ResB>(
     shared: Arc<WorkerSettings<St>>,
     service: S,
     taken: Taken,
-    entry: Entry,
+    entry: Ticket,
 ) where
     St: InboxStore,
     S: Service<Request<B>, Response = Response<ResB>> + Send + 'static,

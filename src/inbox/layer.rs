@@ -10,9 +10,7 @@ use tower_layer::Layer;
 
 use super::Inbox;
 use super::mode::IngestMode;
-use crate::engine::Guarded;
-use crate::engine::prepare::verifies;
-use crate::engine::settings::{Settings, shared_settings};
+use crate::engine::mode::{Guarded, Settings, shared_settings, verifies};
 use crate::key::{self, Auto, ExtractKey};
 use crate::store::inbox::InboxStore;
 

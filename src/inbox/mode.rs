@@ -14,14 +14,10 @@ use tower_service::Service;
 use super::Inbox;
 use super::layer::IngestSettings;
 use crate::body::{RequestBody, ResponseBody};
-use crate::engine::drain::Entry;
-use crate::engine::handback::{HandBack, HandedBack, Reach};
-use crate::engine::mode::Mode;
-use crate::engine::observe::record;
-use crate::engine::prepare::find_key;
-use crate::engine::refusal::{Refusal, Rejection};
-use crate::engine::run::Ran;
-use crate::engine::settings::Settings;
+use crate::engine::mode::{
+    Configured, HandBack, HandedBack, Mode, Ran, Reach, Refusal, Rejection, Settings, Ticket,
+    find_key, record,
+};
 use crate::key::{Auto, ExtractKey, IdempotencyKey};
 use crate::response::{Outcome, answer};
 use crate::store::inbox::{Enqueued, InboxStore, StoredRequest};
@@ -42,6 +38,12 @@ impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for IngestMode<St, K> {
             .field("inbox", &self.inbox)
             .field("key", &self.key)
             .finish()
+    }
+}
+
+impl<St, K> Configured for IngestMode<St, K> {
+    fn settings(&self) -> &Settings {
+        &self.settings
     }
 }
 
@@ -90,11 +92,7 @@ where
 {
     type Found = Found;
     /// The delivery stays counted in the drain until it is answered.
-    type Held = Entry;
-
-    fn settings(&self) -> &Settings {
-        &self.settings
-    }
+    type Held = Ticket;
 
     /// A worker's request reached its route: the handler runs, detached, and its answer goes
     /// back to the worker.
@@ -133,8 +131,8 @@ where
     fn claim(
         self: Arc<Self>,
         found: &Found,
-        entry: Entry,
-    ) -> impl Future<Output = Result<Entry, Refusal>> + Send {
+        entry: Ticket,
+    ) -> impl Future<Output = Result<Ticket, Refusal>> + Send {
         let key = found.key.clone();
         let request = found.request.clone();
         async move {
@@ -179,7 +177,7 @@ where
 
     fn run(
         self: Arc<Self>,
-        held: Entry,
+        held: Ticket,
         _inner: S,
         _request: Request<RequestBody<B>>,
     ) -> impl Future<Output = Ran<Response<ResponseBody<ResB>>, S::Error>> + Send + 'static {
@@ -193,12 +191,12 @@ where
     }
 
     fn record(&self, found: &Found, outcome: Outcome) {
-        record(&found.key, outcome);
+        record(&found.key, None, None, outcome);
     }
 
     fn answered(&self, found: Found, res: &mut Response<ResponseBody<ResB>>) {
         if res.extensions().get::<Outcome>() == Some(&Outcome::Queued) {
-            record(&found.key, Outcome::Queued);
+            record(&found.key, None, None, Outcome::Queued);
         }
         res.extensions_mut().insert(found.key);
     }

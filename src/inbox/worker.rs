@@ -18,8 +18,7 @@ use super::backoff::Backoff;
 use super::settle::settler;
 use crate::body::BoxError;
 use crate::engine::Drain;
-use crate::engine::run::acquire;
-use crate::engine::settings::Settings;
+use crate::engine::mode::{Settings, acquire};
 use crate::store::inbox::{InboxStore, Take, Taken};
 use crate::store::{DEFAULT_RETENTION, Lease, LeaseToken, Stale, StoreError};
 

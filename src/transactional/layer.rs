@@ -8,8 +8,7 @@ use tower_layer::Layer;
 
 use super::TransactionalStore;
 use super::mode::TxMode;
-use crate::engine::Guarded;
-use crate::engine::settings::{Settings, shared_settings};
+use crate::engine::mode::{Guarded, Settings, shared_settings};
 use crate::key::{Auto, ExtractKey};
 
 /// The service of transactional mode, made by [`TransactionalLayer`].

@@ -16,18 +16,14 @@ use tower_service::Service;
 use super::TransactionalStore;
 use super::tx::TxHandle;
 use crate::body::{RequestBody, ResponseBody};
-use crate::engine::drain::{Entry, Stage};
-use crate::engine::guard::{LeaseState, Leased};
-use crate::engine::mode::Mode;
-use crate::engine::observe::record;
-use crate::engine::prepare::find_key;
-use crate::engine::refusal::{Refusal, Rejection};
-use crate::engine::run::{Ran, call};
-use crate::engine::settings::Settings;
+use crate::engine::mode::{
+    Configured, MarkerGuard, Mode, Ran, Refusal, Rejection, Settings, Ticket, acquire, call,
+    find_key, record,
+};
 use crate::key::{Auto, ExtractKey, IdempotencyKey};
 use crate::response::Outcome;
 use crate::response::with_outcome;
-use crate::store::{Begin, LeaseToken, StoreError};
+use crate::store::{Begin, StoreError};
 
 /// Transactional mode as a mode of the service shell: what a
 /// [`Transactional`](super::Transactional) service does with each delivery, and the settings
@@ -49,10 +45,16 @@ impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for TxMode<St, K> {
     }
 }
 
+impl<St, K> Configured for TxMode<St, K> {
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+}
+
 /// A transaction begun with the delivery's marker, counted by the drain until it settles.
 pub(crate) struct Held<St: TransactionalStore> {
     tx: Transaction<'static, St::Database>,
-    open: Open,
+    marker: MarkerGuard,
 }
 
 impl<S, St, K, B, ResB> Mode<S, B, ResB> for TxMode<St, K>
@@ -67,10 +69,6 @@ where
 {
     type Found = IdempotencyKey;
     type Held = Held<St>;
-
-    fn settings(&self) -> &Settings {
-        &self.settings
-    }
 
     /// The whole body is read before the transaction begins: a slow upload must not hold a
     /// pooled connection while it trickles in.
@@ -93,46 +91,36 @@ where
     fn claim(
         self: Arc<Self>,
         key: &IdempotencyKey,
-        mut entry: Entry,
+        ticket: Ticket,
     ) -> impl Future<Output = Result<Held<St>, Refusal>> + Send {
         let key = key.clone();
         async move {
             // The lock wait is part of beginning, so the store's own bound comes on top of
-            // it. It runs in a task of its own: a store that changes a connection setting for
-            // the marker's wait puts it back after the wait, and a delivery dropped meanwhile
-            // (its sender hung up, the bound passed) must not cut that short and hand a
-            // half-configured connection back to the pool. A transaction that nobody reads
-            // then rolls back as the task ends.
-            let (store, owned_key, lock_timeout) =
-                (self.store.clone(), key.clone(), self.lock_timeout);
-            let begin = tokio::spawn(async move { store.begin(&owned_key, lock_timeout).await });
-            let bound = self
-                .settings
-                .store_timeout
-                .saturating_add(self.lock_timeout);
-            let error = match tokio::time::timeout(bound, begin).await {
-                Ok(Ok(Ok(Begin::Claimed(tx, token)))) => {
-                    let marker = Marker { key, token };
-                    let state = Arc::new(LeaseState::new(marker, "transaction"));
-                    entry.hold(state.clone());
-                    let open = Open {
-                        state,
-                        _entry: entry,
-                    };
-                    return Ok(Held { tx, open });
-                }
-                Ok(Ok(Ok(Begin::Done(_)))) => return Err(Refusal::Duplicate),
-                Ok(Ok(Ok(Begin::InFlight(_)))) => {
-                    return Err(Refusal::InFlight(
+            // it. A delivery dropped meanwhile (its sender hung up, the bound passed) never
+            // cuts the begin short: a store that changes a connection setting for the
+            // marker's wait puts it back after the wait, and must not hand a half-configured
+            // connection back to the pool. A transaction nobody reads rolls back as it is
+            // dropped.
+            let (store, begun, lock_timeout) = (self.store.clone(), key.clone(), self.lock_timeout);
+            let beginning = async move {
+                Ok(match store.begin(&begun, lock_timeout).await? {
+                    Begin::Claimed(tx, token) => Ok(Held {
+                        tx,
+                        marker: MarkerGuard::begun(begun, token, ticket),
+                    }),
+                    Begin::Done(_) => Err(Refusal::Duplicate),
+                    Begin::InFlight(_) => Err(Refusal::InFlight(
                         "another delivery of this event is being processed; retry later",
-                    ));
-                }
-                Ok(Ok(Err(error))) => error,
-                Ok(Err(panicked)) => StoreError::backend(panicked),
-                Err(_) => StoreError::backend("the store did not begin a transaction in time"),
+                    )),
+                })
             };
-            failed(&key, &error, "could not begin");
-            Err(Refusal::StoreUnavailable)
+            let bound = self.settings.store_timeout.saturating_add(lock_timeout);
+            acquire(beginning, bound, "begin")
+                .await
+                .unwrap_or_else(|error| {
+                    failed(&key, &error, "could not begin");
+                    Err(Refusal::StoreUnavailable)
+                })
         }
     }
 
@@ -142,11 +130,11 @@ where
         inner: S,
         request: Request<RequestBody<B>>,
     ) -> impl Future<Output = Ran<Response<ResponseBody<ResB>>, S::Error>> + Send + 'static {
-        run(self, held.open, held.tx, inner, request)
+        run(self, held.marker, held.tx, inner, request)
     }
 
     fn record(&self, key: &IdempotencyKey, outcome: Outcome) {
-        record(key, outcome);
+        record(key, None, None, outcome);
     }
 
     fn answered(&self, key: IdempotencyKey, res: &mut Response<ResponseBody<ResB>>) {
@@ -154,39 +142,10 @@ where
     }
 }
 
-/// The marker a delivery's open transaction holds, as the drain reports it.
-#[derive(Clone)]
-struct Marker {
-    key: IdempotencyKey,
-    token: LeaseToken,
-}
-
-impl Leased for Marker {
-    fn key(&self) -> &IdempotencyKey {
-        &self.key
-    }
-
-    fn token(&self) -> LeaseToken {
-        self.token
-    }
-}
-
-/// An open transaction counted by the drain until the delivery is settled.
-struct Open {
-    state: Arc<LeaseState<Marker>>,
-    _entry: Entry,
-}
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        self.state.finish();
-    }
-}
-
 /// The handler in the delivery's transaction, then `COMMIT` or `ROLLBACK` as it answered.
 async fn run<S, St, K, B, ResB>(
     shared: Arc<TxMode<St, K>>,
-    open: Open,
+    marker: MarkerGuard,
     tx: Transaction<'static, St::Database>,
     inner: S,
     mut request: Request<B>,
@@ -196,8 +155,7 @@ where
     St: TransactionalStore,
 {
     let settings = &shared.settings;
-    let key = open.state.lease().key.clone();
-    let token = open.state.lease().token;
+    let (key, token) = (marker.key().clone(), marker.token());
     let handle = TxHandle {
         slot: Arc::new(Mutex::new(Some(tx))),
     };
@@ -220,10 +178,10 @@ where
             return Err(panic);
         }
     };
-    open.state.set_stage(Stage::Settling);
+    marker.settling();
     if !settings.commit_when.commits(res.status()) {
         handle.roll_back(&key).await;
-        record(&key, Outcome::Released);
+        record(&key, None, None, Outcome::Released);
         return Ok(Ok(with_outcome(res, Outcome::Released)));
     }
     let Some(mut tx) = handle.take() else {
@@ -249,7 +207,7 @@ where
     }
     let answer = match tokio::time::timeout(settings.store_timeout, tx.commit()).await {
         Ok(Ok(())) => {
-            record(&key, Outcome::Processed);
+            record(&key, None, None, Outcome::Processed);
             with_outcome(res, Outcome::Processed)
         }
         // The handler's success must not be reported: if nothing was written, the event would
@@ -266,7 +224,7 @@ where
             store_failed(settings, &key, &error, "could not commit")
         }
     };
-    drop(open);
+    drop(marker);
     Ok(Ok(answer))
 }
 
@@ -276,7 +234,7 @@ fn store_failed<B>(
     error: &StoreError,
     what: &str,
 ) -> Response<ResponseBody<B>> {
-    record(key, Outcome::StoreUnavailable);
+    record(key, None, None, Outcome::StoreUnavailable);
     failed(key, error, what);
     Refusal::StoreUnavailable.answer(settings.retry_after)
 }

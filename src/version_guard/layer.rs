@@ -5,9 +5,7 @@ use tower_layer::Layer;
 
 use super::mode::VersionMode;
 use super::version::ExtractVersion;
-use crate::engine::Guarded;
-use crate::engine::settings::HeldHook;
-use crate::engine::settings::{Settings, shared_settings};
+use crate::engine::mode::{Guarded, HeldHook, Settings, shared_settings};
 use crate::key::{ExtractKey, IdempotencyKey};
 use crate::store::VersionStore;
 use crate::store::{Pending, Stale};

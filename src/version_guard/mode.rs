@@ -14,15 +14,10 @@ use tower_service::Service;
 use super::error::VersionGuardError;
 use super::version::ExtractVersion;
 use crate::body::{RequestBody, ResponseBody};
-use crate::engine::MissingKey;
-use crate::engine::drain::Entry;
-use crate::engine::guard::{LeaseGuard, Leased, Owner, Settle};
-use crate::engine::mode::Mode;
-use crate::engine::prepare::check_len;
-use crate::engine::refusal::{Refusal, Rejection};
-use crate::engine::run::Nothing;
-use crate::engine::run::{Ran, acquire, run};
-use crate::engine::settings::{HeldHook, Settings};
+use crate::engine::mode::{
+    Configured, HeldHook, LeaseGuard, Leased, MissingKey, Mode, Nothing, Owner, Ran, Refusal,
+    Rejection, Settings, Settle, Ticket, acquire, check_len, record, run,
+};
 use crate::key::{ExtractKey, IdempotencyKey, KeyError};
 use crate::response::{Outcome, problem};
 use crate::store::{LeaseToken, Pending, Stale, StoreError};
@@ -72,10 +67,6 @@ where
     type Found = Found;
     type Held = LeaseGuard<Self>;
 
-    fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
     fn reads_body(&self, parts: &Parts) -> bool {
         self.entity.reads_body(parts) || self.version.reads_body(parts)
     }
@@ -122,7 +113,7 @@ where
     fn claim(
         self: Arc<Self>,
         found: &Found,
-        entry: Entry,
+        entry: Ticket,
     ) -> impl Future<Output = Result<LeaseGuard<Self>, Refusal>> + Send {
         let (entity, version) = (found.entity.clone(), found.version);
         async move {
@@ -192,7 +183,7 @@ where
     }
 
     fn record(&self, found: &Found, outcome: Outcome) {
-        record(&found.entity, found.version, None, outcome);
+        record(&found.entity, Some(found.version), None, outcome);
     }
 
     /// The version guard names no key in its answers: its entities are not the keys of
@@ -210,18 +201,6 @@ fn unordered(error: VersionGuardError) -> Rejection {
     Rejection::Own(Box::new(res))
 }
 
-/// The one event every ordered delivery records.
-fn record(entity: &IdempotencyKey, version: i64, lease: Option<LeaseToken>, outcome: Outcome) {
-    tracing::debug!(
-        namespace = entity.namespace(),
-        entity = entity.value(),
-        version,
-        outcome = outcome.as_str(),
-        lease = lease.map(tracing::field::display),
-        "ordered delivery",
-    );
-}
-
 impl Leased for VersionLease {
     fn key(&self) -> &IdempotencyKey {
         self.entity()
@@ -230,15 +209,21 @@ impl Leased for VersionLease {
     fn token(&self) -> LeaseToken {
         self.token()
     }
+
+    fn version(&self) -> Option<i64> {
+        Some(self.version())
+    }
+}
+
+impl<St, E, V> Configured for VersionMode<St, E, V> {
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
 }
 
 impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Owner for VersionMode<St, E, V> {
     type Lease = VersionLease;
     const WHAT: &'static str = "pending version";
-
-    fn settings(&self) -> &Settings {
-        &self.settings
-    }
 
     fn stale(&self) -> Stale {
         self.stale
@@ -258,44 +243,6 @@ impl<St: VersionStore, E: ExtractKey, V: ExtractVersion> Owner for VersionMode<S
         match action {
             Settle::Commit => self.store.commit_version(lease).await,
             Settle::Release | Settle::GiveBack => self.store.release_version(lease).await,
-        }
-    }
-
-    fn report(lease: &VersionLease, action: Settle, result: &Result<(), StoreError>) {
-        let entity = lease.entity();
-        record(
-            entity,
-            lease.version(),
-            Some(lease.token()),
-            action.outcome_of(result),
-        );
-        match (result, action) {
-            (Ok(()), _) => {}
-            (Err(StoreError::LeaseLost), _) => tracing::warn!(
-                namespace = entity.namespace(),
-                entity = entity.value(),
-                version = lease.version(),
-                lease = %lease.token(),
-                action = ?action,
-                "lost the pending version: another delivery took it over; this version was not recorded as applied",
-            ),
-            (Err(error), Settle::Commit) => tracing::error!(
-                namespace = entity.namespace(),
-                entity = entity.value(),
-                version = lease.version(),
-                lease = %lease.token(),
-                error = error as &dyn std::error::Error,
-                "recording the applied version failed after the handler succeeded; it is \
-                 retried in the background",
-            ),
-            (Err(error), Settle::Release | Settle::GiveBack) => tracing::error!(
-                namespace = entity.namespace(),
-                entity = entity.value(),
-                version = lease.version(),
-                lease = %lease.token(),
-                error = error as &dyn std::error::Error,
-                "release of the pending version failed; it is retried in the background",
-            ),
         }
     }
 }

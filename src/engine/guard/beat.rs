@@ -119,7 +119,7 @@ pub(super) async fn retried<O: Owner>(
                 "a {} that failed was tried again",
                 O::WHAT,
             );
-            O::report(lease, action, &result);
+            super::report::<O>(lease, action, &result);
             return result;
         }
     }

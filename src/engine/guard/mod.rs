@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::drain::{Entry, Stage, Tracked};
-use super::settings::Settings;
+use super::drain::{Stage, Ticket, Tracked};
+use super::observe::record;
+use super::settings::Configured;
 use crate::key::IdempotencyKey;
 use crate::response::Outcome;
 use crate::store::{
@@ -23,6 +24,11 @@ pub(crate) trait Leased: Clone + Send + Sync + 'static {
     /// The key, or the entity.
     fn key(&self) -> &IdempotencyKey;
     fn token(&self) -> LeaseToken;
+
+    /// The version the lease is on, for an entity's: what its log lines add.
+    fn version(&self) -> Option<i64> {
+        None
+    }
 }
 
 impl Leased for Lease {
@@ -35,14 +41,14 @@ impl Leased for Lease {
     }
 }
 
-/// A mode whose claims are leases in a store: claim-then-commit and the version guard. The
-/// guard renews, commits and releases through it.
-pub(crate) trait Owner: Send + Sync + 'static {
+/// What holds leases in a store, renewed and settled by the guard: claim-then-commit, the
+/// version guard, an inbox worker's attempt. It says what its leases are on and how the store
+/// renews and settles them; the guard does the rest, its logging included ([`report`]).
+pub(crate) trait Owner: Configured + Send + Sync + 'static {
     type Lease: Leased;
     /// What the lease is on, for log lines and drain reports: "claim", "pending version".
     const WHAT: &'static str;
 
-    fn settings(&self) -> &Settings;
     fn stale(&self) -> Stale;
 
     fn renew(&self, lease: &Self::Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -54,9 +60,45 @@ pub(crate) trait Owner: Send + Sync + 'static {
         action: Settle,
         receipt: Option<&Receipt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
 
-    /// Logs how a settlement went.
-    fn report(lease: &Self::Lease, action: Settle, result: &Result<(), StoreError>);
+/// Logs how a settlement went, for every owner alike: the `delivery` event with the outcome,
+/// and a warning or an error when the settlement did not land.
+pub(crate) fn report<O: Owner>(lease: &O::Lease, action: Settle, result: &Result<(), StoreError>) {
+    let key = lease.key();
+    let version = lease.version();
+    record(key, version, Some(lease.token()), action.outcome_of(result));
+    match (result, action) {
+        (Ok(()), _) => {}
+        (Err(StoreError::LeaseLost), _) => tracing::warn!(
+            namespace = key.namespace(),
+            key = key.value(),
+            version,
+            lease = %lease.token(),
+            action = ?action,
+            "lost the lease on the {}: another delivery took it over; nothing was changed",
+            O::WHAT,
+        ),
+        (Err(error), Settle::Commit) => tracing::error!(
+            namespace = key.namespace(),
+            key = key.value(),
+            version,
+            lease = %lease.token(),
+            error = error as &dyn std::error::Error,
+            "committing the {} failed after the handler succeeded; it is retried",
+            O::WHAT,
+        ),
+        (Err(error), Settle::Release | Settle::GiveBack) => tracing::error!(
+            namespace = key.namespace(),
+            key = key.value(),
+            version,
+            lease = %lease.token(),
+            error = error as &dyn std::error::Error,
+            action = ?action,
+            "releasing the {} failed; it is retried",
+            O::WHAT,
+        ),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,7 +310,7 @@ pub(crate) struct LeaseGuard<O: Owner> {
     owner: Arc<O>,
     state: Arc<LeaseState<O::Lease>>,
     phase: Phase,
-    entry: Option<Entry>,
+    entry: Option<Ticket>,
     /// Whether the heartbeat task runs.
     beating: bool,
     /// What a commit keeps for the key's duplicates: the request's fingerprint, the response.
@@ -279,7 +321,7 @@ pub(crate) struct LeaseGuard<O: Owner> {
 
 impl<O: Owner> LeaseGuard<O> {
     /// The store granted `lease`; `entry` counts the delivery in the drain.
-    pub(crate) fn claimed(owner: Arc<O>, lease: O::Lease, mut entry: Entry) -> Self {
+    pub(crate) fn claimed(owner: Arc<O>, lease: O::Lease, mut entry: Ticket) -> Self {
         if let Some(span) = super::observe::span() {
             span.record("lease", tracing::field::display(lease.token()));
         }
@@ -380,7 +422,7 @@ impl<O: Owner> LeaseGuard<O> {
             if matches!(result, Err(StoreError::LeaseLost)) {
                 crate::metrics::lease_lost(action.operation());
             }
-            O::report(self.lease(), action, &result);
+            report::<O>(self.lease(), action, &result);
             let outcome = action.outcome_of(&result);
             let runtime = tokio::runtime::Handle::try_current();
             match (result, runtime) {
@@ -494,7 +536,7 @@ impl<O: Owner> Drop for LeaseGuard<O> {
                     O::WHAT,
                 );
             } else {
-                O::report(state.lease(), action, &result);
+                report::<O>(state.lease(), action, &result);
             }
             // A claim nobody will run must not wait for the stale path: while the store
             // fails, it is tried again as a settlement is. The drain still counts it.
@@ -509,8 +551,13 @@ impl<O: Owner> Drop for LeaseGuard<O> {
 }
 
 mod beat;
+#[cfg(feature = "_sql")]
+mod marker;
 #[cfg(all(test, feature = "memory"))]
 mod tests;
+
+#[cfg(feature = "_sql")]
+pub(crate) use marker::MarkerGuard;
 
 pub(crate) use beat::bounded;
 use beat::{heartbeat, left_for_hold, retried};

@@ -2,6 +2,7 @@ use std::sync::atomic::AtomicUsize;
 
 use super::*;
 use crate::Drain;
+use crate::engine::settings::Settings;
 use crate::store::{Claim, KeyState, MemoryStore, Store};
 
 /// An owner over a memory store whose commits fail `fail` times first.
@@ -12,13 +13,15 @@ struct Test {
     fail: AtomicUsize,
 }
 
-impl Owner for Test {
-    type Lease = Lease;
-    const WHAT: &'static str = "claim";
-
+impl Configured for Test {
     fn settings(&self) -> &Settings {
         &self.settings
     }
+}
+
+impl Owner for Test {
+    type Lease = Lease;
+    const WHAT: &'static str = "claim";
 
     fn stale(&self) -> Stale {
         self.stale
@@ -47,8 +50,6 @@ impl Owner for Test {
             Settle::GiveBack => self.store.give_back(lease).await,
         }
     }
-
-    fn report(_: &Lease, _: Settle, _: &Result<(), StoreError>) {}
 }
 
 async fn make(stale: Stale, fail: usize) -> (LeaseGuard<Test>, MemoryStore, Drain) {
