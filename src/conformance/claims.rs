@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use crate::store::{Claim, KeyState, Resolution, Stale, Store, StoreError};
+use crate::store::{KeyState, Resolution, Stale, Store};
 
+use super::expect::{assert_lease_lost, expect_done, expect_held, expect_in_flight};
 use super::{LONG, PAST_SHORT, SHORT, acquire, key_in, unique_namespace};
 
 /// The first claim of a key acquires it, a second one finds it in flight, and after the commit
@@ -16,17 +17,14 @@ pub async fn claim_commit_duplicate<S: Store>(store: S) {
     let lease = acquire(&store, &key, LONG).await;
     assert!(!lease.reclaimed());
     assert_eq!(lease.key(), &key);
-    match store.claim(&key, LONG).await.unwrap() {
-        Claim::InFlight(p) => assert_eq!(p.deliveries, 2),
-        other => panic!("expected in flight, got {other:?}"),
-    }
+    assert_eq!(
+        expect_in_flight(store.claim(&key, LONG).await).deliveries,
+        2
+    );
     store.commit(&lease).await.unwrap();
     // Committing again with the same lease is harmless (a retried commit).
     store.commit(&lease).await.unwrap();
-    match store.claim(&key, LONG).await.unwrap() {
-        Claim::Done(done) => assert_eq!(done.deliveries, 3),
-        other => panic!("expected done, got {other:?}"),
-    }
+    assert_eq!(expect_done(store.claim(&key, LONG).await).deliveries, 3);
     // Other keys and other namespaces are independent.
     acquire(&store, &key_in(&ns, "evt_2"), LONG).await;
     acquire(&store, &key_in(&format!("{ns}-other"), "evt_1"), LONG).await;
@@ -45,32 +43,14 @@ pub async fn release_lets_the_retry_run<S: Store>(store: S) {
         "every claim gets a fresh token"
     );
     // The first lease is gone: releasing or committing with it changes nothing.
-    assert!(matches!(
-        store.release(&lease).await,
-        Err(StoreError::LeaseLost)
-    ));
-    assert!(matches!(
-        store.commit(&lease).await,
-        Err(StoreError::LeaseLost)
-    ));
-    assert!(matches!(
-        store.claim(&key, LONG).await.unwrap(),
-        Claim::InFlight(_)
-    ));
+    assert_lease_lost(store.release(&lease).await);
+    assert_lease_lost(store.commit(&lease).await);
+    expect_in_flight(store.claim(&key, LONG).await);
     store.commit(&again).await.unwrap();
-    assert!(matches!(
-        store.claim(&key, LONG).await.unwrap(),
-        Claim::Done(_)
-    ));
+    expect_done(store.claim(&key, LONG).await);
     // A done row cannot be released.
-    assert!(matches!(
-        store.release(&again).await,
-        Err(StoreError::LeaseLost)
-    ));
-    assert!(matches!(
-        store.claim(&key, LONG).await.unwrap(),
-        Claim::Done(_)
-    ));
+    assert_lease_lost(store.release(&again).await);
+    expect_done(store.claim(&key, LONG).await);
 }
 
 /// A claim whose handler never started is given back: released, and its run taken back, so
@@ -90,10 +70,7 @@ pub async fn give_back_takes_the_run_back<S: Store>(store: S) {
     store.release(&again).await.unwrap();
     assert_eq!(store.describe(&key).await.unwrap().unwrap().runs, 1);
     let third = acquire(&store, &key, LONG).await;
-    assert!(matches!(
-        store.give_back(&lease).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.give_back(&lease).await);
     store.give_back(&third).await.unwrap();
     let record = store.describe(&key).await.unwrap().unwrap();
     assert_eq!(
@@ -103,10 +80,7 @@ pub async fn give_back_takes_the_run_back<S: Store>(store: S) {
     // A committed key cannot be given back.
     let fourth = acquire(&store, &key, LONG).await;
     store.commit(&fourth).await.unwrap();
-    assert!(matches!(
-        store.give_back(&fourth).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.give_back(&fourth).await);
     assert_eq!(store.describe(&key).await.unwrap().unwrap().runs, 2);
 }
 
@@ -117,41 +91,21 @@ pub async fn stale_reclaim_fences_the_old_owner<S: Store>(store: S) {
     let old = acquire(&store, &key, LONG).await;
     tokio::time::sleep(PAST_SHORT).await;
     // Not stale under a long limit...
-    assert!(matches!(
-        store.claim(&key, LONG).await.unwrap(),
-        Claim::InFlight(_)
-    ));
+    expect_in_flight(store.claim(&key, LONG).await);
     // ...stale under a short one: reclaimed with a new token.
     let new = acquire(&store, &key, Stale::reclaim_after(SHORT)).await;
     assert!(new.reclaimed());
     assert_ne!(new.token(), old.token());
     // The old owner's late commit and release change nothing.
-    assert!(matches!(
-        store.commit(&old).await,
-        Err(StoreError::LeaseLost)
-    ));
-    assert!(matches!(
-        store.release(&old).await,
-        Err(StoreError::LeaseLost)
-    ));
-    match store.claim(&key, LONG).await.unwrap() {
-        // The reclaim restarted the claim's clock: the row is younger than the first claim.
-        Claim::InFlight(p) => assert!(p.age < PAST_SHORT, "age {:?}", p.age),
-        other => panic!("expected in flight, got {other:?}"),
-    }
+    assert_lease_lost(store.commit(&old).await);
+    assert_lease_lost(store.release(&old).await);
+    // The reclaim restarted the claim's clock: the row is younger than the first claim.
+    let p = expect_in_flight(store.claim(&key, LONG).await);
+    assert!(p.age < PAST_SHORT, "age {:?}", p.age);
     store.commit(&new).await.unwrap();
-    assert!(matches!(
-        store.claim(&key, LONG).await.unwrap(),
-        Claim::Done(_)
-    ));
-    assert!(matches!(
-        store.commit(&old).await,
-        Err(StoreError::LeaseLost)
-    ));
-    assert!(matches!(
-        store.claim(&key, LONG).await.unwrap(),
-        Claim::Done(_)
-    ));
+    expect_done(store.claim(&key, LONG).await);
+    assert_lease_lost(store.commit(&old).await);
+    expect_done(store.claim(&key, LONG).await);
 }
 
 /// Under the hold policy a stale claim is answered as held, never taken over, and its owner may
@@ -160,28 +114,15 @@ pub async fn stale_hold_keeps_the_row<S: Store>(store: S) {
     let key = key_in(&unique_namespace("hold"), "evt_1");
     let hold = Stale::hold_after(SHORT);
     let owner = acquire(&store, &key, hold).await;
-    assert!(matches!(
-        store.claim(&key, hold).await.unwrap(),
-        Claim::InFlight(_)
-    ));
+    expect_in_flight(store.claim(&key, hold).await);
     tokio::time::sleep(PAST_SHORT).await;
-    match store.claim(&key, hold).await.unwrap() {
-        Claim::Held(p) => {
-            assert!(p.age >= SHORT, "age {:?}", p.age);
-            assert_eq!(p.deliveries, 3);
-        }
-        other => panic!("expected held, got {other:?}"),
-    }
-    assert!(matches!(
-        store.claim(&key, hold).await.unwrap(),
-        Claim::Held(_)
-    ));
+    let p = expect_held(store.claim(&key, hold).await);
+    assert!(p.age >= SHORT, "age {:?}", p.age);
+    assert_eq!(p.deliveries, 3);
+    expect_held(store.claim(&key, hold).await);
     // The owner may still finish: its lease was never taken over.
     store.commit(&owner).await.unwrap();
-    assert!(matches!(
-        store.claim(&key, hold).await.unwrap(),
-        Claim::Done(_)
-    ));
+    expect_done(store.claim(&key, hold).await);
 }
 
 /// `stuck_claims` lists the processing rows silent for the limit (and only those), and
@@ -212,18 +153,9 @@ pub async fn stuck_claims_and_resolve<S: Store>(store: S) {
 
     // Resolve as done: later deliveries are duplicates, the old owner is fenced off.
     assert!(store.resolve(&old, Resolution::Done).await.unwrap());
-    assert!(matches!(
-        store.claim(&old, LONG).await.unwrap(),
-        Claim::Done(_)
-    ));
-    assert!(matches!(
-        store.release(&old_lease).await,
-        Err(StoreError::LeaseLost)
-    ));
-    assert!(matches!(
-        store.claim(&old, LONG).await.unwrap(),
-        Claim::Done(_)
-    ));
+    expect_done(store.claim(&old, LONG).await);
+    assert_lease_lost(store.release(&old_lease).await);
+    expect_done(store.claim(&old, LONG).await);
     // Only processing rows are resolved.
     assert!(!store.resolve(&old, Resolution::Release).await.unwrap());
     assert!(!store.resolve(&done, Resolution::Release).await.unwrap());
@@ -233,10 +165,7 @@ pub async fn stuck_claims_and_resolve<S: Store>(store: S) {
             .await
             .unwrap()
     );
-    assert!(matches!(
-        store.claim(&done, LONG).await.unwrap(),
-        Claim::Done(_)
-    ));
+    expect_done(store.claim(&done, LONG).await);
 
     // Resolve by release: the next delivery runs.
     assert!(store.resolve(&young, Resolution::Release).await.unwrap());
@@ -262,14 +191,8 @@ pub async fn purge_completed_keeps_recent_and_processing<S: Store>(store: S) {
     assert!(purged >= 1, "purged {purged}");
     // The old done key is forgotten: a delivery now runs again.
     acquire(&store, &old_done, LONG).await;
-    assert!(matches!(
-        store.claim(&recent_done, LONG).await.unwrap(),
-        Claim::Done(_)
-    ));
-    assert!(matches!(
-        store.claim(&processing, LONG).await.unwrap(),
-        Claim::InFlight(_)
-    ));
+    expect_done(store.claim(&recent_done, LONG).await);
+    expect_in_flight(store.claim(&processing, LONG).await);
 }
 
 /// A renewal moves the heartbeat: an old claim renewed just now is not stale, and it turns
@@ -280,17 +203,14 @@ pub async fn renew_keeps_a_claim_fresh<S: Store>(store: S) {
     let owner = acquire(&store, &key, short).await;
     tokio::time::sleep(PAST_SHORT).await;
     store.renew(&owner).await.unwrap();
-    match store.claim(&key, short).await.unwrap() {
-        Claim::InFlight(p) => {
-            assert!(p.age >= SHORT, "age {:?}", p.age);
-            assert!(
-                p.since_renewal < SHORT,
-                "since renewal {:?}",
-                p.since_renewal
-            );
-        }
-        other => panic!("a claim renewed just now is not stale, got {other:?}"),
-    }
+    // A claim renewed just now is not stale.
+    let p = expect_in_flight(store.claim(&key, short).await);
+    assert!(p.age >= SHORT, "age {:?}", p.age);
+    assert!(
+        p.since_renewal < SHORT,
+        "since renewal {:?}",
+        p.since_renewal
+    );
     assert!(
         store
             .stuck_claims(SHORT)
@@ -310,33 +230,18 @@ pub async fn renew_keeps_a_claim_fresh<S: Store>(store: S) {
         "taken over one limit after the last renewal"
     );
     // The old owner is fenced off.
-    assert!(matches!(
-        store.renew(&owner).await,
-        Err(StoreError::LeaseLost)
-    ));
-    assert!(matches!(
-        store.commit(&owner).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.renew(&owner).await);
+    assert_lease_lost(store.commit(&owner).await);
     store.renew(&new).await.unwrap();
     store.commit(&new).await.unwrap();
     // Only processing rows are renewed.
-    assert!(matches!(
-        store.renew(&new).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.renew(&new).await);
     let released = key_in(&unique_namespace("renew"), "evt_2");
     let lease = acquire(&store, &released, LONG).await;
     store.release(&lease).await.unwrap();
     store.release(&lease).await.unwrap(); // a retried release is harmless
-    assert!(matches!(
-        store.renew(&lease).await,
-        Err(StoreError::LeaseLost)
-    ));
-    assert!(matches!(
-        store.commit(&lease).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.renew(&lease).await);
+    assert_lease_lost(store.commit(&lease).await);
 }
 
 /// The journal: deliveries against runs, through a failed run, a retry and a duplicate; a
@@ -353,10 +258,7 @@ pub async fn describe_counts_deliveries_and_runs<S: Store>(store: S) {
     assert_eq!((record.deliveries, record.runs), (1, 1));
     assert!(!record.reclaimed);
     assert!(record.renewed_ago.is_some() && record.settled_ago.is_none());
-    assert!(matches!(
-        store.claim(&key, LONG).await.unwrap(),
-        Claim::InFlight(_)
-    ));
+    expect_in_flight(store.claim(&key, LONG).await);
     store.release(&first).await.unwrap();
     let record = store.describe(&key).await.unwrap().unwrap();
     assert_eq!(record.state, KeyState::Released);
@@ -380,10 +282,7 @@ pub async fn describe_counts_deliveries_and_runs<S: Store>(store: S) {
         "a released claim is free, not reclaimed"
     );
     store.commit(&second).await.unwrap();
-    assert!(matches!(
-        store.claim(&key, LONG).await.unwrap(),
-        Claim::Done(_)
-    ));
+    expect_done(store.claim(&key, LONG).await);
     let record = store.describe(&key).await.unwrap().unwrap();
     assert_eq!(record.state, KeyState::Done);
     assert_eq!(

@@ -12,12 +12,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 
+use crate::IdempotencyKey;
 use crate::store::inbox::{
     Attempt, AttemptResult, Enqueued, EntryState, InboxStore, Running, Settlement, StoredRequest,
     Take, Taken,
 };
-use crate::store::{LeaseToken, Stale, StoreError};
+use crate::store::{Lease, LeaseToken, Stale};
 
+use super::expect::assert_lease_lost;
 use super::{PAST_SHORT, SHORT, key_in, unique_namespace};
 
 pub(super) fn request(n: usize) -> StoredRequest {
@@ -78,6 +80,40 @@ pub(super) fn attempt(result: AttemptResult) -> Attempt {
     Attempt::new(1_700_000_000_000, 12, result)
 }
 
+/// A namespace of the check `test`'s own, and in it the entry `evt_1` (request 1), enqueued:
+/// the namespace and the entry's key.
+async fn one_entry<S: InboxStore>(store: &S, test: &str) -> (String, IdempotencyKey) {
+    let ns = unique_namespace(test);
+    let key = key_in(&ns, "evt_1");
+    store.enqueue(&key, &request(1)).await.unwrap();
+    (ns, key)
+}
+
+/// Enqueues the entries `evt_0` to `evt_{count - 1}` in `ns`, entry `n` with request `n`.
+pub(super) async fn enqueue_numbered<S: InboxStore>(store: &S, ns: &str, count: usize) {
+    for n in 0..count {
+        store
+            .enqueue(&key_in(ns, &format!("evt_{n}")), &request(n))
+            .await
+            .unwrap();
+    }
+}
+
+/// A person runs again the entry `key`, held since its worker stopped renewing it (for
+/// [`SHORT`] at least): it must be taken from that worker and made due.
+async fn run_again_by_hand<S: InboxStore>(store: &S, key: &IdempotencyKey) {
+    let running = Running::StaleFor(SHORT);
+    assert!(
+        store.retry_now(key, running).await.unwrap(),
+        "a person runs it again"
+    );
+}
+
+/// Settles the entry `lease` holds done, with no history: the lease must hold.
+pub(super) async fn settle_done<S: InboxStore>(store: &S, lease: &Lease) {
+    store.settle(lease, &Settlement::Done, &[]).await.unwrap();
+}
+
 pub(super) const LONG: Stale = Stale::reclaim_after(Duration::from_secs(600));
 
 /// A key is stored once; every later copy, in every state, is a duplicate that writes
@@ -129,9 +165,7 @@ pub async fn enqueue_once_then_duplicates<S: InboxStore>(store: S) {
 /// A failed attempt queues the entry again for later, with its history; the attempts run out
 /// into dead; a person's retry starts it over; discard marks it done.
 pub async fn retry_then_dead_then_retry_now<S: InboxStore>(store: S) {
-    let ns = unique_namespace("inbox-retry");
-    let key = key_in(&ns, "evt_1");
-    store.enqueue(&key, &request(1)).await.unwrap();
+    let (ns, key) = one_entry(&store, "inbox-retry").await;
     let policy = take(10, LONG, 2);
     let first = take_ours(&store, &policy, &ns).await.remove(0);
     let history = vec![attempt(AttemptResult::Status(500))];
@@ -140,14 +174,8 @@ pub async fn retry_then_dead_then_retry_now<S: InboxStore>(store: S) {
     };
     store.settle(&first.lease, &later, &history).await.unwrap();
     // A settled lease is spent.
-    assert!(matches!(
-        store.settle(&first.lease, &Settlement::Done, &[]).await,
-        Err(StoreError::LeaseLost)
-    ));
-    assert!(matches!(
-        store.renew_entry(&first.lease).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.settle(&first.lease, &Settlement::Done, &[]).await);
+    assert_lease_lost(store.renew_entry(&first.lease).await);
     let waiting = store.entry(&key).await.unwrap().unwrap();
     assert_eq!(waiting.state, EntryState::Queued);
     assert!(waiting.due_in.expect("a queued entry's due time") > Duration::from_secs(3000));
@@ -213,9 +241,7 @@ pub async fn retry_then_dead_then_retry_now<S: InboxStore>(store: S) {
 pub async fn reclaim_counts_crashes_and_ends_dead<S: InboxStore>(store: S) {
     const LIMIT: Duration = Duration::from_secs(1);
     const PAST_LIMIT: Duration = Duration::from_millis(1500);
-    let ns = unique_namespace("inbox-reclaim");
-    let key = key_in(&ns, "evt_1");
-    store.enqueue(&key, &request(1)).await.unwrap();
+    let (ns, key) = one_entry(&store, "inbox-reclaim").await;
     let policy = take(10, Stale::reclaim_after(LIMIT), 2);
     let first = take_ours(&store, &policy, &ns).await.remove(0);
     tokio::time::sleep(LIMIT / 2).await;
@@ -229,10 +255,7 @@ pub async fn reclaim_counts_crashes_and_ends_dead<S: InboxStore>(store: S) {
     let second = take_ours(&store, &policy, &ns).await.remove(0);
     assert!(second.lease.reclaimed());
     assert_eq!((second.attempt, second.crashes), (2, 1));
-    assert!(matches!(
-        store.settle(&first.lease, &Settlement::Done, &[]).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.settle(&first.lease, &Settlement::Done, &[]).await);
     tokio::time::sleep(PAST_LIMIT).await;
     assert!(
         take_ours(&store, &policy, &ns).await.is_empty(),
@@ -240,18 +263,13 @@ pub async fn reclaim_counts_crashes_and_ends_dead<S: InboxStore>(store: S) {
     );
     let dead = store.entry(&key).await.unwrap().unwrap();
     assert_eq!((dead.state, dead.crashes), (EntryState::Dead, 2));
-    assert!(matches!(
-        store.renew_entry(&second.lease).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.renew_entry(&second.lease).await);
 }
 
 /// Under hold, an entry whose worker stopped renewing stays running, listed for a person,
 /// who runs it again (its first worker, back, is fenced off) or discards it.
 pub async fn hold_leaves_a_crashed_entry_running<S: InboxStore>(store: S) {
-    let ns = unique_namespace("inbox-hold");
-    let key = key_in(&ns, "evt_1");
-    store.enqueue(&key, &request(1)).await.unwrap();
+    let (ns, key) = one_entry(&store, "inbox-hold").await;
     let policy = take(10, Stale::hold_after(SHORT), 5);
     let first = take_ours(&store, &policy, &ns).await.remove(0);
     tokio::time::sleep(PAST_SHORT).await;
@@ -262,17 +280,8 @@ pub async fn hold_leaves_a_crashed_entry_running<S: InboxStore>(store: S) {
         .unwrap();
     assert_eq!(listed.len(), 1);
     assert!(listed[0].since_renewal.unwrap() >= SHORT);
-    assert!(
-        store
-            .retry_now(&key, Running::StaleFor(SHORT))
-            .await
-            .unwrap(),
-        "a person runs it again"
-    );
-    assert!(matches!(
-        store.settle(&first.lease, &Settlement::Done, &[]).await,
-        Err(StoreError::LeaseLost)
-    ));
+    run_again_by_hand(&store, &key).await;
+    assert_lease_lost(store.settle(&first.lease, &Settlement::Done, &[]).await);
     let second = take_ours(&store, &policy, &ns).await.remove(0);
     assert_eq!(second.attempt, 2);
     assert!(
@@ -290,19 +299,14 @@ pub async fn hold_leaves_a_crashed_entry_running<S: InboxStore>(store: S) {
         store.entry(&key).await.unwrap().unwrap().state,
         EntryState::Done
     );
-    assert!(matches!(
-        store.renew_entry(&second.lease).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.renew_entry(&second.lease).await);
 }
 
 /// A give-back queues the entry again at once and takes back the attempt it counted; so does
 /// a give-back by token, of entries whose take's answer the worker never heard, whether or not
 /// it started them; tokens that lease nothing change nothing.
 pub async fn give_back_takes_the_attempt_back<S: InboxStore>(store: S) {
-    let ns = unique_namespace("inbox-give-back");
-    let key = key_in(&ns, "evt_1");
-    store.enqueue(&key, &request(1)).await.unwrap();
+    let (ns, key) = one_entry(&store, "inbox-give-back").await;
     let policy = take(10, LONG, 5);
     let first = take_ours(&store, &policy, &ns).await.remove(0);
     store
@@ -315,10 +319,7 @@ pub async fn give_back_takes_the_attempt_back<S: InboxStore>(store: S) {
     // Given back by its token: a take whose answer came too late.
     assert_eq!(store.give_back(&[again.lease.token()]).await.unwrap(), 1);
     assert_eq!(store.entry(&key).await.unwrap().unwrap().attempts, 0);
-    assert!(matches!(
-        store.settle(&again.lease, &Settlement::Done, &[]).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.settle(&again.lease, &Settlement::Done, &[]).await);
     let third = take_unstarted(&store, &policy, &ns).await.remove(0);
     assert_eq!(third.attempt, 1);
     let tokens = [LeaseToken::generate(), third.lease.token()];
@@ -335,10 +336,7 @@ pub async fn give_back_takes_the_attempt_back<S: InboxStore>(store: S) {
     );
     let last = take_ours(&store, &policy, &ns).await.remove(0);
     assert_eq!((last.attempt, last.crashes), (1, 0));
-    store
-        .settle(&last.lease, &Settlement::Done, &[])
-        .await
-        .unwrap();
+    settle_done(&store, &last.lease).await;
 }
 
 /// An entry whose handler never started (its worker died between the take and the start, or
@@ -346,9 +344,7 @@ pub async fn give_back_takes_the_attempt_back<S: InboxStore>(store: S) {
 /// reclaim, with no crash counted and no attempt spent; `start` answers whether each lease
 /// still holds, and counts an attempt once.
 pub async fn an_unstarted_entry_is_taken_again_without_a_crash<S: InboxStore>(store: S) {
-    let ns = unique_namespace("inbox-unstarted");
-    let key = key_in(&ns, "evt_1");
-    store.enqueue(&key, &request(1)).await.unwrap();
+    let (ns, key) = one_entry(&store, "inbox-unstarted").await;
     let hold = take(10, Stale::hold_after(SHORT), 1);
     let lost = take_unstarted(&store, &hold, &ns).await.remove(0);
     assert_eq!(lost.attempt, 1);
@@ -374,27 +370,16 @@ pub async fn an_unstarted_entry_is_taken_again_without_a_crash<S: InboxStore>(st
     // Started, then its worker stopped renewing: under hold, kept for a person.
     tokio::time::sleep(PAST_SHORT).await;
     assert!(take_ours(&store, &hold, &ns).await.is_empty());
-    assert!(
-        store
-            .retry_now(&key, Running::StaleFor(SHORT))
-            .await
-            .unwrap(),
-        "a person runs it again"
-    );
+    run_again_by_hand(&store, &key).await;
     let third = take_ours(&store, &hold, &ns).await.remove(0);
     assert_eq!(third.attempt, 2);
-    store
-        .settle(&third.lease, &Settlement::Done, &[])
-        .await
-        .unwrap();
+    settle_done(&store, &third.lease).await;
 }
 
 /// An operator's retry or discard leaves an entry its worker still renews unless forced, in
 /// one conditional write: a queued or dead entry it takes whatever it is told of running ones.
 pub async fn an_operator_leaves_a_live_entry_unless_forced<S: InboxStore>(store: S) {
-    let ns = unique_namespace("inbox-by-hand");
-    let key = key_in(&ns, "evt_1");
-    store.enqueue(&key, &request(1)).await.unwrap();
+    let (ns, key) = one_entry(&store, "inbox-by-hand").await;
     let policy = take(10, LONG, 5);
     let running = take_ours(&store, &policy, &ns).await.remove(0);
     let long = Running::StaleFor(Duration::from_secs(600));
@@ -408,10 +393,7 @@ pub async fn an_operator_leaves_a_live_entry_unless_forced<S: InboxStore>(store:
         EntryState::Running
     );
     assert!(store.retry_now(&key, Running::Force).await.unwrap());
-    assert!(matches!(
-        store.renew_entry(&running.lease).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.renew_entry(&running.lease).await);
     assert!(
         store.retry_now(&key, Running::Leave).await.unwrap(),
         "queued: due now whatever"
@@ -438,21 +420,13 @@ pub async fn a_taken_entry_says_when_it_was_received<S: InboxStore>(store: S) {
         taken.received_at
     );
     assert!(taken.received_at <= std::time::SystemTime::now() + skew);
-    store
-        .settle(&taken.lease, &Settlement::Done, &[])
-        .await
-        .unwrap();
+    settle_done(&store, &taken.lease).await;
 }
 
 /// Listing, counting, the oldest due entry, and a take's limit.
 pub async fn entries_and_stats<S: InboxStore>(store: S) {
     let ns = unique_namespace("inbox-stats");
-    for n in 0..5 {
-        store
-            .enqueue(&key_in(&ns, &format!("evt_{n}")), &request(n))
-            .await
-            .unwrap();
-    }
+    enqueue_numbered(&store, &ns, 5).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     let stats = store.inbox_stats(Some(&ns)).await.unwrap();
     assert_eq!((stats.queued, stats.running, stats.dead), (5, 0, 0));
@@ -471,18 +445,12 @@ pub async fn entries_and_stats<S: InboxStore>(store: S) {
     assert_eq!(all.len(), 5);
     assert_eq!(store.entries(Some(&ns), &[], 1).await.unwrap().len(), 1);
     for entry in two {
-        store
-            .settle(&entry.lease, &Settlement::Done, &[])
-            .await
-            .unwrap();
+        settle_done(&store, &entry.lease).await;
     }
     let rest = take_ours(&store, &take(10, LONG, 5), &ns).await;
     assert_eq!(rest.len(), 3);
     for entry in rest {
-        store
-            .settle(&entry.lease, &Settlement::Done, &[])
-            .await
-            .unwrap();
+        settle_done(&store, &entry.lease).await;
     }
     let stats = store.inbox_stats(Some(&ns)).await.unwrap();
     assert_eq!(

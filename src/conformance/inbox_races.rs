@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::store::StoreError;
 use crate::store::inbox::{AttemptResult, Enqueued, EntryState, InboxStore, Settlement};
 
-use super::inbox::{LONG, attempt, request, take, take_ours};
+use super::inbox::{LONG, attempt, enqueue_numbered, request, settle_done, take, take_ours};
 use super::{key_in, unique_namespace};
 
 /// 200 events, each enqueued 3 times, at once over `stores` (separate instances): each is
@@ -47,10 +47,7 @@ pub async fn instances_enqueue_and_take_each_once<S: InboxStore + Clone>(stores:
                         return took;
                     }
                     for entry in batch {
-                        store
-                            .settle(&entry.lease, &Settlement::Done, &[])
-                            .await
-                            .unwrap();
+                        settle_done(&store, &entry.lease).await;
                         took.push(entry.lease.key().value().to_owned());
                     }
                 }
@@ -74,12 +71,7 @@ pub async fn instances_enqueue_and_take_each_once<S: InboxStore + Clone>(stores:
 /// lease fenced off without failing the others.
 pub async fn settle_many_answers_each<S: InboxStore>(store: S) {
     let ns = unique_namespace("inbox-batch");
-    for n in 0..5 {
-        store
-            .enqueue(&key_in(&ns, &format!("evt_{n}")), &request(n))
-            .await
-            .unwrap();
-    }
+    enqueue_numbered(&store, &ns, 5).await;
     let policy = take(10, LONG, 5);
     let mut taken = take_ours(&store, &policy, &ns).await;
     taken.sort_by(|a, b| a.lease.key().value().cmp(b.lease.key().value()));
@@ -148,9 +140,6 @@ pub async fn settle_many_answers_each<S: InboxStore>(store: S) {
     assert_eq!(state(4).await.state, EntryState::Done);
     // Leave nothing due for the next check.
     for entry in take_ours(&store, &policy, &ns).await {
-        store
-            .settle(&entry.lease, &Settlement::Done, &[])
-            .await
-            .unwrap();
+        settle_done(&store, &entry.lease).await;
     }
 }

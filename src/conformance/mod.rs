@@ -86,6 +86,7 @@
 //! few seconds.
 
 mod claims;
+mod expect;
 mod inbox;
 mod inbox_races;
 mod races;

@@ -8,10 +8,10 @@ use http::{HeaderName, HeaderValue, StatusCode};
 
 use crate::IdempotencyKey;
 use crate::store::{
-    Claim, Fingerprint, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale, Store, StoreError,
-    StoredResponse,
+    Fingerprint, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale, Store, StoredResponse,
 };
 
+use super::expect::{assert_lease_lost, expect_done};
 use super::{LONG, PAST_SHORT, SHORT, acquire, key_in, unique_namespace};
 
 /// A receipt with a fingerprint of 32 bytes `fingerprint` and a response of status 201, two
@@ -43,10 +43,7 @@ pub fn receipt(fingerprint: u8) -> Receipt {
 
 /// The receipt a claim of `key` answers: the key must be done.
 pub async fn claimed_receipt<S: Store>(store: &S, key: &IdempotencyKey) -> Option<Arc<Receipt>> {
-    match store.claim(key, LONG).await.unwrap() {
-        Claim::Done(done) => done.receipt,
-        other => panic!("expected {key} done, got {other:?}"),
-    }
+    expect_done(store.claim(key, LONG).await).receipt
 }
 
 /// The receipt `describe` answers for `key`, with its state.
@@ -67,13 +64,9 @@ pub async fn commit_with_keeps_the_receipt<S: Store>(store: S) {
     let written = receipt(7);
     store.commit_with(&lease, &written).await.unwrap();
     for deliveries in [2, 3] {
-        match store.claim(&key, LONG).await.unwrap() {
-            Claim::Done(done) => {
-                assert_eq!(done.deliveries, deliveries);
-                assert_eq!(done.receipt.as_deref(), Some(&written));
-            }
-            other => panic!("expected done, got {other:?}"),
-        }
+        let done = expect_done(store.claim(&key, LONG).await);
+        assert_eq!(done.deliveries, deliveries);
+        assert_eq!(done.receipt.as_deref(), Some(&written));
     }
     let (state, described) = described_receipt(&store, &key).await;
     assert_eq!(state, KeyState::Done);
@@ -199,10 +192,7 @@ pub async fn commit_with_a_lost_lease_writes_nothing<S: Store>(store: S) {
     let old = acquire(&store, &key, LONG).await;
     tokio::time::sleep(PAST_SHORT).await;
     let new = acquire(&store, &key, Stale::reclaim_after(SHORT)).await;
-    assert!(matches!(
-        store.commit_with(&old, &receipt(5)).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.commit_with(&old, &receipt(5)).await);
     assert_eq!(
         described_receipt(&store, &key).await,
         (KeyState::Processing, None),
@@ -211,10 +201,7 @@ pub async fn commit_with_a_lost_lease_writes_nothing<S: Store>(store: S) {
     let written = receipt(6);
     store.commit_with(&new, &written).await.unwrap();
     // The old owner, late again, cannot replace the new owner's receipt either.
-    assert!(matches!(
-        store.commit_with(&old, &receipt(5)).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.commit_with(&old, &receipt(5)).await);
     assert_eq!(
         claimed_receipt(&store, &key).await.as_deref(),
         Some(&written)
@@ -223,10 +210,7 @@ pub async fn commit_with_a_lost_lease_writes_nothing<S: Store>(store: S) {
     let released = key_in(&ns, "evt_2");
     let lease = acquire(&store, &released, LONG).await;
     store.release(&lease).await.unwrap();
-    assert!(matches!(
-        store.commit_with(&lease, &receipt(5)).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.commit_with(&lease, &receipt(5)).await);
     assert_eq!(
         described_receipt(&store, &released).await,
         (KeyState::Released, None)
@@ -234,9 +218,6 @@ pub async fn commit_with_a_lost_lease_writes_nothing<S: Store>(store: S) {
 
     let unknown = key_in(&ns, "evt_3");
     let forged = Lease::new(unknown.clone(), LeaseToken::generate(), false);
-    assert!(matches!(
-        store.commit_with(&forged, &receipt(5)).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.commit_with(&forged, &receipt(5)).await);
     assert_eq!(store.describe(&unknown).await.unwrap(), None);
 }

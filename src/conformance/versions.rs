@@ -2,9 +2,10 @@
 //! versions outdated, stale pending versions reclaimed or held, settled by hand.
 
 use crate::IdempotencyKey;
-use crate::store::{Resolution, Stale, StoreError};
-use crate::version_guard::{PendingVersion, VersionClaim, VersionLease, VersionStore};
+use crate::store::{Resolution, Stale};
+use crate::version_guard::{VersionClaim, VersionLease, VersionStore};
 
+use super::expect::{assert_lease_lost, expect_version_held, expect_version_in_flight};
 use super::{LONG, PAST_SHORT, SHORT, key_in, unique_namespace};
 
 /// Begins `version` of `entity`, which must be free to take it: the lease.
@@ -35,29 +36,18 @@ pub async fn version_store_contract<St: VersionStore>(store: St) {
     let first = acquire_version(&store, &entity, 2, LONG).await;
     assert_eq!((first.entity(), first.version()), (&entity, 2));
     for version in [1, 2, 3] {
-        match store.begin_version(&entity, version, LONG).await.unwrap() {
-            VersionClaim::InFlight(PendingVersion { version: 2, .. }) => {}
-            other => panic!("expected busy for {version}, got {other:?}"),
-        }
+        let pending = expect_version_in_flight(store.begin_version(&entity, version, LONG).await);
+        assert_eq!(pending.version, 2, "busy for {version}");
     }
     store.release_version(&first).await.unwrap();
-    assert!(matches!(
-        store.release_version(&first).await,
-        Err(StoreError::LeaseLost)
-    ));
-    assert!(matches!(
-        store.commit_version(&first).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.release_version(&first).await);
+    assert_lease_lost(store.commit_version(&first).await);
     assert_eq!(store.applied_version(&entity).await.unwrap(), None);
 
     let again = acquire_version(&store, &entity, 2, LONG).await;
     assert_ne!(again.token(), first.token());
     store.commit_version(&again).await.unwrap();
-    assert!(matches!(
-        store.commit_version(&again).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.commit_version(&again).await);
     assert_eq!(store.applied_version(&entity).await.unwrap(), Some(2));
     // Only an older version is outdated.
     for version in [1, -5] {
@@ -71,10 +61,8 @@ pub async fn version_store_contract<St: VersionStore>(store: St) {
     let equal = acquire_version(&store, &entity, 2, LONG).await;
     assert_ne!(equal.token(), again.token());
     for version in [2, 3] {
-        match store.begin_version(&entity, version, LONG).await.unwrap() {
-            VersionClaim::InFlight(PendingVersion { version: 2, .. }) => {}
-            other => panic!("expected busy for {version}, got {other:?}"),
-        }
+        let pending = expect_version_in_flight(store.begin_version(&entity, version, LONG).await);
+        assert_eq!(pending.version, 2, "busy for {version}");
     }
     assert_eq!(
         store.begin_version(&entity, 1, LONG).await.unwrap(),
@@ -94,10 +82,8 @@ pub async fn version_store_contract<St: VersionStore>(store: St) {
         store.begin_version(&entity, 1, LONG).await.unwrap(),
         VersionClaim::Outdated { applied: 2 }
     );
-    match store.begin_version(&entity, 2, LONG).await.unwrap() {
-        VersionClaim::InFlight(PendingVersion { version: 5, .. }) => {}
-        other => panic!("expected busy for the applied version, got {other:?}"),
-    }
+    let pending = expect_version_in_flight(store.begin_version(&entity, 2, LONG).await);
+    assert_eq!(pending.version, 5, "busy for the applied version");
     store.commit_version(&newer).await.unwrap();
     assert_eq!(store.applied_version(&entity).await.unwrap(), Some(5));
     assert_eq!(
@@ -124,36 +110,18 @@ pub async fn stale_pending_version_reclaim_hold_and_resolve<St: VersionStore>(st
     let entity = key_in(&ns, "sub_1");
     let old = acquire_version(&store, &entity, 1, LONG).await;
     tokio::time::sleep(PAST_SHORT).await;
-    assert!(matches!(
-        store.begin_version(&entity, 2, LONG).await.unwrap(),
-        VersionClaim::InFlight(_)
-    ));
-    match store
-        .begin_version(&entity, 2, Stale::hold_after(SHORT))
-        .await
-        .unwrap()
-    {
-        VersionClaim::Held(pending) => {
-            assert_eq!(pending.version, 1);
-            assert!(pending.age >= SHORT, "age {:?}", pending.age);
-        }
-        other => panic!("expected held, got {other:?}"),
-    }
+    expect_version_in_flight(store.begin_version(&entity, 2, LONG).await);
+    let hold = Stale::hold_after(SHORT);
+    let pending = expect_version_held(store.begin_version(&entity, 2, hold).await);
+    assert_eq!(pending.version, 1);
+    assert!(pending.age >= SHORT, "age {:?}", pending.age);
     // Reclaim: the new version takes over; the old owner is fenced off.
     let new = acquire_version(&store, &entity, 2, Stale::reclaim_after(SHORT)).await;
-    assert!(matches!(
-        store.commit_version(&old).await,
-        Err(StoreError::LeaseLost)
-    ));
-    assert!(matches!(
-        store.release_version(&old).await,
-        Err(StoreError::LeaseLost)
-    ));
-    match store.begin_version(&entity, 3, LONG).await.unwrap() {
-        // The takeover restarted the pending version's clock.
-        VersionClaim::InFlight(p) => assert!(p.version == 2 && p.age < PAST_SHORT, "{p:?}"),
-        other => panic!("expected busy, got {other:?}"),
-    }
+    assert_lease_lost(store.commit_version(&old).await);
+    assert_lease_lost(store.release_version(&old).await);
+    // The takeover restarted the pending version's clock.
+    let p = expect_version_in_flight(store.begin_version(&entity, 3, LONG).await);
+    assert!(p.version == 2 && p.age < PAST_SHORT, "{p:?}");
     store.commit_version(&new).await.unwrap();
     assert_eq!(store.applied_version(&entity).await.unwrap(), Some(2));
 
@@ -162,14 +130,12 @@ pub async fn stale_pending_version_reclaim_hold_and_resolve<St: VersionStore>(st
     let newer = key_in(&ns, "sub_3");
     acquire_version(&store, &newer, 5, LONG).await;
     tokio::time::sleep(PAST_SHORT).await;
-    match store
-        .begin_version(&newer, 4, Stale::reclaim_after(SHORT))
-        .await
-        .unwrap()
-    {
-        VersionClaim::InFlight(p) => assert_eq!(p.version, 5),
-        other => panic!("an older version must not take over, got {other:?}"),
-    }
+    let p = expect_version_in_flight(
+        store
+            .begin_version(&newer, 4, Stale::reclaim_after(SHORT))
+            .await,
+    );
+    assert_eq!(p.version, 5, "an older version must not take over");
     // The same version (its sender's retry) or a newer one may.
     let retry = acquire_version(&store, &newer, 5, Stale::reclaim_after(SHORT)).await;
     store.commit_version(&retry).await.unwrap();
@@ -177,36 +143,16 @@ pub async fn stale_pending_version_reclaim_hold_and_resolve<St: VersionStore>(st
 
     // A person settles held versions.
     let held = key_in(&ns, "sub_2");
+    let resolve = |how| store.resolve_version(&held, how);
     let lease = acquire_version(&store, &held, 7, LONG).await;
-    assert!(
-        store
-            .resolve_version(&held, Resolution::Done)
-            .await
-            .unwrap()
-    );
-    assert!(
-        !store
-            .resolve_version(&held, Resolution::Done)
-            .await
-            .unwrap()
-    );
+    assert!(resolve(Resolution::Done).await.unwrap());
+    assert!(!resolve(Resolution::Done).await.unwrap());
     assert_eq!(store.applied_version(&held).await.unwrap(), Some(7));
-    assert!(matches!(
-        store.commit_version(&lease).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.commit_version(&lease).await);
     let lease = acquire_version(&store, &held, 8, LONG).await;
-    assert!(
-        store
-            .resolve_version(&held, Resolution::Release)
-            .await
-            .unwrap()
-    );
+    assert!(resolve(Resolution::Release).await.unwrap());
     assert_eq!(store.applied_version(&held).await.unwrap(), Some(7));
-    assert!(matches!(
-        store.release_version(&lease).await,
-        Err(StoreError::LeaseLost)
-    ));
+    assert_lease_lost(store.release_version(&lease).await);
     acquire_version(&store, &held, 8, LONG).await;
     assert!(
         !store
