@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::scripts::{CLAIM, COMMIT, DESCRIBE, GIVE_BACK, RELEASE, RENEW, RESOLVE};
-use super::{RedisStore, arg, unreplicated};
+use super::{RedisStore, arg, lease_held, unreplicated};
 use crate::key::IdempotencyKey;
 use crate::store::give_back_unanswered;
 use crate::store::{
@@ -37,13 +37,7 @@ impl RedisStore {
         let key = self.key_of(lease.key());
         let mut all = vec![arg(lease.token().to_i64())];
         all.extend_from_slice(args);
-        let (held, replicated): (i64, bool) = self.write(script, &key, &all).await?;
-        match (held, replicated) {
-            (1, true) => Ok(()),
-            // Settled on the master; tried again, the settlement is a no-op that waits again.
-            (1, false) => Err(unreplicated()),
-            _ => Err(StoreError::LeaseLost),
-        }
+        lease_held(self.settle(script, &key, &all).await?)
     }
 }
 
@@ -110,17 +104,8 @@ impl Store for RedisStore {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        // A heartbeat does not wait for replicas: a lost one only makes a live claim look
-        // idle a little sooner after a failover.
-        let key = self.key_of(lease.key());
-        let held: i64 = self
-            .call(&RENEW, &key, &[arg(lease.token().to_i64())])
-            .await?;
-        if held == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::LeaseLost)
-        }
+        self.heartbeat(&RENEW, &self.key_of(lease.key()), lease.token())
+            .await
     }
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
@@ -202,12 +187,7 @@ impl Store for RedisStore {
             arg(LeaseToken::generate().to_i64()),
             arg(self.retention_ms()),
         ];
-        let (resolved, replicated): (i64, bool) =
-            self.write(&RESOLVE, &self.key_of(key), &args).await?;
-        if resolved == 1 && !replicated {
-            return Err(unreplicated());
-        }
-        Ok(resolved == 1)
+        self.settle(&RESOLVE, &self.key_of(key), &args).await
     }
 
     async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {

@@ -1,6 +1,7 @@
-//! The store's connection, to one server or to a cluster: a script run on it, and a write that
+//! The store's connection, to one server or to a cluster: a script run on it, a write that
 //! waits for replicas (on one server on connections of the store's own, on a cluster routed to
-//! the master of the key's slot).
+//! the master of the key's slot), and the two answers the scripts give: a settlement, and a
+//! heartbeat under a lease.
 
 use std::sync::atomic::Ordering;
 
@@ -8,8 +9,8 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Value};
 
 use super::scripts::Scripted;
-use super::{Conn, RedisStore, WAITING_CONNECTIONS};
-use crate::store::StoreError;
+use super::{Conn, RedisStore, WAITING_CONNECTIONS, arg, lease_held, unreplicated};
+use crate::store::{LeaseToken, StoreError};
 
 impl RedisStore {
     /// Runs `script` on `key`: a read, or a write nobody waits on replicas for.
@@ -103,6 +104,35 @@ impl RedisStore {
             );
         }
         Ok((value, acked >= replicas))
+    }
+
+    /// Runs the write `script` on `key`, whose answer 1 says that it settled something:
+    /// whether it did. A settlement the replicas the store waits for did not confirm is an
+    /// error; sent again, the script finds it done and waits again.
+    pub(super) async fn settle(
+        &self,
+        script: &Scripted,
+        key: &str,
+        args: &[Vec<u8>],
+    ) -> Result<bool, StoreError> {
+        let (settled, replicated): (i64, bool) = self.write(script, key, args).await?;
+        if settled == 1 && !replicated {
+            return Err(unreplicated());
+        }
+        Ok(settled == 1)
+    }
+
+    /// Runs the heartbeat `script` on `key` for the lease's `token`: [`StoreError::LeaseLost`]
+    /// unless it answers 1. A heartbeat does not wait for replicas: a lost one only makes a
+    /// live lease look idle a little sooner after a failover.
+    pub(super) async fn heartbeat(
+        &self,
+        script: &Scripted,
+        key: &str,
+        token: LeaseToken,
+    ) -> Result<(), StoreError> {
+        let held: i64 = self.call(script, key, &[arg(token.to_i64())]).await?;
+        lease_held(held == 1)
     }
 
     /// On one server it connected to itself, a connection of the store's own for a write

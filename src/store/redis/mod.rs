@@ -294,6 +294,15 @@ pub(super) fn arg(value: impl redis::ToRedisArgs) -> Vec<u8> {
     value.to_redis_args().concat()
 }
 
+/// `Ok` if the lease held, else [`StoreError::LeaseLost`].
+pub(super) fn lease_held(held: bool) -> Result<(), StoreError> {
+    if held {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost)
+    }
+}
+
 /// The error of a write the replicas did not confirm in time.
 pub(super) fn unreplicated() -> StoreError {
     StoreError::backend("the write was not confirmed by the replicas the store waits for in time")

@@ -91,6 +91,36 @@ fn claim_args(key: &IdempotencyKey, token: LeaseToken, stale_us: i64) -> [Vec<u8
     ]
 }
 
+/// Runs `CLAIM` with `args` (for `token`) twice, as a client sends it again: each run answers
+/// `acquired` for `token` with the `(deliveries, reclaimed)` given, and leaves the hash held
+/// by `token`, counting that many deliveries and as many runs. The hash after each run.
+async fn claim_twice(
+    store: &RedisStore,
+    at: &str,
+    args: &[Vec<u8>],
+    token: LeaseToken,
+    (delivered, reclaim): (u64, i64),
+) -> Vec<HashMap<String, String>> {
+    let mut rows = Vec::new();
+    for run in ["first", "second"] {
+        let (kind, answered, deliveries, _, _, reclaimed, _): ClaimReply =
+            store.call(&CLAIM, at, args).await.unwrap();
+        assert_eq!(kind, "acquired", "{run} run");
+        assert_eq!(answered, token.to_i64().to_string(), "{run} run");
+        assert_eq!((deliveries, reclaimed), (delivered, reclaim), "{run} run");
+        let row = hash(store, at).await;
+        assert_eq!(row["token"], token.to_i64().to_string());
+        let counted = delivered.to_string();
+        assert_eq!(
+            (&*row["deliveries"], &*row["runs"]),
+            (&*counted, &*counted),
+            "{run} run"
+        );
+        rows.push(row);
+    }
+    rows
+}
+
 /// A claim sent twice acquires once: the second run answers `acquired` with the same token,
 /// and counts neither the delivery nor the run again, for a new claim and a reclaim alike.
 async fn claim_sent_twice(store: RedisStore) {
@@ -98,20 +128,8 @@ async fn claim_sent_twice(store: RedisStore) {
     let at = store.key_of(&key);
     let token = LeaseToken::generate();
     let args = claim_args(&key, token, 600_000_000);
-    for run in ["first", "second"] {
-        let (kind, answered, deliveries, _, _, reclaimed, _): ClaimReply =
-            store.call(&CLAIM, &at, &args).await.unwrap();
-        assert_eq!(kind, "acquired", "{run} run");
-        assert_eq!(answered, token.to_i64().to_string(), "{run} run");
-        assert_eq!((deliveries, reclaimed), (1, 0), "{run} run");
-        let row = hash(&store, &at).await;
+    for row in claim_twice(&store, &at, &args, token, (1, 0)).await {
         assert_eq!(row["state"], "processing");
-        assert_eq!(row["token"], token.to_i64().to_string());
-        assert_eq!(
-            (&*row["deliveries"], &*row["runs"]),
-            ("1", "1"),
-            "{run} run"
-        );
     }
     // Another claim is still a duplicate in flight.
     let other = claim_args(&key, LeaseToken::generate(), 600_000_000);
@@ -121,19 +139,7 @@ async fn claim_sent_twice(store: RedisStore) {
     // A reclaim (stale at once) sent twice: reclaimed once, flag kept on the second answer.
     let reclaimer = LeaseToken::generate();
     let args = claim_args(&key, reclaimer, 0);
-    for run in ["first", "second"] {
-        let (kind, answered, deliveries, _, _, reclaimed, _): ClaimReply =
-            store.call(&CLAIM, &at, &args).await.unwrap();
-        assert_eq!(kind, "acquired", "{run} run");
-        assert_eq!(answered, reclaimer.to_i64().to_string(), "{run} run");
-        assert_eq!((deliveries, reclaimed), (2, 1), "{run} run");
-        let row = hash(&store, &at).await;
-        assert_eq!(row["token"], reclaimer.to_i64().to_string());
-        assert_eq!(
-            (&*row["deliveries"], &*row["runs"]),
-            ("2", "2"),
-            "{run} run"
-        );
+    for row in claim_twice(&store, &at, &args, reclaimer, (2, 1)).await {
         assert_eq!(row["reclaimed"], "1");
     }
 }
@@ -193,22 +199,39 @@ async fn begin(store: &RedisStore, entity: &IdempotencyKey, version: i64) -> Ver
     }
 }
 
+/// A new entity for the test `test`, its hash, and the lease of `version` begun on it.
+async fn begun(
+    store: &RedisStore,
+    test: &str,
+    version: i64,
+) -> (IdempotencyKey, String, VersionLease) {
+    let entity = unique(test);
+    let lease = begin(store, &entity, version).await;
+    let at = store.entity_of(&entity);
+    (entity, at, lease)
+}
+
+/// What `SETTLE_VERSION` answers, run with `args` on the hash `at`.
+async fn sent(store: &RedisStore, at: &str, args: &[Vec<u8>]) -> i64 {
+    store.call(&SETTLE_VERSION, at, args).await.unwrap()
+}
+
 /// A version's settlement sent twice answers 1 both times: apply or discard, by the lease or
 /// by a person; a second settlement by the same lease (not the first sent again) answers 0.
 async fn settle_version_sent_twice(store: RedisStore) {
     // Applied by the lease.
-    let entity = unique("apply");
-    let at = store.entity_of(&entity);
-    let lease = begin(&store, &entity, 5).await;
+    let (entity, at, lease) = begun(&store, "apply", 5).await;
     let args = store.settle_args(Some(lease.token()), "apply");
     for run in ["first", "second"] {
-        let settled: i64 = store.call(&SETTLE_VERSION, &at, &args).await.unwrap();
-        assert_eq!(settled, 1, "apply, {run} run");
+        assert_eq!(sent(&store, &at, &args).await, 1, "apply, {run} run");
         assert_eq!(store.applied_version(&entity).await.unwrap(), Some(5));
     }
     let other_way = store.settle_args(Some(lease.token()), "discard");
-    let settled: i64 = store.call(&SETTLE_VERSION, &at, &other_way).await.unwrap();
-    assert_eq!(settled, 0, "applied, not discarded");
+    assert_eq!(
+        sent(&store, &at, &other_way).await,
+        0,
+        "applied, not discarded"
+    );
     // A second settlement by the lease, not the first sent again, finds it settled.
     assert!(matches!(
         store.commit_version(&lease).await,
@@ -216,27 +239,26 @@ async fn settle_version_sent_twice(store: RedisStore) {
     ));
     // Sent again after the next version began: answers 1, and leaves that one pending.
     let next = begin(&store, &entity, 6).await;
-    let settled: i64 = store.call(&SETTLE_VERSION, &at, &args).await.unwrap();
-    assert_eq!(settled, 1);
+    assert_eq!(sent(&store, &at, &args).await, 1);
     assert_eq!(store.applied_version(&entity).await.unwrap(), Some(5));
     store.commit_version(&next).await.unwrap();
     assert_eq!(store.applied_version(&entity).await.unwrap(), Some(6));
 
     // Discarded by the lease, where nothing was ever applied: a marker with a time to live
     // answers the second run, and the next version begins on it and keeps the hash.
-    let entity = unique("discard");
-    let at = store.entity_of(&entity);
-    let lease = begin(&store, &entity, 5).await;
+    let (entity, at, lease) = begun(&store, "discard", 5).await;
     let args = store.settle_args(Some(lease.token()), "discard");
     for run in ["first", "second"] {
-        let settled: i64 = store.call(&SETTLE_VERSION, &at, &args).await.unwrap();
-        assert_eq!(settled, 1, "discard, {run} run");
+        assert_eq!(sent(&store, &at, &args).await, 1, "discard, {run} run");
         assert_eq!(store.applied_version(&entity).await.unwrap(), None);
         assert!(ttl(&store, &at).await > 0, "the marker expires");
     }
     let other_way = store.settle_args(Some(lease.token()), "apply");
-    let settled: i64 = store.call(&SETTLE_VERSION, &at, &other_way).await.unwrap();
-    assert_eq!(settled, 0, "discarded, not applied");
+    assert_eq!(
+        sent(&store, &at, &other_way).await,
+        0,
+        "discarded, not applied"
+    );
     let next = begin(&store, &entity, 4).await;
     assert_eq!(
         ttl(&store, &at).await,
@@ -251,24 +273,27 @@ async fn settle_version_sent_twice(store: RedisStore) {
     let lease = begin(&store, &entity, 7).await;
     let args = store.settle_args(Some(lease.token()), "discard");
     for run in ["first", "second"] {
-        let settled: i64 = store.call(&SETTLE_VERSION, &at, &args).await.unwrap();
-        assert_eq!(settled, 1, "discard, {run} run");
+        assert_eq!(sent(&store, &at, &args).await, 1, "discard, {run} run");
         assert_eq!(store.applied_version(&entity).await.unwrap(), Some(4));
     }
 
     // By a person: the second run answers 1 and leaves a version begun since pending.
     for how in ["apply", "discard"] {
-        let entity = unique(&format!("person-{how}"));
-        let at = store.entity_of(&entity);
-        let _held = begin(&store, &entity, 3).await;
+        let (entity, at, _held) = begun(&store, &format!("person-{how}"), 3).await;
         let args = store.settle_args(None, how);
         for run in ["first", "second"] {
-            let settled: i64 = store.call(&SETTLE_VERSION, &at, &args).await.unwrap();
-            assert_eq!(settled, 1, "a person's {how}, {run} run");
+            assert_eq!(
+                sent(&store, &at, &args).await,
+                1,
+                "a person's {how}, {run} run"
+            );
         }
         let next = begin(&store, &entity, 9).await;
-        let settled: i64 = store.call(&SETTLE_VERSION, &at, &args).await.unwrap();
-        assert_eq!(settled, 1, "a person's {how}, a third time");
+        assert_eq!(
+            sent(&store, &at, &args).await,
+            1,
+            "a person's {how}, a third time"
+        );
         store.commit_version(&next).await.unwrap();
         assert_eq!(store.applied_version(&entity).await.unwrap(), Some(9));
     }

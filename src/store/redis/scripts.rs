@@ -126,56 +126,54 @@ return 1
 "#
 ));
 
-/// A commit. `ARGV`: token, retention in milliseconds, whether a receipt follows (`1`), the
-/// receipt. Answers 1 if the lease held (a second commit with it included), 0 otherwise.
-pub(super) static COMMIT: Scripted = Scripted::new(concat!(
-    now!(),
-    r#"
+/// The script that settles a processing claim under its lease as `$state`, then runs `$then`
+/// (Lua, once the state is written) and keeps the hash for the retention. `ARGV`: token,
+/// retention in milliseconds, then what `$then` reads. Answers 1 if the lease held, and for a
+/// second settlement of the same kind by the same lease (which changes nothing more); 0
+/// otherwise.
+macro_rules! settle {
+    ($state:literal, $then:literal) => {
+        concat!(
+            now!(),
+            "local settled = '",
+            $state,
+            "'\n",
+            r#"
 local h = KEYS[1]
 local row = redis.call('HMGET', h, 'state', 'token')
 if row[2] ~= ARGV[1] then return 0 end
-if row[1] == 'done' then return 1 end
+if row[1] == settled then return 1 end
 if row[1] ~= 'processing' then return 0 end
-redis.call('HSET', h, 'state', 'done', 'completed_at', now)
-if ARGV[3] == '1' then redis.call('HSET', h, 'receipt', ARGV[4]) end
+redis.call('HSET', h, 'state', settled, 'completed_at', now)
+"#,
+            $then,
+            r#"
 redis.call('PEXPIRE', h, ARGV[2])
 return 1
 "#
+        )
+    };
+}
+
+/// A commit: the claim settled `done`. `ARGV`: token, retention in milliseconds, whether a
+/// receipt follows (`1`), the receipt.
+pub(super) static COMMIT: Scripted = Scripted::new(settle!(
+    "done",
+    "if ARGV[3] == '1' then redis.call('HSET', h, 'receipt', ARGV[4]) end"
 ));
 
-/// A release. `ARGV`: token, retention in milliseconds. Answers 1 if the lease held (a
-/// second release with it included), 0 otherwise.
-pub(super) static RELEASE: Scripted = Scripted::new(concat!(
-    now!(),
-    r#"
-local h = KEYS[1]
-local row = redis.call('HMGET', h, 'state', 'token')
-if row[2] ~= ARGV[1] then return 0 end
-if row[1] == 'released' then return 1 end
-if row[1] ~= 'processing' then return 0 end
-redis.call('HSET', h, 'state', 'released', 'completed_at', now)
-redis.call('PEXPIRE', h, ARGV[2])
-return 1
-"#
-));
+/// A release: the claim settled `released`. `ARGV`: token, retention in milliseconds.
+pub(super) static RELEASE: Scripted = Scripted::new(settle!("released", ""));
 
 /// Gives back a claim whose handler never started: a [`RELEASE`] that also takes back the run
-/// the claim counted. `ARGV`: token, retention in milliseconds. Answers 1 if the lease held
-/// (a second give-back with it included, which takes back nothing more), 0 otherwise. `runs`
-/// drops by one on the step from `processing` to `released` alone, and never below 0.
-pub(super) static GIVE_BACK: Scripted = Scripted::new(concat!(
-    now!(),
+/// the claim counted. `ARGV`: token, retention in milliseconds. A second give-back with the
+/// same lease takes back nothing more: `runs` drops by one on the step from `processing` to
+/// `released` alone, and never below 0.
+pub(super) static GIVE_BACK: Scripted = Scripted::new(settle!(
+    "released",
     r#"
-local h = KEYS[1]
-local row = redis.call('HMGET', h, 'state', 'token', 'runs')
-if row[2] ~= ARGV[1] then return 0 end
-if row[1] == 'released' then return 1 end
-if row[1] ~= 'processing' then return 0 end
-redis.call('HSET', h, 'state', 'released', 'completed_at', now)
-if (tonumber(row[3]) or 0) > 0 then redis.call('HINCRBY', h, 'runs', -1) end
-redis.call('PEXPIRE', h, ARGV[2])
-return 1
-"#
+local runs = tonumber(redis.call('HGET', h, 'runs')) or 0
+if runs > 0 then redis.call('HINCRBY', h, 'runs', -1) end"#
 ));
 
 /// A person settles a processing claim. `ARGV`: `done` or `release`, a fresh token,

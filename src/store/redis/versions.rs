@@ -1,8 +1,8 @@
 //! The version guard's store on Redis: one hash per entity, each step one script.
 
-use super::claims::micros;
+use super::claims::{as_micros, micros};
 use super::scripts::{BEGIN_VERSION, RENEW_VERSION, SETTLE_VERSION};
-use super::{RedisStore, arg, unreplicated};
+use super::{RedisStore, arg, lease_held, unreplicated};
 use crate::key::IdempotencyKey;
 use crate::store::{
     LeaseToken, Resolution, Stale, StalePolicy, StoreError, VersionClaim, VersionLease,
@@ -27,17 +27,18 @@ impl RedisStore {
         token: Option<LeaseToken>,
         how: &str,
     ) -> Result<bool, StoreError> {
-        let (settled, replicated): (i64, bool) = self
-            .write(
-                &SETTLE_VERSION,
-                &self.entity_of(entity),
-                &self.settle_args(token, how),
-            )
-            .await?;
-        if settled == 1 && !replicated {
-            return Err(unreplicated());
-        }
-        Ok(settled == 1)
+        let args = self.settle_args(token, how);
+        self.settle(&SETTLE_VERSION, &self.entity_of(entity), &args)
+            .await
+    }
+
+    /// Applies (`apply`) or discards the lease's own pending version: [`StoreError::LeaseLost`]
+    /// unless the lease held.
+    async fn settle_lease(&self, lease: &VersionLease, how: &str) -> Result<(), StoreError> {
+        lease_held(
+            self.settle_version(lease.entity(), Some(lease.token()), how)
+                .await?,
+        )
     }
 
     /// The arguments of `SETTLE_VERSION` for the lease's `token`, or for a person: with a
@@ -62,12 +63,11 @@ impl VersionStore for RedisStore {
     ) -> Result<VersionClaim, StoreError> {
         let ours = LeaseToken::generate();
         let key = self.entity_of(entity);
-        let stale_us = i64::try_from(stale.after().as_micros()).unwrap_or(i64::MAX);
         let args = [
             arg(version),
             arg(ours.to_i64()),
             arg(u8::from(stale.policy() == StalePolicy::Reclaim)),
-            arg(stale_us),
+            arg(as_micros(stale.after())),
         ];
         let ((applied, pending, token, idle), replicated): (BeginReply, bool) =
             self.write(&BEGIN_VERSION, &key, &args).await?;
@@ -101,34 +101,15 @@ impl VersionStore for RedisStore {
 
     async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
         let key = self.entity_of(lease.entity());
-        let held: i64 = self
-            .call(&RENEW_VERSION, &key, &[arg(lease.token().to_i64())])
-            .await?;
-        if held == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::LeaseLost)
-        }
+        self.heartbeat(&RENEW_VERSION, &key, lease.token()).await
     }
 
     async fn commit_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        match self
-            .settle_version(lease.entity(), Some(lease.token()), "apply")
-            .await?
-        {
-            true => Ok(()),
-            false => Err(StoreError::LeaseLost),
-        }
+        self.settle_lease(lease, "apply").await
     }
 
     async fn release_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        match self
-            .settle_version(lease.entity(), Some(lease.token()), "discard")
-            .await?
-        {
-            true => Ok(()),
-            false => Err(StoreError::LeaseLost),
-        }
+        self.settle_lease(lease, "discard").await
     }
 
     async fn applied_version(&self, entity: &IdempotencyKey) -> Result<Option<i64>, StoreError> {
