@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::Admin;
 use super::page::base64;
 use super::problem::{Problem, json};
-use super::routes::{Fields, Params, Shared, limit, object, query, seconds};
+use super::routes::{Fields, Params, Shared, body_key, limit, object, query, query_key, seconds};
 use crate::key::IdempotencyKey;
 use crate::store::Stale;
 use crate::store::inbox::{
@@ -78,15 +78,7 @@ async fn entry<St: InboxStore>(
     State(admin): Shared<St>,
     params: Params,
 ) -> Result<Response, Problem> {
-    let mut params = query(params)?;
-    let mut field = |name: &str| {
-        params
-            .remove(name)
-            .ok_or_else(|| Problem::bad_request(format!("the query needs `{name}`")))
-    };
-    let (namespace, value) = (field("namespace")?, field("key")?);
-    let key = IdempotencyKey::new(namespace, value)
-        .map_err(|err| Problem::bad_request(format!("not a key: {err}")))?;
+    let key = query_key(params)?;
     let Some(entry) = admin.store.entry(&key).await? else {
         return Err(Problem::new(
             StatusCode::NOT_FOUND,
@@ -110,11 +102,8 @@ async fn entry<St: InboxStore>(
 /// write: a worker that renews between the look and the write keeps its entry.
 async fn retry<St: InboxStore>(State(admin): Shared<St>, body: Body) -> Result<Response, Problem> {
     let (key, running) = by_hand(&admin, body).await?;
-    if !admin.store.retry_now(&key, running).await? {
-        return Err(nothing_to(&admin, &key, "retried").await);
-    }
-    tracing::info!(%key, "admin: an inbox entry retried by hand");
-    Ok(json(json!({ "retried": true })))
+    let retried = admin.store.retry_now(&key, running).await?;
+    done_by_hand(&admin, &key, retried, "retried").await
 }
 
 /// `POST /inbox/retry-dead` `{namespace}`: every dead entry of the namespace due now.
@@ -143,11 +132,23 @@ async fn discard<St: InboxStore>(
     body: Body,
 ) -> Result<Response, Problem> {
     let (key, running) = by_hand(&admin, body).await?;
-    if !admin.store.discard(&key, running).await? {
-        return Err(nothing_to(&admin, &key, "discarded").await);
+    let discarded = admin.store.discard(&key, running).await?;
+    done_by_hand(&admin, &key, discarded, "discarded").await
+}
+
+/// The answer of an action by hand on the entry `key`, `done` (`retried`, `discarded`) if
+/// `changed`: `{"<done>": true}`, logged; otherwise what the entry is ([`nothing_to`]).
+async fn done_by_hand<St: InboxStore>(
+    admin: &Admin<St>,
+    key: &IdempotencyKey,
+    changed: bool,
+    done: &str,
+) -> Result<Response, Problem> {
+    if !changed {
+        return Err(nothing_to(admin, key, done).await);
     }
-    tracing::info!(%key, "admin: an inbox entry discarded by hand");
-    Ok(json(json!({ "discarded": true })))
+    tracing::info!(%key, "admin: an inbox entry {done} by hand");
+    Ok(json(json!({ done: true })))
 }
 
 /// What an action that changed nothing answers, saying what the key has: 409 for an entry a
@@ -194,8 +195,7 @@ async fn by_hand<St: InboxStore>(
     let value = fields.string("key")?;
     let force = fields.flag("force")?;
     fields.no_others()?;
-    let key = IdempotencyKey::new(namespace, value)
-        .map_err(|err| Problem::unprocessable(format!("not a key: {err}")))?;
+    let key = body_key(namespace, value)?;
     let running = if force {
         Running::Force
     } else {

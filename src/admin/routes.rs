@@ -83,15 +83,7 @@ pub(super) async fn describe<St: Store + Clone>(
     State(admin): Shared<St>,
     params: Params,
 ) -> Result<Response, Problem> {
-    let mut params = query(params)?;
-    let mut field = |name: &str| {
-        params
-            .remove(name)
-            .ok_or_else(|| Problem::bad_request(format!("the query needs `{name}`")))
-    };
-    let (namespace, value) = (field("namespace")?, field("key")?);
-    let key = IdempotencyKey::new(namespace, value)
-        .map_err(|err| Problem::bad_request(format!("not a key: {err}")))?;
+    let key = query_key(params)?;
     match admin.store.describe(&key).await? {
         Some(record) => {
             let mut rendered = render(&key, &record);
@@ -136,8 +128,7 @@ pub(super) async fn resolve<St: Store + Clone>(
     };
     let force = fields.flag("force")?;
     fields.no_others()?;
-    let key = IdempotencyKey::new(namespace, value)
-        .map_err(|err| Problem::unprocessable(format!("not a key: {err}")))?;
+    let key = body_key(namespace, value)?;
     // Read right before resolving: an owner that renews between the two steps is resolved
     // all the same, and its fenced lease fails its next renewal or commit (see the module
     // documentation).
@@ -286,6 +277,26 @@ pub(super) fn query(params: Params) -> Result<HashMap<String, String>, Problem> 
     params
         .map(|Query(params)| params)
         .map_err(|err| Problem::bad_request(format!("the query does not parse: {err}")))
+}
+
+/// The key of a query `?namespace=NS&key=K`: 400 if either is missing or no valid part of a
+/// key.
+pub(super) fn query_key(params: Params) -> Result<IdempotencyKey, Problem> {
+    let mut params = query(params)?;
+    let mut field = |name: &str| {
+        params
+            .remove(name)
+            .ok_or_else(|| Problem::bad_request(format!("the query needs `{name}`")))
+    };
+    let (namespace, value) = (field("namespace")?, field("key")?);
+    IdempotencyKey::new(namespace, value)
+        .map_err(|err| Problem::bad_request(format!("not a key: {err}")))
+}
+
+/// The key of a body's `namespace` and `key` fields: 422 if they are no valid key.
+pub(super) fn body_key(namespace: String, value: String) -> Result<IdempotencyKey, Problem> {
+    IdempotencyKey::new(namespace, value)
+        .map_err(|err| Problem::unprocessable(format!("not a key: {err}")))
 }
 
 /// The body as a JSON object: 413 past the limit, 400 if it is no JSON, 422 if no object.
