@@ -61,7 +61,7 @@ impl<S: Store> StoreOrSkip for Option<S> {
 ///   implements it (2 tests);
 /// - `inbox: $make` — module `inbox`: the [`InboxStore`](crate::store::inbox::InboxStore)
 ///   contract, from [`enqueue_once_then_duplicates`](crate::conformance::enqueue_once_then_duplicates)
-///   to [`settle_many_answers_each`](crate::conformance::settle_many_answers_each) (8 tests);
+///   to [`settle_many_answers_each`](crate::conformance::settle_many_answers_each) (11 tests);
 /// - `inbox_races: $instance` — module `inbox_races`: four instances enqueueing and taking at
 ///   once ([`instances_enqueue_and_take_each_once`](crate::conformance::instances_enqueue_and_take_each_once)).
 ///
@@ -71,17 +71,18 @@ impl<S: Store> StoreOrSkip for Option<S> {
 /// `$make` and `$instance` are expressions, evaluated anew in every test, that yield a future
 /// of a store or of `Option<Store>` ([`StoreOrSkip`]: `None` skips the test). They are
 /// resolved inside the generated modules, which see everything of the module that invokes the
-/// macro. Every test holds [`SHARED_TABLE`](crate::conformance::SHARED_TABLE): shared, or alone
-/// for the two that purge.
+/// macro. Every test of the other arms holds
+/// [`SHARED_TABLE`](crate::conformance::SHARED_TABLE): shared, or alone for the two that purge.
 #[macro_export]
 macro_rules! conformance_suite {
-    // One test: check `$check` on one store, holding the shared table's lock (`read` shared,
-    // `write` alone).
-    (@one $make:expr, $lock:ident, $check:ident) => {
+    // One test per `$check`: the check on one store, holding the lock `$table.$lock` of the
+    // table it uses (`SHARED_TABLE.read` shared, `SHARED_TABLE.write` or `INBOX_TABLE.lock`
+    // alone).
+    (@one $make:expr, $table:ident.$lock:ident: $($check:ident),+ $(,)?) => {$(
         #[test]
         fn $check() {
             $crate::conformance::run(async {
-                let _table = $crate::conformance::SHARED_TABLE.$lock().await;
+                let _table = $crate::conformance::$table.$lock().await;
                 let Some(store) = $crate::conformance::StoreOrSkip::store_or_skip($make.await)
                 else {
                     return;
@@ -89,27 +90,14 @@ macro_rules! conformance_suite {
                 $crate::conformance::$check(store).await;
             });
         }
-    };
-    // One inbox test: check `$check` on one store, alone on the inbox.
-    (@inbox $make:expr, $check:ident) => {
-        #[test]
-        fn $check() {
-            $crate::conformance::run(async {
-                let _inbox = $crate::conformance::INBOX_TABLE.lock().await;
-                let Some(store) = $crate::conformance::StoreOrSkip::store_or_skip($make.await)
-                else {
-                    return;
-                };
-                $crate::conformance::$check(store).await;
-            });
-        }
-    };
-    // One test `$test`: check `$check` on four handles on one backend.
-    (@four $make:expr, $test:ident = $check:ident) => {
+    )+};
+    // One test per `$test = $check`: the check on four handles on one backend, holding the
+    // lock `$table.$lock`.
+    (@four $make:expr, $table:ident.$lock:ident: $($test:ident = $check:ident),+ $(,)?) => {$(
         #[test]
         fn $test() {
             $crate::conformance::run(async {
-                let _table = $crate::conformance::SHARED_TABLE.read().await;
+                let _table = $crate::conformance::$table.$lock().await;
                 let mut stores = ::std::vec::Vec::new();
                 for _ in 0..4 {
                     let Some(store) = $crate::conformance::StoreOrSkip::store_or_skip($make.await)
@@ -121,7 +109,7 @@ macro_rules! conformance_suite {
                 $crate::conformance::$check(stores).await;
             });
         }
-    };
+    )+};
     (
         $(claims: $claims:expr,)?
         $(races: $races:expr,)?
@@ -134,27 +122,23 @@ macro_rules! conformance_suite {
                 #[allow(unused_imports)]
                 use super::*;
 
-                $crate::conformance_suite!(@one $claims, read, claim_commit_duplicate);
-                $crate::conformance_suite!(@one $claims, read, release_lets_the_retry_run);
-                $crate::conformance_suite!(@one $claims, read, give_back_takes_the_run_back);
-                $crate::conformance_suite!(@one $claims, read, stale_reclaim_fences_the_old_owner);
-                $crate::conformance_suite!(@one $claims, read, stale_hold_keeps_the_row);
-                $crate::conformance_suite!(@one $claims, read, stuck_claims_and_resolve);
-                $crate::conformance_suite!(@one $claims, read, renew_keeps_a_claim_fresh);
-                $crate::conformance_suite!(@one $claims, read, commit_with_keeps_the_receipt);
-                $crate::conformance_suite!(@one $claims, read, plain_commit_keeps_no_receipt);
-                $crate::conformance_suite!(
-                    @one $claims, read, a_repeated_commit_keeps_the_first_receipt
+                $crate::conformance_suite!(@one $claims, SHARED_TABLE.read:
+                    claim_commit_duplicate,
+                    release_lets_the_retry_run,
+                    give_back_takes_the_run_back,
+                    stale_reclaim_fences_the_old_owner,
+                    stale_hold_keeps_the_row,
+                    stuck_claims_and_resolve,
+                    renew_keeps_a_claim_fresh,
+                    commit_with_keeps_the_receipt,
+                    plain_commit_keeps_no_receipt,
+                    a_repeated_commit_keeps_the_first_receipt,
+                    a_new_run_shows_no_receipt,
+                    commit_with_a_lost_lease_writes_nothing,
                 );
-                $crate::conformance_suite!(@one $claims, read, a_new_run_shows_no_receipt);
-                $crate::conformance_suite!(
-                    @one $claims, read, commit_with_a_lost_lease_writes_nothing
-                );
-                $crate::conformance_suite!(
-                    @one $claims, write, describe_counts_deliveries_and_runs
-                );
-                $crate::conformance_suite!(
-                    @one $claims, write, purge_completed_keeps_recent_and_processing
+                $crate::conformance_suite!(@one $claims, SHARED_TABLE.write:
+                    describe_counts_deliveries_and_runs,
+                    purge_completed_keeps_recent_and_processing,
                 );
             }
         )?
@@ -163,14 +147,10 @@ macro_rules! conformance_suite {
                 #[allow(unused_imports)]
                 use super::*;
 
-                $crate::conformance_suite!(
-                    @four $races, concurrent_claims_have_one_winner = concurrent_claims_have_one_winner
-                );
-                $crate::conformance_suite!(
-                    @four $races, race_one_event_over_four_instances = race_one_event
-                );
-                $crate::conformance_suite!(
-                    @four $races, race_200_events_over_four_instances = race_many_events
+                $crate::conformance_suite!(@four $races, SHARED_TABLE.read:
+                    concurrent_claims_have_one_winner = concurrent_claims_have_one_winner,
+                    race_one_event_over_four_instances = race_one_event,
+                    race_200_events_over_four_instances = race_many_events,
                 );
             }
         )?
@@ -179,9 +159,9 @@ macro_rules! conformance_suite {
                 #[allow(unused_imports)]
                 use super::*;
 
-                $crate::conformance_suite!(@one $versions, read, version_store_contract);
-                $crate::conformance_suite!(
-                    @one $versions, read, stale_pending_version_reclaim_hold_and_resolve
+                $crate::conformance_suite!(@one $versions, SHARED_TABLE.read:
+                    version_store_contract,
+                    stale_pending_version_reclaim_hold_and_resolve,
                 );
             }
         )?
@@ -190,17 +170,19 @@ macro_rules! conformance_suite {
                 #[allow(unused_imports)]
                 use super::*;
 
-                $crate::conformance_suite!(@inbox $inbox, enqueue_once_then_duplicates);
-                $crate::conformance_suite!(@inbox $inbox, retry_then_dead_then_retry_now);
-                $crate::conformance_suite!(@inbox $inbox, reclaim_counts_crashes_and_ends_dead);
-                $crate::conformance_suite!(@inbox $inbox, hold_leaves_a_crashed_entry_running);
-                $crate::conformance_suite!(@inbox $inbox, give_back_takes_the_attempt_back);
-                $crate::conformance_suite!(@inbox $inbox, an_unstarted_entry_is_taken_again_without_a_crash);
-                $crate::conformance_suite!(@inbox $inbox, an_operator_leaves_a_live_entry_unless_forced);
-                $crate::conformance_suite!(@inbox $inbox, a_taken_entry_says_when_it_was_received);
-                $crate::conformance_suite!(@inbox $inbox, entries_and_stats);
-                $crate::conformance_suite!(@inbox $inbox, purge_keeps_dead_requests);
-                $crate::conformance_suite!(@inbox $inbox, settle_many_answers_each);
+                $crate::conformance_suite!(@one $inbox, INBOX_TABLE.lock:
+                    enqueue_once_then_duplicates,
+                    retry_then_dead_then_retry_now,
+                    reclaim_counts_crashes_and_ends_dead,
+                    hold_leaves_a_crashed_entry_running,
+                    give_back_takes_the_attempt_back,
+                    an_unstarted_entry_is_taken_again_without_a_crash,
+                    an_operator_leaves_a_live_entry_unless_forced,
+                    a_taken_entry_says_when_it_was_received,
+                    entries_and_stats,
+                    purge_keeps_dead_requests,
+                    settle_many_answers_each,
+                );
             }
         )?
         $(
@@ -208,22 +190,9 @@ macro_rules! conformance_suite {
                 #[allow(unused_imports)]
                 use super::*;
 
-                #[test]
-                fn instances_enqueue_and_take_each_once() {
-                    $crate::conformance::run(async {
-                        let _inbox = $crate::conformance::INBOX_TABLE.lock().await;
-                        let mut stores = ::std::vec::Vec::new();
-                        for _ in 0..4 {
-                            let Some(store) =
-                                $crate::conformance::StoreOrSkip::store_or_skip($inbox_races.await)
-                            else {
-                                return;
-                            };
-                            stores.push(store);
-                        }
-                        $crate::conformance::instances_enqueue_and_take_each_once(stores).await;
-                    });
-                }
+                $crate::conformance_suite!(@four $inbox_races, INBOX_TABLE.lock:
+                    instances_enqueue_and_take_each_once = instances_enqueue_and_take_each_once,
+                );
             }
         )?
     };
