@@ -216,12 +216,5 @@ pub use transactional::{Begin, TransactionalStore};
     doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
 )]
 pub use versions::AdvanceVersion;
-#[cfg(any(
-    feature = "memory",
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql",
-    feature = "redis"
-))]
-pub(crate) use versions::decide;
+pub use versions::decide;
 pub use versions::{Advance, PendingVersion, VersionClaim, VersionLease, VersionStore};

@@ -211,22 +211,66 @@ pub trait AdvanceVersion: super::TransactionalStore + VersionStore {
     ) -> impl Future<Output = Result<Advance, StoreError>> + Send;
 }
 
-/// The decision of a `begin_version` made from the entity's row as the claim left it.
+/// The answer of a [`VersionStore::begin_version`], decided from the entity's row as the
+/// store's atomic step left it: the rule every store shares, for a store of another crate too.
 ///
-/// Outdated means older than the applied version; an equal version is not outdated, and takes
-/// the pending slot like a newer one. `Ok(None)`: nothing pending, not outdated, and not ours:
-/// the row changed between two statements (MySQL), and the claim should start over.
-#[cfg_attr(
-    not(any(
-        feature = "memory",
-        feature = "postgres",
-        feature = "sqlite",
-        feature = "mysql",
-        feature = "redis"
-    )),
-    allow(dead_code)
-)]
-pub(crate) fn decide(
+/// A store writes first and decides after. In one atomic step (a conditional statement, a
+/// script, a lock) it makes `version` the pending one under its fresh token `ours` when
+/// `version` is not older than the applied version and the slot is free: nothing pending, or,
+/// under the reclaim policy, a pending version not renewed for the stale limit and not newer
+/// than `version` (its owner may have written its state before it died). Then it hands
+/// `decide` what the row holds, `applied` and `pending` (the pending version, its token, and
+/// the time since it began or was last renewed, by the store's clock), and answers the claim
+/// `decide` makes of it:
+///
+/// - the slot holds `ours`: [`VersionClaim::Acquired`], a lease on `version`;
+/// - `version` is older than `applied`: [`VersionClaim::Outdated`], whatever is pending (an
+///   equal version is not outdated: it takes the slot like a newer one);
+/// - another version is pending: [`VersionClaim::Held`] if `stale` is a hold policy whose
+///   limit that version passed, else [`VersionClaim::InFlight`] (a stale version that the
+///   reclaim policy left to its owner, being newer than `version`, is in flight too);
+/// - nothing pending, not outdated, and not ours: `None`. The row changed between the write
+///   and the read (a store that takes two statements for them), and the claim starts over; a
+///   store whose write and read are one step never sees it, and answers an error.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::{IdempotencyKey, Stale};
+/// use tower_idempotency::store::{LeaseToken, PendingVersion, VersionClaim, decide};
+///
+/// let entity = IdempotencyKey::new("stripe", "sub_1").unwrap();
+/// let hold = Stale::hold_after(Duration::from_secs(30));
+/// let (ours, theirs) = (LeaseToken::generate(), LeaseToken::generate());
+/// let (young, old) = (Duration::from_secs(1), Duration::from_secs(60));
+///
+/// // The step made version 5 pending under our token: ours to apply.
+/// let claim = decide(&entity, 5, ours, hold, Some(4), Some((5, ours, Duration::ZERO)));
+/// let Some(VersionClaim::Acquired(lease)) = claim else {
+///     panic!("expected acquired, got {claim:?}");
+/// };
+/// assert_eq!((lease.version(), lease.token()), (5, ours));
+///
+/// // Version 3 comes after version 4 was applied: outdated, whatever is pending.
+/// assert_eq!(
+///     decide(&entity, 3, ours, hold, Some(4), Some((5, theirs, young))),
+///     Some(VersionClaim::Outdated { applied: 4 }),
+/// );
+///
+/// // Version 6 comes while version 5 is pending: it waits, and once version 5 went past the
+/// // stale limit without a heartbeat, the hold policy leaves it for a person.
+/// assert_eq!(
+///     decide(&entity, 6, ours, hold, Some(4), Some((5, theirs, young))),
+///     Some(VersionClaim::InFlight(PendingVersion::new(5, young))),
+/// );
+/// assert_eq!(
+///     decide(&entity, 6, ours, hold, Some(4), Some((5, theirs, old))),
+///     Some(VersionClaim::Held(PendingVersion::new(5, old))),
+/// );
+///
+/// // Nothing pending, yet the slot is not ours: the row changed under the store.
+/// assert_eq!(decide(&entity, 6, ours, hold, Some(4), None), None);
+/// ```
+pub fn decide(
     entity: &IdempotencyKey,
     version: i64,
     ours: LeaseToken,

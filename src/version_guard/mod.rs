@@ -265,7 +265,7 @@ pub mod version;
 )]
 pub use crate::store::AdvanceVersion;
 /// The version store's part lives with the stores; these are its names here as well.
-pub use crate::store::{Advance, PendingVersion, VersionClaim, VersionLease, VersionStore};
+pub use crate::store::{Advance, PendingVersion, VersionClaim, VersionLease, VersionStore, decide};
 #[cfg(feature = "_sql")]
 #[cfg_attr(
     docsrs,
