@@ -1,232 +1,51 @@
-//! The conformance suite as a store of another crate runs it: a small `Store` over a
-//! `Mutex<HashMap>`, written with the public API alone, and `conformance_suite!` for it.
+//! The conformance suite as a store of another crate runs it: `MapStore`, a small store over
+//! `Mutex<HashMap>`s written with the public API alone, implements the three store traits, and
+//! `conformance_suite!` runs every arm of the suite on it. What each part shows:
 //!
-//! A backend crate keeps such a file in its `tests/`, with
-//! `tower-idempotency = { version = "0.1", features = ["conformance"] }` among its
+//! - `Store`, the claims of the idempotency layer (`conformance_example/claims.rs`): one row
+//!   per key, each method one step under the lock, as each would be one conditional statement
+//!   in a database; a lease fences every write by its token.
+//! - `VersionStore`, the version guard's (`conformance_example/versions.rs`): `begin_version`
+//!   takes the entity's pending slot in one step when it may, then answers with
+//!   `store::decide`, the crate's own rule, from the row as that step left it, rather than
+//!   deriving the answer again.
+//! - `InboxStore`, the inbox's (`conformance_example/inbox.rs`): `enqueue` stores a key once;
+//!   `take` leases due entries under the tokens the worker made before it asked
+//!   (`Take::tokens`), so that `give_back` by those tokens undoes a take whose answer never
+//!   came; `start` counts an attempt when the handler starts, so that an entry whose worker
+//!   died before that is taken again without a crash, while one whose started handler went
+//!   silent is reclaimed as a crash (or held, under the hold policy); `settle` and
+//!   `settle_many` under the lease; an operator's `retry_now` and `discard` leave a running
+//!   entry to its worker or take it, as `Running` says; `purge_inbox` keeps dead requests.
+//!
+//! A backend crate keeps a file like this one in its `tests/` (its store in its own `src/`),
+//! with `tower-idempotency = { version = "0.1", features = ["conformance"] }` among its
 //! dev-dependencies; a store on a database makes a new connection pool in `instance()`, and
-//! yields `None` (the test is skipped) when the database cannot be reached.
+//! yields `None` (the test is skipped) when the database cannot be reached. The `inbox` arms'
+//! tests each hold the suite's inbox lock alone: give them an inbox no running worker uses.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use map_store::MapStore;
 
-use tower_idempotency::IdempotencyKey;
-use tower_idempotency::store::{
-    Claim, Completed, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale,
-    StalePolicy, Store, StoreError, StuckClaim,
-};
-
-/// One key's row.
-struct Row {
-    state: KeyState,
-    token: LeaseToken,
-    deliveries: u64,
-    runs: u64,
-    reclaimed: bool,
-    /// Whether the current run was given back (its run taken back already).
-    given_back: bool,
-    receipt: Option<Arc<Receipt>>,
-    first_seen: Instant,
-    last_seen: Instant,
-    claimed: Instant,
-    renewed: Instant,
-    settled: Instant,
-}
-
-/// A store over a map in memory. Each method is one step under the lock, as each would be one
-/// conditional statement in a database.
-#[derive(Clone, Default)]
-struct MapStore(Arc<Mutex<HashMap<IdempotencyKey, Row>>>);
-
-impl MapStore {
-    /// Runs `change` on the lease's row if the lease is that row's current one.
-    fn leased<T>(
-        &self,
-        lease: &Lease,
-        change: impl FnOnce(&mut Row) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let mut rows = self.0.lock().unwrap();
-        match rows.get_mut(lease.key()) {
-            Some(row) if row.token == lease.token() => change(row),
-            _ => Err(StoreError::LeaseLost),
-        }
-    }
-
-    /// Settles the leased `processing` row as done, keeping `receipt`; a row this lease
-    /// committed already stays as it is.
-    fn settle_done(&self, lease: &Lease, receipt: Option<&Receipt>) -> Result<(), StoreError> {
-        self.leased(lease, |row| match row.state {
-            KeyState::Processing => {
-                row.state = KeyState::Done;
-                row.settled = Instant::now();
-                row.receipt = receipt.map(|receipt| Arc::new(receipt.clone()));
-                Ok(())
-            }
-            KeyState::Done => Ok(()),
-            _ => Err(StoreError::LeaseLost),
-        })
-    }
-}
-
-impl Store for MapStore {
-    async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
-        let (now, token) = (Instant::now(), LeaseToken::generate());
-        let mut rows = self.0.lock().unwrap();
-        let row = rows.entry(key.clone()).or_insert(Row {
-            state: KeyState::Released,
-            token,
-            deliveries: 0,
-            runs: 0,
-            reclaimed: false,
-            given_back: false,
-            receipt: None,
-            first_seen: now,
-            last_seen: now,
-            claimed: now,
-            renewed: now,
-            settled: now,
-        });
-        row.deliveries += 1;
-        row.last_seen = now;
-        let silent = now - row.renewed;
-        let reclaimed = match row.state {
-            KeyState::Done => {
-                return Ok(Claim::Done(
-                    Completed::new(row.deliveries).with_receipt(row.receipt.clone()),
-                ));
-            }
-            KeyState::Processing
-                if stale.policy() == StalePolicy::Reclaim && stale.is_stale(silent) =>
-            {
-                true
-            }
-            KeyState::Processing => {
-                return Ok(stale.pending(now - row.claimed, silent, row.deliveries));
-            }
-            // Released (and a new row): free.
-            _ => false,
-        };
-        row.state = KeyState::Processing;
-        row.token = token;
-        row.runs += 1;
-        row.reclaimed = reclaimed;
-        row.given_back = false;
-        row.receipt = None;
-        (row.claimed, row.renewed) = (now, now);
-        Ok(Claim::Acquired(Lease::new(key.clone(), token, reclaimed)))
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.leased(lease, |row| match row.state {
-            KeyState::Processing => {
-                row.renewed = Instant::now();
-                Ok(())
-            }
-            _ => Err(StoreError::LeaseLost),
-        })
-    }
-
-    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.settle_done(lease, None)
-    }
-
-    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
-        self.settle_done(lease, Some(receipt))
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.leased(lease, |row| match row.state {
-            KeyState::Processing => {
-                row.state = KeyState::Released;
-                row.settled = Instant::now();
-                Ok(())
-            }
-            KeyState::Released => Ok(()),
-            _ => Err(StoreError::LeaseLost),
-        })
-    }
-
-    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.leased(lease, |row| match row.state {
-            KeyState::Processing => {
-                row.state = KeyState::Released;
-                row.settled = Instant::now();
-                row.runs -= 1;
-                row.given_back = true;
-                Ok(())
-            }
-            KeyState::Released if row.given_back => Ok(()),
-            _ => Err(StoreError::LeaseLost),
-        })
-    }
-
-    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
-        let now = Instant::now();
-        Ok(self.0.lock().unwrap().get(key).map(|row| {
-            KeyRecord::new(row.state, row.deliveries, row.runs)
-                .with_reclaimed(row.reclaimed)
-                .with_receipt(row.receipt.clone())
-                .with_seen(now - row.first_seen, now - row.last_seen)
-                .with_times(now - row.claimed, now - row.renewed, now - row.settled)
-        }))
-    }
-
-    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
-        let now = Instant::now();
-        let rows = self.0.lock().unwrap();
-        let mut stuck: Vec<_> = rows
-            .iter()
-            .filter(|(_, row)| row.state == KeyState::Processing && now - row.renewed >= older_than)
-            .map(|(key, row)| {
-                StuckClaim::new(
-                    key.clone(),
-                    now - row.claimed,
-                    now - row.renewed,
-                    row.deliveries,
-                )
-            })
-            .collect();
-        stuck.sort_by_key(|claim| std::cmp::Reverse(claim.since_renewal));
-        Ok(stuck)
-    }
-
-    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
-        let mut rows = self.0.lock().unwrap();
-        let Some(row) = rows
-            .get_mut(key)
-            .filter(|row| row.state == KeyState::Processing)
-        else {
-            return Ok(false);
-        };
-        row.state = match how {
-            Resolution::Done => KeyState::Done,
-            Resolution::Release => KeyState::Released,
-        };
-        row.settled = Instant::now();
-        Ok(true)
-    }
-
-    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
-        let now = Instant::now();
-        let mut rows = self.0.lock().unwrap();
-        let before = rows.len();
-        rows.retain(|_, row| row.state == KeyState::Processing || now - row.settled < older_than);
-        Ok((before - rows.len()) as u64)
-    }
-}
+/// The backend crate's own code (its `src/`, in a crate of its own): `MapStore` and its three
+/// store traits, a file each.
+#[path = "conformance_example/mod.rs"]
+mod map_store;
 
 /// A store of the test's own.
 async fn store() -> MapStore {
     MapStore::default()
 }
 
-/// One of several app instances on one backend: in-process handles share one map.
+/// One of several app instances on one backend: in-process handles share one store.
 async fn instance() -> MapStore {
-    static SHARED: OnceLock<MapStore> = OnceLock::new();
+    static SHARED: std::sync::OnceLock<MapStore> = std::sync::OnceLock::new();
     SHARED.get_or_init(MapStore::default).clone()
 }
 
 tower_idempotency::conformance_suite! {
     claims: store(),
     races: instance(),
+    versions: store(),
+    inbox: store(),
+    inbox_races: instance(),
 }

@@ -65,8 +65,9 @@
 //! # fn main() {}
 //! ```
 //!
-//! The crate's `tests/conformance_example.rs` is such a file, for a small store over a
-//! `Mutex<HashMap>` written with the public API alone.
+//! The crate's `tests/conformance_example.rs` is such a file, for a small store over
+//! `Mutex<HashMap>`s written with the public API alone, that implements `Store`,
+//! `VersionStore` and `InboxStore` and runs every arm.
 //!
 //! # What is checked
 //!
@@ -79,7 +80,11 @@
 //!   run per event through [`IdempotencyLayer`](crate::IdempotencyLayer)
 //!   ([`concurrent_claims_have_one_winner`], [`race_one_event`], [`race_many_events`]);
 //! - the [`VersionStore`](crate::version_guard::VersionStore) contract of the version guard
-//!   ([`version_store_contract`], [`stale_pending_version_reclaim_hold_and_resolve`]).
+//!   ([`version_store_contract`], [`stale_pending_version_reclaim_hold_and_resolve`]);
+//! - the [`InboxStore`](crate::store::inbox::InboxStore) contract of the inbox: enqueue once,
+//!   take under the worker's tokens, start, settle, give back, reclaim or hold, the operator's
+//!   actions, retention ([`enqueue_once_then_duplicates`] and after), and several instances
+//!   enqueueing and taking at once ([`instances_enqueue_and_take_each_once`]).
 //!
 //! The checks sleep past a short stale limit ([`SHORT`], [`PAST_SHORT`]) where the contract
 //! speaks of time, so the store's clock must move with real time; the whole suite runs in a
