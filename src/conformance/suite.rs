@@ -75,41 +75,52 @@ impl<S: Store> StoreOrSkip for Option<S> {
 /// [`SHARED_TABLE`](crate::conformance::SHARED_TABLE): shared, or alone for the two that purge.
 #[macro_export]
 macro_rules! conformance_suite {
-    // One test per `$check`: the check on one store, holding the lock `$table.$lock` of the
-    // table it uses (`SHARED_TABLE.read` shared, `SHARED_TABLE.write` or `INBOX_TABLE.lock`
-    // alone).
-    (@one $make:expr, $table:ident.$lock:ident: $($check:ident),+ $(,)?) => {$(
-        #[test]
-        fn $check() {
-            $crate::conformance::run(async {
-                let _table = $crate::conformance::$table.$lock().await;
-                let Some(store) = $crate::conformance::StoreOrSkip::store_or_skip($make.await)
-                else {
-                    return;
-                };
-                $crate::conformance::$check(store).await;
-            });
+    // A module `$module` of tests, one for each check of each group, named after the check or
+    // the name given with `as`: the check on what `$make` yields, one store (`one`) or four
+    // handles on one backend (`four`), holding the group's lock `$table.$lock`
+    // (`SHARED_TABLE.read` shared, `SHARED_TABLE.write` or `INBOX_TABLE.lock` alone).
+    (@tests $module:ident, $make:expr,
+        $($count:ident $table:ident.$lock:ident: [$($check:ident $(as $test:ident)?),+ $(,)?])+
+    ) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+
+            $($(
+                $crate::conformance_suite!(@test $count, $make, $table.$lock, $check $(as $test)?);
+            )+)+
         }
-    )+};
-    // One test per `$test = $check`: the check on four handles on one backend, holding the
-    // lock `$table.$lock`.
-    (@four $make:expr, $table:ident.$lock:ident: $($test:ident = $check:ident),+ $(,)?) => {$(
+    };
+    (@test $count:ident, $make:expr, $table:ident.$lock:ident, $check:ident) => {
+        $crate::conformance_suite!(@test $count, $make, $table.$lock, $check as $check);
+    };
+    (@test $count:ident, $make:expr, $table:ident.$lock:ident, $check:ident as $test:ident) => {
         #[test]
         fn $test() {
             $crate::conformance::run(async {
                 let _table = $crate::conformance::$table.$lock().await;
-                let mut stores = ::std::vec::Vec::new();
-                for _ in 0..4 {
-                    let Some(store) = $crate::conformance::StoreOrSkip::store_or_skip($make.await)
-                    else {
-                        return;
-                    };
-                    stores.push(store);
-                }
+                let Some(stores) = $crate::conformance_suite!(@stores $count, $make) else {
+                    return;
+                };
                 $crate::conformance::$check(stores).await;
             });
         }
-    )+};
+    };
+    // The store, or `None` to skip the test.
+    (@stores one, $make:expr) => {
+        $crate::conformance::StoreOrSkip::store_or_skip($make.await)
+    };
+    // Four stores, each made anew, or `None` to skip the test.
+    (@stores four, $make:expr) => {
+        async {
+            let mut stores = ::std::vec::Vec::new();
+            for _ in 0..4 {
+                stores.push($crate::conformance::StoreOrSkip::store_or_skip($make.await)?);
+            }
+            Some(stores)
+        }
+        .await
+    };
     (
         $(claims: $claims:expr,)?
         $(races: $races:expr,)?
@@ -117,83 +128,56 @@ macro_rules! conformance_suite {
         $(inbox: $inbox:expr,)?
         $(inbox_races: $inbox_races:expr,)?
     ) => {
-        $(
-            mod claims {
-                #[allow(unused_imports)]
-                use super::*;
-
-                $crate::conformance_suite!(@one $claims, SHARED_TABLE.read:
-                    claim_commit_duplicate,
-                    release_lets_the_retry_run,
-                    give_back_takes_the_run_back,
-                    stale_reclaim_fences_the_old_owner,
-                    stale_hold_keeps_the_row,
-                    stuck_claims_and_resolve,
-                    renew_keeps_a_claim_fresh,
-                    commit_with_keeps_the_receipt,
-                    plain_commit_keeps_no_receipt,
-                    a_repeated_commit_keeps_the_first_receipt,
-                    a_new_run_shows_no_receipt,
-                    commit_with_a_lost_lease_writes_nothing,
-                );
-                $crate::conformance_suite!(@one $claims, SHARED_TABLE.write:
-                    describe_counts_deliveries_and_runs,
-                    purge_completed_keeps_recent_and_processing,
-                );
-            }
-        )?
-        $(
-            mod races {
-                #[allow(unused_imports)]
-                use super::*;
-
-                $crate::conformance_suite!(@four $races, SHARED_TABLE.read:
-                    concurrent_claims_have_one_winner = concurrent_claims_have_one_winner,
-                    race_one_event_over_four_instances = race_one_event,
-                    race_200_events_over_four_instances = race_many_events,
-                );
-            }
-        )?
-        $(
-            mod versions {
-                #[allow(unused_imports)]
-                use super::*;
-
-                $crate::conformance_suite!(@one $versions, SHARED_TABLE.read:
-                    version_store_contract,
-                    stale_pending_version_reclaim_hold_and_resolve,
-                );
-            }
-        )?
-        $(
-            mod inbox {
-                #[allow(unused_imports)]
-                use super::*;
-
-                $crate::conformance_suite!(@one $inbox, INBOX_TABLE.lock:
-                    enqueue_once_then_duplicates,
-                    retry_then_dead_then_retry_now,
-                    reclaim_counts_crashes_and_ends_dead,
-                    hold_leaves_a_crashed_entry_running,
-                    give_back_takes_the_attempt_back,
-                    an_unstarted_entry_is_taken_again_without_a_crash,
-                    an_operator_leaves_a_live_entry_unless_forced,
-                    a_taken_entry_says_when_it_was_received,
-                    entries_and_stats,
-                    purge_keeps_dead_requests,
-                    settle_many_answers_each,
-                );
-            }
-        )?
-        $(
-            mod inbox_races {
-                #[allow(unused_imports)]
-                use super::*;
-
-                $crate::conformance_suite!(@four $inbox_races, INBOX_TABLE.lock:
-                    instances_enqueue_and_take_each_once = instances_enqueue_and_take_each_once,
-                );
-            }
-        )?
+        $($crate::conformance_suite!(@tests claims, $claims,
+            one SHARED_TABLE.read: [
+                claim_commit_duplicate,
+                release_lets_the_retry_run,
+                give_back_takes_the_run_back,
+                stale_reclaim_fences_the_old_owner,
+                stale_hold_keeps_the_row,
+                stuck_claims_and_resolve,
+                renew_keeps_a_claim_fresh,
+                commit_with_keeps_the_receipt,
+                plain_commit_keeps_no_receipt,
+                a_repeated_commit_keeps_the_first_receipt,
+                a_new_run_shows_no_receipt,
+                commit_with_a_lost_lease_writes_nothing,
+            ]
+            one SHARED_TABLE.write: [
+                describe_counts_deliveries_and_runs,
+                purge_completed_keeps_recent_and_processing,
+            ]
+        );)?
+        $($crate::conformance_suite!(@tests races, $races,
+            four SHARED_TABLE.read: [
+                concurrent_claims_have_one_winner,
+                race_one_event as race_one_event_over_four_instances,
+                race_many_events as race_200_events_over_four_instances,
+            ]
+        );)?
+        $($crate::conformance_suite!(@tests versions, $versions,
+            one SHARED_TABLE.read: [
+                version_store_contract,
+                stale_pending_version_reclaim_hold_and_resolve,
+            ]
+        );)?
+        $($crate::conformance_suite!(@tests inbox, $inbox,
+            one INBOX_TABLE.lock: [
+                enqueue_once_then_duplicates,
+                retry_then_dead_then_retry_now,
+                reclaim_counts_crashes_and_ends_dead,
+                hold_leaves_a_crashed_entry_running,
+                give_back_takes_the_attempt_back,
+                an_unstarted_entry_is_taken_again_without_a_crash,
+                an_operator_leaves_a_live_entry_unless_forced,
+                a_taken_entry_says_when_it_was_received,
+                entries_and_stats,
+                purge_keeps_dead_requests,
+                settle_many_answers_each,
+            ]
+        );)?
+        $($crate::conformance_suite!(@tests inbox_races, $inbox_races,
+            four INBOX_TABLE.lock: [instances_enqueue_and_take_each_once]
+        );)?
     };
 }
