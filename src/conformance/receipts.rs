@@ -55,14 +55,20 @@ pub async fn described_receipt<S: Store>(
     (record.state, record.receipt)
 }
 
+/// Claims `key`, which must be free, and commits it with `written`: the lease.
+async fn committed_with<S: Store>(store: &S, key: &IdempotencyKey, written: &Receipt) -> Lease {
+    let lease = acquire(store, key, LONG).await;
+    store.commit_with(&lease, written).await.unwrap();
+    lease
+}
+
 /// A claim after `commit_with` answers the receipt exactly, a small one and one of 1 MiB; so
 /// does `describe`; and so does every later duplicate.
 pub async fn commit_with_keeps_the_receipt<S: Store>(store: S) {
     let ns = unique_namespace("receipt");
     let key = key_in(&ns, "evt_1");
-    let lease = acquire(&store, &key, LONG).await;
     let written = receipt(7);
-    store.commit_with(&lease, &written).await.unwrap();
+    committed_with(&store, &key, &written).await;
     for deliveries in [2, 3] {
         let done = expect_done(store.claim(&key, LONG).await);
         assert_eq!(done.deliveries, deliveries);
@@ -76,8 +82,7 @@ pub async fn commit_with_keeps_the_receipt<S: Store>(store: S) {
     let big = key_in(&ns, "evt_big");
     let body: Vec<u8> = (0..1024 * 1024).map(|i| (i % 256) as u8).collect();
     let written = receipt_with_body(9, Bytes::from(body));
-    let lease = acquire(&store, &big, LONG).await;
-    store.commit_with(&lease, &written).await.unwrap();
+    committed_with(&store, &big, &written).await;
     let answered = claimed_receipt(&store, &big).await.expect("a receipt");
     assert_eq!(
         *answered, written,
@@ -95,8 +100,7 @@ pub async fn commit_with_keeps_the_receipt<S: Store>(store: S) {
         ("evt_empty", Receipt::default()),
     ] {
         let key = key_in(&ns, value);
-        let lease = acquire(&store, &key, LONG).await;
-        store.commit_with(&lease, &written).await.unwrap();
+        committed_with(&store, &key, &written).await;
         assert_eq!(
             claimed_receipt(&store, &key).await.as_deref(),
             Some(&written)
@@ -121,9 +125,8 @@ pub async fn plain_commit_keeps_no_receipt<S: Store>(store: S) {
 pub async fn a_repeated_commit_keeps_the_first_receipt<S: Store>(store: S) {
     let ns = unique_namespace("receipt-again");
     let key = key_in(&ns, "evt_1");
-    let lease = acquire(&store, &key, LONG).await;
     let first = receipt(1);
-    store.commit_with(&lease, &first).await.unwrap();
+    let lease = committed_with(&store, &key, &first).await;
     store.commit_with(&lease, &receipt(2)).await.unwrap();
     store.commit(&lease).await.unwrap();
     assert_eq!(claimed_receipt(&store, &key).await.as_deref(), Some(&first));
@@ -149,9 +152,8 @@ pub async fn a_new_run_shows_no_receipt<S: Store>(store: S) {
     tokio::time::sleep(PAST_SHORT).await;
     // Beside them, a key committed with a receipt keeps it.
     let kept = key_in(&ns, "evt_kept");
-    let lease = acquire(&store, &kept, LONG).await;
     let written = receipt(4);
-    store.commit_with(&lease, &written).await.unwrap();
+    committed_with(&store, &kept, &written).await;
 
     let taken = acquire(&store, &stale, Stale::reclaim_after(SHORT)).await;
     assert!(taken.reclaimed());
