@@ -341,6 +341,7 @@ pub(crate) fn never_replayed(name: &HeaderName) -> bool {
 pub(crate) struct Keeper(pub(crate) Option<Arc<Capture>>);
 
 /// What a layer with replay stores, and how.
+#[derive(Debug)]
 pub(crate) struct Capture {
     pub(crate) replay: Arc<Replay>,
     /// The fingerprint's headers: an answer that varies on others is not stored.

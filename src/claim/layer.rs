@@ -1,11 +1,10 @@
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tower_layer::Layer;
 
 use super::mode::{ClaimMode, ClaimSettings};
-use crate::engine::mode::{Guarded, Settings, shared_settings};
+use crate::engine::mode::{Guarded, HeldHook, Settings, shared_settings};
 use crate::journal::Journal;
 use crate::key::{self, Auto, ExtractKey, IdempotencyKey};
 use crate::replay::{Replay, RequestFingerprint};
@@ -33,6 +32,7 @@ pub type Idempotency<S, St, K = Auto> = Guarded<S, ClaimMode<St, K>>;
 /// # let _ = layer;
 /// ```
 #[must_use]
+#[derive(Debug, Clone)]
 pub struct IdempotencyLayer<St, K = Auto> {
     store: St,
     key: K,
@@ -148,7 +148,7 @@ impl<St, K> IdempotencyLayer<St, K> {
     where
         F: Fn(&IdempotencyKey, &Pending) + Send + Sync + 'static,
     {
-        self.claims.on_held = Some(Arc::new(hook));
+        self.claims.on_held = Some(HeldHook(Arc::new(hook)));
         self
     }
 
@@ -217,27 +217,5 @@ where
                 self.claims.clone(),
             )),
         )
-    }
-}
-
-impl<St: Clone, K: Clone> Clone for IdempotencyLayer<St, K> {
-    fn clone(&self) -> Self {
-        Self {
-            store: self.store.clone(),
-            key: self.key.clone(),
-            settings: self.settings.clone(),
-            claims: self.claims.clone(),
-        }
-    }
-}
-
-impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for IdempotencyLayer<St, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyLayer")
-            .field("store", &self.store)
-            .field("key", &self.key)
-            .field("settings", &self.settings)
-            .field("claims", &self.claims)
-            .finish()
     }
 }

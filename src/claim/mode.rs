@@ -1,7 +1,6 @@
 //! Claim-then-commit, the layer's main mode: claim the key, run the handler, then commit or
 //! release.
 
-use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +25,7 @@ use crate::store::{Claim, Completed, Fingerprint, Lease, Receipt, Stale, Store, 
 /// Claim-then-commit as a mode of the service shell: what an
 /// [`Idempotency`](super::Idempotency) service does with each delivery, and the settings it
 /// does it with. Made by [`IdempotencyLayer`](crate::IdempotencyLayer).
+#[derive(Debug)]
 pub struct ClaimMode<St, K = Auto> {
     pub(crate) store: St,
     pub(crate) key: K,
@@ -51,17 +51,6 @@ impl<St, K> ClaimMode<St, K> {
             claims,
             capture,
         }
-    }
-}
-
-impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for ClaimMode<St, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClaimMode")
-            .field("store", &self.store)
-            .field("key", &self.key)
-            .field("settings", &self.settings)
-            .field("claims", &self.claims)
-            .finish()
     }
 }
 
@@ -185,7 +174,7 @@ async fn claimed<St: Store, K: ExtractKey>(
                 deliveries = pending.deliveries,
                 "stale claim held for review: resolve it with Store::resolve",
             );
-            if let Some(hook) = &owner.claims.on_held {
+            if let Some(HeldHook(hook)) = &owner.claims.on_held {
                 hook(key, &pending);
             }
             return Err(Refusal::Held(
@@ -311,7 +300,7 @@ impl<St: Store, K: ExtractKey> Owner for ClaimMode<St, K> {
 }
 
 /// The settings only claim-then-commit has.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct ClaimSettings {
     pub(crate) stale: Stale,
     pub(crate) on_held: Option<HeldHook>,
@@ -319,17 +308,4 @@ pub(crate) struct ClaimSettings {
     pub(crate) replay: Option<Arc<Replay>>,
     pub(crate) fingerprint: Option<Arc<RequestFingerprint>>,
     pub(crate) journal: Option<Journal>,
-}
-
-impl fmt::Debug for ClaimSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClaimSettings")
-            .field("stale", &self.stale)
-            .field("on_held", &self.on_held.is_some())
-            .field("wait_in_flight", &self.wait_in_flight)
-            .field("replay", &self.replay)
-            .field("fingerprint", &self.fingerprint)
-            .field("journal", &self.journal)
-            .finish()
-    }
 }

@@ -45,8 +45,17 @@ pub(crate) trait Configured {
 }
 
 /// Called when a delivery meets a stale claim that the hold policy keeps.
-pub(crate) type HeldHook =
-    std::sync::Arc<dyn Fn(&crate::key::IdempotencyKey, &crate::store::Pending) + Send + Sync>;
+#[derive(Clone)]
+pub(crate) struct HeldHook(pub(crate) std::sync::Arc<HeldFn>);
+
+/// What a [`HeldHook`] calls: the key held, and how it stands.
+pub(crate) type HeldFn = dyn Fn(&crate::key::IdempotencyKey, &crate::store::Pending) + Send + Sync;
+
+impl std::fmt::Debug for HeldHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeldHook(..)")
+    }
+}
 
 /// Which inner responses commit: a predicate on the status.
 #[derive(Clone)]

@@ -1,7 +1,6 @@
 //! [`IngestLayer`]: the layer that stores a route's deliveries in the inbox and answers at
 //! once, and its service, [`Ingest`].
 
-use std::fmt;
 use std::sync::Arc;
 
 use http::StatusCode;
@@ -65,6 +64,7 @@ const DROPPED: [HeaderName; 10] = [
 /// # }
 /// ```
 #[must_use]
+#[derive(Debug, Clone)]
 pub struct IngestLayer<St, K = Auto> {
     inbox: Inbox<St>,
     key: K,
@@ -152,28 +152,6 @@ impl<St, K> IngestLayer<St, K> {
         let name = HeaderName::from_bytes(name.as_ref().as_bytes()).expect("a header name");
         self.ingest.dropped.push(name);
         self
-    }
-}
-
-impl<St: Clone, K: Clone> Clone for IngestLayer<St, K> {
-    fn clone(&self) -> Self {
-        Self {
-            inbox: self.inbox.clone(),
-            key: self.key.clone(),
-            settings: self.settings.clone(),
-            ingest: self.ingest.clone(),
-        }
-    }
-}
-
-impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for IngestLayer<St, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IngestLayer")
-            .field("inbox", &self.inbox)
-            .field("key", &self.key)
-            .field("settings", &self.settings)
-            .field("ingest", &self.ingest)
-            .finish()
     }
 }
 

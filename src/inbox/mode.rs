@@ -25,20 +25,12 @@ use crate::store::inbox::{Enqueued, InboxStore, StoredRequest};
 /// Inbox mode's ingest as a mode of the service shell: a delivery's claim is the write that
 /// stores it. What an [`Ingest`](super::Ingest) service does with each delivery, and the
 /// settings it does it with. Made by [`IngestLayer`](super::IngestLayer).
+#[derive(Debug)]
 pub struct IngestMode<St, K = Auto> {
     pub(super) inbox: Inbox<St>,
     pub(super) key: K,
     pub(super) settings: Settings,
     pub(super) ingest: IngestSettings,
-}
-
-impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for IngestMode<St, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IngestMode")
-            .field("inbox", &self.inbox)
-            .field("key", &self.key)
-            .finish()
-    }
 }
 
 impl<St, K> Configured for IngestMode<St, K> {

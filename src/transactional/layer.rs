@@ -1,6 +1,5 @@
 //! The layer of transactional mode and its builder.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,7 +49,7 @@ pub type Transactional<S, St, K = Auto> = Guarded<S, TxMode<St, K>>;
 ///     let _ = TransactionalLayer::new(store).stale(Stale::default());
 /// }
 /// ```
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 #[must_use]
 pub struct TransactionalLayer<St, K = Auto> {
     store: St,
@@ -104,17 +103,6 @@ impl<St, K> TransactionalLayer<St, K> {
     /// The store this layer uses.
     pub fn store(&self) -> &St {
         &self.store
-    }
-}
-
-impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for TransactionalLayer<St, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TransactionalLayer")
-            .field("store", &self.store)
-            .field("key", &self.key)
-            .field("settings", &self.settings)
-            .field("lock_timeout", &self.lock_timeout)
-            .finish()
     }
 }
 

@@ -1,7 +1,6 @@
 //! Transactional mode as a mode of the service shell: begin, run the handler in the
 //! transaction, commit or roll back.
 
-use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,21 +27,12 @@ use crate::store::{Begin, StoreError};
 /// Transactional mode as a mode of the service shell: what a
 /// [`Transactional`](super::Transactional) service does with each delivery, and the settings
 /// it does it with. Made by [`TransactionalLayer`](super::TransactionalLayer).
+#[derive(Debug)]
 pub struct TxMode<St, K = Auto> {
     pub(super) store: St,
     pub(super) key: K,
     pub(super) settings: Settings,
     pub(super) lock_timeout: Duration,
-}
-
-impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for TxMode<St, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TxMode")
-            .field("store", &self.store)
-            .field("key", &self.key)
-            .field("lock_timeout", &self.lock_timeout)
-            .finish()
-    }
 }
 
 impl<St, K> Configured for TxMode<St, K> {

@@ -1,4 +1,3 @@
-use std::fmt;
 use std::sync::Arc;
 
 use tower_layer::Layer;
@@ -38,6 +37,7 @@ pub type VersionGuard<S, St, E, V> = Guarded<S, VersionMode<St, E, V>>;
 /// # let _ = layer;
 /// ```
 #[must_use]
+#[derive(Debug, Clone)]
 pub struct VersionGuardLayer<St, E = Unset, V = Unset> {
     store: St,
     entity: E,
@@ -128,7 +128,7 @@ impl<St, E, V> VersionGuardLayer<St, E, V> {
     where
         F: Fn(&IdempotencyKey, &Pending) + Send + Sync + 'static,
     {
-        self.on_held = Some(Arc::new(hook));
+        self.on_held = Some(HeldHook(Arc::new(hook)));
         self
     }
 
@@ -160,31 +160,5 @@ where
                 on_held: self.on_held.clone(),
             }),
         )
-    }
-}
-
-impl<St: Clone, E: Clone, V: Clone> Clone for VersionGuardLayer<St, E, V> {
-    fn clone(&self) -> Self {
-        Self {
-            store: self.store.clone(),
-            entity: self.entity.clone(),
-            version: self.version.clone(),
-            settings: self.settings.clone(),
-            stale: self.stale,
-            on_held: self.on_held.clone(),
-        }
-    }
-}
-
-impl<St: fmt::Debug, E: fmt::Debug, V: fmt::Debug> fmt::Debug for VersionGuardLayer<St, E, V> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("VersionGuardLayer")
-            .field("store", &self.store)
-            .field("entity", &self.entity)
-            .field("version", &self.version)
-            .field("settings", &self.settings)
-            .field("stale", &self.stale)
-            .field("on_held", &self.on_held.is_some())
-            .finish()
     }
 }

@@ -1,7 +1,6 @@
 //! The version guard as a mode of the service shell: begin the entity's version, run the
 //! inner service, then record the version as applied or release it.
 
-use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -26,6 +25,7 @@ use crate::store::{VersionClaim, VersionLease, VersionStore};
 /// The version guard as a mode of the service shell: what a
 /// [`VersionGuard`](super::VersionGuard) service does with each delivery, and the settings it
 /// does it with. Made by [`VersionGuardLayer`](super::VersionGuardLayer).
+#[derive(Debug)]
 pub struct VersionMode<St, E, V> {
     pub(crate) store: St,
     pub(crate) entity: E,
@@ -33,18 +33,6 @@ pub struct VersionMode<St, E, V> {
     pub(crate) settings: Settings,
     pub(crate) stale: Stale,
     pub(crate) on_held: Option<HeldHook>,
-}
-
-impl<St: fmt::Debug, E: fmt::Debug, V: fmt::Debug> fmt::Debug for VersionMode<St, E, V> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("VersionMode")
-            .field("store", &self.store)
-            .field("entity", &self.entity)
-            .field("version", &self.version)
-            .field("settings", &self.settings)
-            .field("stale", &self.stale)
-            .finish()
-    }
 }
 
 /// What the version guard finds of a delivery: the entity, and the version it carries.
@@ -146,7 +134,7 @@ where
                             "stale pending version held for review: resolve it with \
                              VersionStore::resolve_version",
                         );
-                        if let Some(hook) = &owner.on_held {
+                        if let Some(HeldHook(hook)) = &owner.on_held {
                             hook(&owned_entity, &Pending::new(pending.age, pending.age, 0));
                         }
                         Err(Refusal::Held(
