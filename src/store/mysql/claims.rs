@@ -4,7 +4,6 @@
 //! MariaDB.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
 
@@ -13,8 +12,7 @@ use crate::key::IdempotencyKey;
 use crate::store::batch::{ClaimWrite, CommitWrite};
 use crate::store::sql::{self, AfterRead, ClaimRow, ResultExt as _};
 use crate::store::{
-    Claim, KeyRecord, KeyState, Lease, LeaseToken, Receipt, Resolution, Stale, StalePolicy, Store,
-    StoreError, StuckClaim,
+    Claim, KeyState, Lease, LeaseToken, Receipt, Stale, StalePolicy, Store, StoreError,
 };
 
 impl MySqlStore {
@@ -204,9 +202,15 @@ impl Store for MySqlStore {
         }
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.renew(lease).await
-    }
+    crate::store::sql::store_forwards!(
+        renew,
+        release,
+        give_back,
+        describe,
+        stuck_claims,
+        resolve,
+        purge_completed
+    );
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
         self.commit_batched(lease, None).await
@@ -214,30 +218,6 @@ impl Store for MySqlStore {
 
     async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
         self.commit_batched(lease, Some(receipt)).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.release(lease).await
-    }
-
-    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.give_back(lease).await
-    }
-
-    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
-        self.table.describe(key).await
-    }
-
-    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
-        self.table.stuck_claims(older_than).await
-    }
-
-    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
-        self.table.resolve(key, how).await
-    }
-
-    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
-        self.table.purge_completed(older_than).await
     }
 }
 

@@ -10,8 +10,7 @@ use super::{MySqlFlavor, MySqlStore};
 use crate::key::IdempotencyKey;
 use crate::store::sql::{self, ResultExt as _};
 use crate::store::{
-    LeaseToken, Resolution, Stale, StalePolicy, StoreError, VersionClaim, VersionLease,
-    VersionStore,
+    LeaseToken, Stale, StalePolicy, StoreError, VersionClaim, VersionLease, VersionStore,
 };
 
 impl MySqlStore {
@@ -118,27 +117,11 @@ impl VersionStore for MySqlStore {
         }
     }
 
-    async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.renew_version(lease).await
-    }
-
-    async fn commit_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.commit_version(lease).await
-    }
-
-    async fn release_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.release_version(lease).await
-    }
-
-    async fn applied_version(&self, entity: &IdempotencyKey) -> Result<Option<i64>, StoreError> {
-        self.table.applied_version(entity).await
-    }
-
-    async fn resolve_version(
-        &self,
-        entity: &IdempotencyKey,
-        how: Resolution,
-    ) -> Result<bool, StoreError> {
-        self.table.resolve_version(entity, how).await
-    }
+    crate::store::sql::version_forwards!(
+        renew_version,
+        commit_version,
+        release_version,
+        applied_version,
+        resolve_version
+    );
 }

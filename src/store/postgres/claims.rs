@@ -2,7 +2,6 @@
 //! but where the module docs say.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, PgPool};
 
@@ -11,9 +10,7 @@ use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
 use crate::store::batch::{ClaimWrite, CommitWrite};
 use crate::store::sql::{AfterRead, ClaimRow, held, retry_serialization_failure};
-use crate::store::{
-    Claim, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, Store, StoreError, StuckClaim,
-};
+use crate::store::{Claim, Lease, LeaseToken, Receipt, Stale, Store, StoreError};
 
 /// Every operation is one statement, its round trip the only one, but where the [module
 /// docs](crate::store::postgres#round-trips) say (they give the SQL).
@@ -54,9 +51,15 @@ impl Store for PostgresStore {
         ))
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.renew(lease).await
-    }
+    crate::store::sql::store_forwards!(
+        renew,
+        release,
+        give_back,
+        describe,
+        stuck_claims,
+        resolve,
+        purge_completed
+    );
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
         self.commit_batched(lease, None).await
@@ -64,30 +67,6 @@ impl Store for PostgresStore {
 
     async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
         self.commit_batched(lease, Some(receipt)).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.release(lease).await
-    }
-
-    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.give_back(lease).await
-    }
-
-    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
-        self.table.describe(key).await
-    }
-
-    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
-        self.table.stuck_claims(older_than).await
-    }
-
-    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
-        self.table.resolve(key, how).await
-    }
-
-    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
-        self.table.purge_completed(older_than).await
     }
 }
 

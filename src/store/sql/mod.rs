@@ -12,6 +12,7 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, Database, Executor, Pool, Row as _};
 
 mod backend;
+mod forward;
 mod inbox;
 mod purge;
 mod queries;
@@ -26,6 +27,7 @@ pub(crate) use super::tally::CHUNK as TALLY_CHUNK;
 use super::tally::Tally;
 pub(crate) use backend::Backend;
 use backend::Statement;
+pub(crate) use forward::{inbox_forwards, store_forwards, version_forwards};
 #[cfg(feature = "postgres")]
 pub(crate) use inbox::settlement;
 pub(crate) use queries::{Bounded, InboxPurge, InboxQueries, Purge, Queries, VersionQueries};

@@ -2,7 +2,6 @@
 //! the claim, which takes one or two.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection};
 
@@ -10,10 +9,7 @@ use super::SqliteStore;
 use super::batch::{Write, Wrote};
 use crate::key::IdempotencyKey;
 use crate::store::sql::{AfterRead, ClaimRow, ResultExt as _, Table, held, micros, returned};
-use crate::store::{
-    Claim, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, StalePolicy, Store,
-    StoreError, StuckClaim,
-};
+use crate::store::{Claim, Lease, LeaseToken, Receipt, Stale, StalePolicy, Store, StoreError};
 
 /// Every operation but the claim is one statement (see the [module
 /// docs](crate::store::sqlite#round-trips) for the SQL).
@@ -85,9 +81,15 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.renew(lease).await
-    }
+    crate::store::sql::store_forwards!(
+        renew,
+        release,
+        give_back,
+        describe,
+        stuck_claims,
+        resolve,
+        purge_completed
+    );
 
     async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
         self.commit_batched(lease, None).await
@@ -95,30 +97,6 @@ impl Store for SqliteStore {
 
     async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
         self.commit_batched(lease, Some(receipt)).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.release(lease).await
-    }
-
-    async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.give_back(lease).await
-    }
-
-    async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
-        self.table.describe(key).await
-    }
-
-    async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
-        self.table.stuck_claims(older_than).await
-    }
-
-    async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
-        self.table.resolve(key, how).await
-    }
-
-    async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
-        self.table.purge_completed(older_than).await
     }
 }
 

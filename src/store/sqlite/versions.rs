@@ -3,7 +3,7 @@
 
 use super::{SqliteStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
-use crate::store::{Resolution, Stale, StoreError, VersionClaim, VersionLease, VersionStore};
+use crate::store::{Stale, StoreError, VersionClaim, VersionStore};
 
 impl VersionStore for SqliteStore {
     /// The upsert of the module docs.
@@ -17,27 +17,11 @@ impl VersionStore for SqliteStore {
         (table.begin_version_upsert(entity, version, stale, is_serialization_failure)).await
     }
 
-    async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.renew_version(lease).await
-    }
-
-    async fn commit_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.commit_version(lease).await
-    }
-
-    async fn release_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.table.release_version(lease).await
-    }
-
-    async fn applied_version(&self, entity: &IdempotencyKey) -> Result<Option<i64>, StoreError> {
-        self.table.applied_version(entity).await
-    }
-
-    async fn resolve_version(
-        &self,
-        entity: &IdempotencyKey,
-        how: Resolution,
-    ) -> Result<bool, StoreError> {
-        self.table.resolve_version(entity, how).await
-    }
+    crate::store::sql::version_forwards!(
+        renew_version,
+        commit_version,
+        release_version,
+        applied_version,
+        resolve_version
+    );
 }

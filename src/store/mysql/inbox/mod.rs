@@ -3,20 +3,15 @@
 //! SQL store runs the same way is [`Table`](crate::store::sql::Table)'s; here are the enqueue
 //! and the take.
 
-use std::time::Duration;
-
 use sqlx::{AssertSqlSafe, Row as _};
 
 use super::server::{DEADLOCK, DUPLICATE_KEY, mysql_error};
 use super::{MySqlFlavor, MySqlStore};
 use crate::key::IdempotencyKey;
 
-use crate::store::inbox::{
-    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Running, Settlement,
-    Settling, StoredRequest, Take, Taken,
-};
+use crate::store::inbox::{Enqueued, InboxStore, StoredRequest, Take, Taken};
 use crate::store::sql::{ResultExt as _, entry_state};
-use crate::store::{Lease, LeaseToken, StoreError};
+use crate::store::{LeaseToken, StoreError};
 
 mod queries;
 mod take;
@@ -127,80 +122,19 @@ impl InboxStore for MySqlStore {
         }
     }
 
-    async fn start(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
-        self.table.start_entries(leases).await
-    }
-
-    async fn give_back(&self, tokens: &[LeaseToken]) -> Result<u64, StoreError> {
-        self.table.untake(tokens).await
-    }
-
-    async fn renew_entry(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.renew_entry(lease).await
-    }
-
-    async fn settle(
-        &self,
-        lease: &Lease,
-        settlement: &Settlement,
-        history: &[Attempt],
-    ) -> Result<(), StoreError> {
-        self.table.settle_entry(lease, settlement, history).await
-    }
-
-    /// One transaction, one `UPDATE` per settlement: the batch waits for one flush of the
-    /// redo log, not one each.
-    async fn settle_many(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
-        self.table.settle_together(batch).await
-    }
-
-    async fn entries(
-        &self,
-        namespace: Option<&str>,
-        states: &[EntryState],
-        limit: usize,
-    ) -> Result<Vec<Entry>, StoreError> {
-        self.table.entries(namespace, states, limit).await
-    }
-
-    async fn entry(&self, key: &IdempotencyKey) -> Result<Option<Entry>, StoreError> {
-        self.table.entry(key).await
-    }
-
-    async fn stored_request(
-        &self,
-        key: &IdempotencyKey,
-    ) -> Result<Option<StoredRequest>, StoreError> {
-        self.table.stored_request(key).await
-    }
-
-    async fn retry_now(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
-        self.table.retry_now(key, running).await
-    }
-
-    async fn retry_dead(&self, namespace: &str) -> Result<u64, StoreError> {
-        self.table.retry_dead(namespace).await
-    }
-
-    async fn discard(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
-        self.table.discard(key, running).await
-    }
-
-    async fn inbox_stats(&self, namespace: Option<&str>) -> Result<InboxStats, StoreError> {
-        self.table.inbox_stats(namespace).await
-    }
-
-    /// Two parts, each at READ COMMITTED (InnoDB then locks no gap of the index it walks, and
-    /// keeps no lock on a row it passes over): the pick of the done entries past their age,
-    /// skipping rows another transaction holds, then a statement each.
-    async fn purge_inbox(
-        &self,
-        requests_after: Duration,
-        entries_after: Duration,
-        limit: usize,
-    ) -> Result<Purged, StoreError> {
-        self.table
-            .purge_inbox(requests_after, entries_after, limit)
-            .await
-    }
+    crate::store::sql::inbox_forwards!(
+        start,
+        give_back,
+        renew_entry,
+        settle,
+        settle_many,
+        entries,
+        entry,
+        stored_request,
+        retry_now,
+        retry_dead,
+        discard,
+        inbox_stats,
+        purge_inbox
+    );
 }

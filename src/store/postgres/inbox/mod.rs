@@ -3,8 +3,6 @@
 //! every SQL store runs the same way is [`Table`](crate::store::sql::Table)'s; here are the
 //! enqueue, the take, and the batches that PostgreSQL binds as arrays.
 
-use std::time::Duration;
-
 use sqlx::{AssertSqlSafe, Row as _};
 
 use super::batch::is_retryable;
@@ -13,8 +11,7 @@ use crate::key::IdempotencyKey;
 use crate::store::batch::EnqueueWrite;
 use crate::store::inbox::unreadable;
 use crate::store::inbox::{
-    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Running, Settlement,
-    Settling, StoredRequest, Take, Taken, Wake,
+    Enqueued, InboxStore, Running, Settling, StoredRequest, Take, Taken, Wake,
 };
 use crate::store::sql::{
     ResultExt as _, entry_state, micros, retry_serialization_failure, settlement, taken_entry,
@@ -154,18 +151,16 @@ impl InboxStore for PostgresStore {
         Ok(done.rows_affected())
     }
 
-    async fn renew_entry(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.renew_entry(lease).await
-    }
-
-    async fn settle(
-        &self,
-        lease: &Lease,
-        settlement: &Settlement,
-        history: &[Attempt],
-    ) -> Result<(), StoreError> {
-        self.table.settle_entry(lease, settlement, history).await
-    }
+    crate::store::sql::inbox_forwards!(
+        renew_entry,
+        settle,
+        entries,
+        entry,
+        stored_request,
+        discard,
+        inbox_stats,
+        purge_inbox
+    );
 
     /// One `UPDATE … FROM unnest(…)` for the whole batch.
     async fn settle_many(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
@@ -173,26 +168,6 @@ impl InboxStore for PostgresStore {
             return vec![self.settle(&one.lease, &one.settlement, &one.history).await];
         }
         settle_many(self, batch).await
-    }
-
-    async fn entries(
-        &self,
-        namespace: Option<&str>,
-        states: &[EntryState],
-        limit: usize,
-    ) -> Result<Vec<Entry>, StoreError> {
-        self.table.entries(namespace, states, limit).await
-    }
-
-    async fn entry(&self, key: &IdempotencyKey) -> Result<Option<Entry>, StoreError> {
-        self.table.entry(key).await
-    }
-
-    async fn stored_request(
-        &self,
-        key: &IdempotencyKey,
-    ) -> Result<Option<StoredRequest>, StoreError> {
-        self.table.stored_request(key).await
     }
 
     /// Workers elsewhere are told, as of a new entry.
@@ -203,25 +178,6 @@ impl InboxStore for PostgresStore {
 
     async fn retry_dead(&self, namespace: &str) -> Result<u64, StoreError> {
         Ok(self.woken(self.table.retry_dead(namespace).await?))
-    }
-
-    async fn discard(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
-        self.table.discard(key, running).await
-    }
-
-    async fn inbox_stats(&self, namespace: Option<&str>) -> Result<InboxStats, StoreError> {
-        self.table.inbox_stats(namespace).await
-    }
-
-    async fn purge_inbox(
-        &self,
-        requests_after: Duration,
-        entries_after: Duration,
-        limit: usize,
-    ) -> Result<Purged, StoreError> {
-        self.table
-            .purge_inbox(requests_after, entries_after, limit)
-            .await
     }
 
     /// Listens on the inbox's channel (see the [module docs](crate::store::postgres#inbox)),

@@ -5,20 +5,15 @@
 //! Every write takes its turn in the store's queue of writers (see the [module
 //! docs](crate::store::sqlite#writers)), as the claims do; reads use the pool directly.
 
-use std::time::Duration;
-
 use sqlx::AssertSqlSafe;
 
 use super::SqliteStore;
 use super::batch::{Write, Wrote};
 use crate::key::IdempotencyKey;
 use crate::store::inbox::unreadable;
-use crate::store::inbox::{
-    Attempt, Enqueued, Entry, EntryState, InboxStats, InboxStore, Purged, Running, Settlement,
-    Settling, StoredRequest, Take, Taken,
-};
+use crate::store::inbox::{Enqueued, InboxStore, StoredRequest, Take, Taken};
 use crate::store::sql::{ResultExt as _, micros, taken_entry};
-use crate::store::{Lease, LeaseToken, StalePolicy, StoreError};
+use crate::store::{StalePolicy, StoreError};
 
 mod queries;
 
@@ -126,80 +121,21 @@ impl InboxStore for SqliteStore {
         Ok(taken)
     }
 
-    async fn start(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
-        self.table.start_entries(leases).await
-    }
-
-    async fn give_back(&self, tokens: &[LeaseToken]) -> Result<u64, StoreError> {
-        self.table.untake(tokens).await
-    }
-
-    async fn renew_entry(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.table.renew_entry(lease).await
-    }
-
-    async fn settle(
-        &self,
-        lease: &Lease,
-        settlement: &Settlement,
-        history: &[Attempt],
-    ) -> Result<(), StoreError> {
-        self.table.settle_entry(lease, settlement, history).await
-    }
-
-    /// One `BEGIN IMMEDIATE` transaction in one writer's turn, one `UPDATE` per settlement:
-    /// the batch waits for one sync of the disk, not one each.
-    async fn settle_many(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
-        self.table.settle_together(batch).await
-    }
-
-    async fn entries(
-        &self,
-        namespace: Option<&str>,
-        states: &[EntryState],
-        limit: usize,
-    ) -> Result<Vec<Entry>, StoreError> {
-        self.table.entries(namespace, states, limit).await
-    }
-
-    async fn entry(&self, key: &IdempotencyKey) -> Result<Option<Entry>, StoreError> {
-        self.table.entry(key).await
-    }
-
-    async fn stored_request(
-        &self,
-        key: &IdempotencyKey,
-    ) -> Result<Option<StoredRequest>, StoreError> {
-        self.table.stored_request(key).await
-    }
-
-    async fn retry_now(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
-        self.table.retry_now(key, running).await
-    }
-
-    async fn retry_dead(&self, namespace: &str) -> Result<u64, StoreError> {
-        self.table.retry_dead(namespace).await
-    }
-
-    async fn discard(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
-        self.table.discard(key, running).await
-    }
-
-    async fn inbox_stats(&self, namespace: Option<&str>) -> Result<InboxStats, StoreError> {
-        self.table.inbox_stats(namespace).await
-    }
-
-    /// Two statements, each in the writer's turn: the requests, then the entries.
-    async fn purge_inbox(
-        &self,
-        requests_after: Duration,
-        entries_after: Duration,
-        limit: usize,
-    ) -> Result<Purged, StoreError> {
-        self.table
-            .purge_inbox(requests_after, entries_after, limit)
-            .await
-    }
+    crate::store::sql::inbox_forwards!(
+        start,
+        give_back,
+        renew_entry,
+        settle,
+        settle_many,
+        entries,
+        entry,
+        stored_request,
+        retry_now,
+        retry_dead,
+        discard,
+        inbox_stats,
+        purge_inbox
+    );
 }
 
 impl super::claims::Lone {
