@@ -25,11 +25,12 @@ use std::sync::Arc;
 use sqlx::{AssertSqlSafe, Row as _};
 
 use super::claims::Lone;
-use crate::store::StoreError;
 use crate::store::batch::{
     Answers, Batcher, ClaimWrite, CommitWrite, EnqueueWrite, Shape, all_fail, key_order, or_alone,
 };
-use crate::store::sql::{ClaimRow, ResultExt as _, TableName};
+use crate::store::inbox::Settling;
+use crate::store::sql::{ClaimRow, ResultExt as _, TableName, settlement};
+use crate::store::{Lease, LeaseToken, StoreError};
 
 /// The batches of one kind in flight at once: a second delivery that arrives while one
 /// statement runs goes at once on the second, as it would without batching.
@@ -327,4 +328,88 @@ UNION ALL
 SELECT 'queued', TRUE, i.n
 FROM inserted x JOIN input i ON i.namespace = x.namespace AND i."key" = x."key""#
     )
+}
+
+/// The inbox's batches that PostgreSQL binds as arrays, one element per entry.
+impl super::PostgresStore {
+    /// A take's start: one `UPDATE … FROM unnest(…)`, answering the token of each lease that
+    /// still held its entry.
+    pub(super) async fn start_all(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let namespaces: Vec<&str> = leases.iter().map(|l| l.key().namespace()).collect();
+        let keys: Vec<&str> = leases.iter().map(|l| l.key().value()).collect();
+        let tokens: Vec<i64> = leases.iter().map(|l| l.token().to_i64()).collect();
+        let started: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(self.inbox.start.clone()))
+            .bind(namespaces)
+            .bind(keys)
+            .bind(&tokens)
+            .fetch_all(self.pool())
+            .await
+            .store()?;
+        Ok(tokens.iter().map(|t| started.contains(t)).collect())
+    }
+
+    /// A give-back by token: one `UPDATE … WHERE token = ANY($1)`.
+    pub(super) async fn untake_all(&self, tokens: &[LeaseToken]) -> Result<u64, StoreError> {
+        let tokens: Vec<i64> = tokens.iter().map(|t| t.to_i64()).collect();
+        let done = sqlx::query(AssertSqlSafe(self.inbox.untake.clone()))
+            .bind(tokens)
+            .execute(self.pool())
+            .await
+            .store()?;
+        Ok(done.rows_affected())
+    }
+
+    /// A batch of settlements in one statement, its arrays one element per settlement: each
+    /// whose lease held is answered settled, the others lost; a failure fails them all.
+    pub(super) async fn settle_all(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
+        let mut columns = (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        for one in batch {
+            let (state, due, taken_back, history) = settlement(&one.settlement, &one.history);
+            columns.0.push(state.as_str());
+            columns.1.push(due);
+            columns.2.push(taken_back);
+            columns.3.push(history);
+            columns.4.push(one.lease.key().namespace());
+            columns.5.push(one.lease.key().value());
+            columns.6.push(one.lease.token().to_i64());
+        }
+        let rows = sqlx::query(AssertSqlSafe(self.inbox.settle_many.clone()))
+            .bind(columns.0)
+            .bind(columns.1)
+            .bind(columns.2)
+            .bind(columns.3)
+            .bind(columns.4)
+            .bind(columns.5)
+            .bind(columns.6)
+            .fetch_all(self.pool())
+            .await;
+        let settled: std::collections::HashSet<(String, String, i64)> = match rows {
+            Ok(rows) => rows
+                .iter()
+                .map(|row| (row.get(0), row.get(1), row.get(2)))
+                .collect(),
+            Err(error) => {
+                return crate::store::batch::all_fail(error, batch.len());
+            }
+        };
+        batch
+            .iter()
+            .map(|one| {
+                let key = one.lease.key();
+                let row = (
+                    key.namespace().to_owned(),
+                    key.value().to_owned(),
+                    one.lease.token().to_i64(),
+                );
+                if settled.contains(&row) {
+                    Ok(())
+                } else {
+                    Err(StoreError::LeaseLost)
+                }
+            })
+            .collect()
+    }
 }

@@ -14,7 +14,7 @@ use crate::store::inbox::{
     Enqueued, InboxStore, Running, Settling, StoredRequest, Take, Taken, Wake,
 };
 use crate::store::sql::{
-    ResultExt as _, entry_state, micros, retry_serialization_failure, settlement, taken_entry,
+    ResultExt as _, entry_state, micros, retry_serialization_failure, taken_entry,
 };
 use crate::store::{Lease, LeaseToken, StalePolicy, StoreError};
 
@@ -124,31 +124,12 @@ impl InboxStore for PostgresStore {
 
     /// One `UPDATE … FROM unnest(…)` for the whole take.
     async fn start(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
-        if leases.is_empty() {
-            return Ok(Vec::new());
-        }
-        let namespaces: Vec<&str> = leases.iter().map(|l| l.key().namespace()).collect();
-        let keys: Vec<&str> = leases.iter().map(|l| l.key().value()).collect();
-        let tokens: Vec<i64> = leases.iter().map(|l| l.token().to_i64()).collect();
-        let started: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(self.inbox.start.clone()))
-            .bind(namespaces)
-            .bind(keys)
-            .bind(&tokens)
-            .fetch_all(self.pool())
-            .await
-            .store()?;
-        Ok(tokens.iter().map(|t| started.contains(t)).collect())
+        self.start_all(leases).await
     }
 
     /// One `UPDATE … WHERE token = ANY($1)`.
     async fn give_back(&self, tokens: &[LeaseToken]) -> Result<u64, StoreError> {
-        let tokens: Vec<i64> = tokens.iter().map(|t| t.to_i64()).collect();
-        let done = sqlx::query(AssertSqlSafe(self.inbox.untake.clone()))
-            .bind(tokens)
-            .execute(self.pool())
-            .await
-            .store()?;
-        Ok(done.rows_affected())
+        self.untake_all(tokens).await
     }
 
     crate::store::sql::inbox_forwards!(
@@ -167,7 +148,7 @@ impl InboxStore for PostgresStore {
         if let [one] = batch {
             return vec![self.settle(&one.lease, &one.settlement, &one.history).await];
         }
-        settle_many(self, batch).await
+        self.settle_all(batch).await
     }
 
     /// Workers elsewhere are told, as of a new entry.
@@ -189,57 +170,6 @@ impl InboxStore for PostgresStore {
         let options = (*self.pool().connect_options()).clone();
         watch::watch(options, self.inbox.channel.clone(), wake)
     }
-}
-
-/// A batch of settlements in one statement, its arrays one element per settlement: each
-/// whose lease held is answered settled, the others lost; a failure fails them all.
-async fn settle_many(store: &PostgresStore, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
-    let mut columns = (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
-    for one in batch {
-        let (state, due, taken_back, history) = settlement(&one.settlement, &one.history);
-        columns.0.push(state.as_str());
-        columns.1.push(due);
-        columns.2.push(taken_back);
-        columns.3.push(history);
-        columns.4.push(one.lease.key().namespace());
-        columns.5.push(one.lease.key().value());
-        columns.6.push(one.lease.token().to_i64());
-    }
-    let rows = sqlx::query(AssertSqlSafe(store.inbox.settle_many.clone()))
-        .bind(columns.0)
-        .bind(columns.1)
-        .bind(columns.2)
-        .bind(columns.3)
-        .bind(columns.4)
-        .bind(columns.5)
-        .bind(columns.6)
-        .fetch_all(store.pool())
-        .await;
-    let settled: std::collections::HashSet<(String, String, i64)> = match rows {
-        Ok(rows) => rows
-            .iter()
-            .map(|row| (row.get(0), row.get(1), row.get(2)))
-            .collect(),
-        Err(error) => {
-            return crate::store::batch::all_fail(error, batch.len());
-        }
-    };
-    batch
-        .iter()
-        .map(|one| {
-            let key = one.lease.key();
-            let row = (
-                key.namespace().to_owned(),
-                key.value().to_owned(),
-                one.lease.token().to_i64(),
-            );
-            if settled.contains(&row) {
-                Ok(())
-            } else {
-                Err(StoreError::LeaseLost)
-            }
-        })
-        .collect()
 }
 
 impl super::claims::Lone {
