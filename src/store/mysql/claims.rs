@@ -202,23 +202,7 @@ impl Store for MySqlStore {
         }
     }
 
-    crate::store::sql::store_forwards!(
-        renew,
-        release,
-        give_back,
-        describe,
-        stuck_claims,
-        resolve,
-        purge_completed
-    );
-
-    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.commit_batched(lease, None).await
-    }
-
-    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
-        self.commit_batched(lease, Some(receipt)).await
-    }
+    crate::store::sql::store_forwards!(shared);
 }
 
 /// The statements a write runs when it goes alone, as without batching: a claim's first

@@ -117,11 +117,5 @@ impl VersionStore for MySqlStore {
         }
     }
 
-    crate::store::sql::version_forwards!(
-        renew_version,
-        commit_version,
-        release_version,
-        applied_version,
-        resolve_version
-    );
+    crate::store::sql::version_forwards!(shared);
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, PgPool};
 
+use super::PostgresStore;
 use super::batch::is_retryable;
-use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
 use crate::store::batch::{ClaimWrite, CommitWrite};
 use crate::store::sql::{AfterRead, ClaimRow, held, retry_serialization_failure};
@@ -39,7 +39,7 @@ impl Store for PostgresStore {
                 AfterRead::TakeOver => {
                     let token = LeaseToken::generate();
                     return table
-                        .claim_upsert(key, token, stale, is_serialization_failure)
+                        .claim_upsert(key, token, stale)
                         .await
                         .inspect_err(|error| table.unanswered(key, token, error));
                 }
@@ -51,23 +51,7 @@ impl Store for PostgresStore {
         ))
     }
 
-    crate::store::sql::store_forwards!(
-        renew,
-        release,
-        give_back,
-        describe,
-        stuck_claims,
-        resolve,
-        purge_completed
-    );
-
-    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.commit_batched(lease, None).await
-    }
-
-    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
-        self.commit_batched(lease, Some(receipt)).await
-    }
+    crate::store::sql::store_forwards!(shared);
 }
 
 impl PostgresStore {

@@ -542,5 +542,5 @@ impl fmt::Debug for PostgresStore {
 /// `default_transaction_isolation`), a concurrent delivery changed the key's row after this
 /// statement's snapshot was taken. Nothing was written; the statement can be run again.
 fn is_serialization_failure(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(e) if e.code().as_deref() == Some("40001"))
+    <Postgres as super::sql::Backend>::is_serialization_failure(e)
 }

@@ -13,6 +13,15 @@ pub(crate) trait Backend: Database {
     #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     const BEGIN: &'static str = "BEGIN";
 
+    /// Whether `error` is a failure to serialize: nothing was written, and the statement may
+    /// run again (PostgreSQL's 40001, under REPEATABLE READ or SERIALIZABLE). SQLite has one
+    /// writer at a time: a write never meets a concurrent one to serialize with.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    fn is_serialization_failure(error: &sqlx::Error) -> bool {
+        let _ = error;
+        false
+    }
+
     /// How many rows a statement changed (or matched: MySQL's connections report matched
     /// rows, sqlx sets `CLIENT_FOUND_ROWS`).
     fn rows_affected(done: &Self::QueryResult) -> u64;
@@ -25,21 +34,22 @@ pub(crate) trait Backend: Database {
         query: Statement<'q, Self>,
         namespace: &str,
         key: &str,
-    ) -> Statement<'q, Self>;
+    ) -> Statement<'q, Self>
+    where
+        for<'a> String: sqlx::Encode<'a, Self> + sqlx::Type<Self>,
+    {
+        query.bind(namespace.to_owned()).bind(key.to_owned())
+    }
 }
 
 #[cfg(feature = "postgres")]
 impl Backend for sqlx::Postgres {
-    fn rows_affected(done: &Self::QueryResult) -> u64 {
-        done.rows_affected()
+    fn is_serialization_failure(e: &sqlx::Error) -> bool {
+        matches!(e, sqlx::Error::Database(e) if e.code().as_deref() == Some("40001"))
     }
 
-    fn bind_position<'q>(
-        query: Statement<'q, Self>,
-        namespace: &str,
-        key: &str,
-    ) -> Statement<'q, Self> {
-        query.bind(namespace.to_owned()).bind(key.to_owned())
+    fn rows_affected(done: &Self::QueryResult) -> u64 {
+        done.rows_affected()
     }
 }
 
@@ -49,14 +59,6 @@ impl Backend for sqlx::Sqlite {
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
-    }
-
-    fn bind_position<'q>(
-        query: Statement<'q, Self>,
-        namespace: &str,
-        key: &str,
-    ) -> Statement<'q, Self> {
-        query.bind(namespace.to_owned()).bind(key.to_owned())
     }
 }
 

@@ -1,12 +1,20 @@
 //! The store-trait methods every SQL backend runs the same way, through its [`Table`]: a
-//! backend's `impl` names each one it forwards, and these write the method, its signature
-//! once for all of them. What a backend does its own way it writes out beside them.
+//! backend's `impl` names what it forwards (one method, or a set: `shared`, what all three
+//! backends forward), and these write the methods, each signature once for all of them. What
+//! a backend does its own way it writes out beside them.
 //!
 //! [`Table`]: super::Table
 
 /// Writes, inside a SQL backend's `impl Store`, the methods it names, each forwarding to the
-/// backend's `table` field.
+/// backend's `table` field (a commit, to the backend's `commit_batched`).
 macro_rules! store_forwards {
+    // Every method but the claim: what all three SQL backends forward.
+    (shared) => {
+        $crate::store::sql::store_forwards!(
+            renew, commit, commit_with, release, give_back, describe, stuck_claims, resolve,
+            purge_completed
+        );
+    };
     ($($method:ident),+ $(,)?) => {
         $($crate::store::sql::store_forwards!(@ $method);)+
     };
@@ -16,6 +24,25 @@ macro_rules! store_forwards {
             lease: &$crate::store::Lease,
         ) -> Result<(), $crate::store::StoreError> {
             self.table.renew(lease).await
+        }
+    };
+    (@ commit) => {
+        /// In the next batch of commits when one is in flight.
+        async fn commit(
+            &self,
+            lease: &$crate::store::Lease,
+        ) -> Result<(), $crate::store::StoreError> {
+            self.commit_batched(lease, None).await
+        }
+    };
+    (@ commit_with) => {
+        /// In the next batch of commits when one is in flight.
+        async fn commit_with(
+            &self,
+            lease: &$crate::store::Lease,
+            receipt: &$crate::store::Receipt,
+        ) -> Result<(), $crate::store::StoreError> {
+            self.commit_batched(lease, Some(receipt)).await
         }
     };
     (@ release) => {
@@ -73,8 +100,25 @@ pub(crate) use store_forwards;
 /// Writes, inside a SQL backend's `impl VersionStore`, the methods it names, each forwarding
 /// to the backend's `table` field.
 macro_rules! version_forwards {
+    // Every method but the version claim: what all three SQL backends forward.
+    (shared) => {
+        $crate::store::sql::version_forwards!(
+            renew_version, commit_version, release_version, applied_version, resolve_version
+        );
+    };
     ($($method:ident),+ $(,)?) => {
         $($crate::store::sql::version_forwards!(@ $method);)+
+    };
+    (@ begin_version) => {
+        /// The upsert of the module docs (tried once more after a failure to serialize).
+        async fn begin_version(
+            &self,
+            entity: &$crate::key::IdempotencyKey,
+            version: i64,
+            stale: $crate::store::Stale,
+        ) -> Result<$crate::store::VersionClaim, $crate::store::StoreError> {
+            self.table.begin_version(entity, version, stale).await
+        }
     };
     (@ renew_version) => {
         async fn renew_version(
@@ -123,6 +167,17 @@ pub(crate) use version_forwards;
 /// Writes, inside a SQL backend's `impl InboxStore`, the methods it names, each forwarding to
 /// the backend's `table` field (`inbox.rs` in this folder).
 macro_rules! inbox_forwards {
+    // What all three SQL backends forward.
+    (shared) => {
+        $crate::store::sql::inbox_forwards!(
+            renew_entry, settle, entries, entry, stored_request, discard, inbox_stats, purge_inbox
+        );
+    };
+    // And what SQLite and MySQL forward besides: their starts, give-backs and batches of
+    // settlements are one transaction of single statements.
+    (by_transaction) => {
+        $crate::store::sql::inbox_forwards!(start, give_back, settle_many, retry_now, retry_dead);
+    };
     ($($method:ident),+ $(,)?) => {
         $($crate::store::sql::inbox_forwards!(@ $method);)+
     };

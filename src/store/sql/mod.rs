@@ -157,7 +157,9 @@ macro_rules! statements {
             bool: for<'a> ::sqlx::Encode<'a, DB>
                 + for<'r> ::sqlx::Decode<'r, DB>
                 + ::sqlx::Type<DB>,
-            String: for<'r> ::sqlx::Decode<'r, DB> + ::sqlx::Type<DB>,
+            String: for<'r> ::sqlx::Decode<'r, DB>
+                + for<'a> ::sqlx::Encode<'a, DB>
+                + ::sqlx::Type<DB>,
             for<'r> &'r [u8]: ::sqlx::Decode<'r, DB> + ::sqlx::Type<DB>,
             Option<Vec<u8>>: for<'a> ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
             for<'a> Option<&'a str>: ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,

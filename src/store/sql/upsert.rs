@@ -11,7 +11,7 @@ use super::{ClaimRow, NEVER_STALE, ResultExt as _, micros, returned, statements,
 use crate::key::IdempotencyKey;
 use crate::store::{Advance, Claim, LeaseToken, Stale, StalePolicy, StoreError, VersionClaim};
 
-/// Whether an error is of a kind a backend names: a serialization failure, a lock timeout.
+/// Whether an error is of a kind a backend names: a lock timeout.
 pub(crate) type Is = fn(&sqlx::Error) -> bool;
 
 statements! {
@@ -26,7 +26,6 @@ statements! {
         key: &IdempotencyKey,
         token: LeaseToken,
         stale: Stale,
-        is_serialization_failure: Is,
     ) -> Result<Claim, StoreError> {
         let upsert = || {
             sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
@@ -38,19 +37,18 @@ statements! {
                 .fetch_all(&self.pool)
         };
         let turn = self.writer.turn().await;
-        let rows = retry_serialization_failure("claim", is_serialization_failure, upsert).await;
+        let rows = retry_serialization_failure("claim", DB::is_serialization_failure, upsert).await;
         drop(turn);
         rows.and_then(|rows| ClaimRow::read(&returned(rows)?)?.into_claim(key, token, stale))
     }
 
     /// The version claim, the same way. Parameters: namespace, entity, version, token,
     /// whether the policy reclaims, the stale limit in microseconds.
-    pub(crate) async fn begin_version_upsert(
+    pub(crate) async fn begin_version(
         &self,
         entity: &IdempotencyKey,
         version: i64,
         stale: Stale,
-        is_serialization_failure: Is,
     ) -> Result<VersionClaim, StoreError> {
         let token = LeaseToken::generate();
         let upsert = || {
@@ -65,7 +63,7 @@ statements! {
         };
         let what = "version claim";
         let turn = self.writer.turn().await;
-        let rows = retry_serialization_failure(what, is_serialization_failure, upsert).await;
+        let rows = retry_serialization_failure(what, DB::is_serialization_failure, upsert).await;
         drop(turn);
         version_claim(
             entity,

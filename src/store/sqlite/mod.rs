@@ -530,11 +530,6 @@ async fn check_journal_mode(conn: &mut sqlx::SqliteConnection) -> Result<(), Sto
     Err(StoreError::backend(ConfigError::SqliteJournalMode { mode }))
 }
 
-/// SQLite has one writer at a time: a claim never meets a concurrent write to serialize with.
-fn is_serialization_failure(_: &sqlx::Error) -> bool {
-    false
-}
-
 /// SQLITE_BUSY and its extended codes (the low byte is 5): "database is locked", the write
 /// lock was not free within the busy timeout.
 fn is_busy(e: &sqlx::Error) -> bool {

@@ -122,19 +122,6 @@ impl InboxStore for MySqlStore {
         }
     }
 
-    crate::store::sql::inbox_forwards!(
-        start,
-        give_back,
-        renew_entry,
-        settle,
-        settle_many,
-        entries,
-        entry,
-        stored_request,
-        retry_now,
-        retry_dead,
-        discard,
-        inbox_stats,
-        purge_inbox
-    );
+    crate::store::sql::inbox_forwards!(shared);
+    crate::store::sql::inbox_forwards!(by_transaction);
 }

@@ -132,16 +132,7 @@ impl InboxStore for PostgresStore {
         self.untake_all(tokens).await
     }
 
-    crate::store::sql::inbox_forwards!(
-        renew_entry,
-        settle,
-        entries,
-        entry,
-        stored_request,
-        discard,
-        inbox_stats,
-        purge_inbox
-    );
+    crate::store::sql::inbox_forwards!(shared);
 
     /// One `UPDATE … FROM unnest(…)` for the whole batch.
     async fn settle_many(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {

@@ -121,21 +121,8 @@ impl InboxStore for SqliteStore {
         Ok(taken)
     }
 
-    crate::store::sql::inbox_forwards!(
-        start,
-        give_back,
-        renew_entry,
-        settle,
-        settle_many,
-        entries,
-        entry,
-        stored_request,
-        retry_now,
-        retry_dead,
-        discard,
-        inbox_stats,
-        purge_inbox
-    );
+    crate::store::sql::inbox_forwards!(shared);
+    crate::store::sql::inbox_forwards!(by_transaction);
 }
 
 impl super::claims::Lone {
