@@ -95,22 +95,12 @@ where
         }))
     }
 
-    #[allow(
-        clippy::manual_async_fn,
-        reason = "the trait names the future's bounds"
-    )]
-    fn claim(
-        self: Arc<Self>,
-        found: &Found,
-        entry: Ticket,
-    ) -> impl Future<Output = Result<LeaseGuard<Self>, Refusal>> + Send {
-        async move {
-            let mut guard = claimed(&self, &found.key, found.fingerprint.as_deref(), entry).await?;
-            if let Some(fingerprint) = &found.fingerprint {
-                guard.fingerprint(**fingerprint);
-            }
-            Ok(guard)
+    async fn claim(self: Arc<Self>, found: &Found, entry: Ticket) -> Result<Self::Held, Refusal> {
+        let mut guard = claimed(&self, &found.key, found.fingerprint.as_deref(), entry).await?;
+        if let Some(fingerprint) = &found.fingerprint {
+            guard.fingerprint(**fingerprint);
         }
+        Ok(guard)
     }
 
     fn run(

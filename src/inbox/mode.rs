@@ -16,7 +16,7 @@ use super::layer::IngestSettings;
 use crate::body::{RequestBody, ResponseBody};
 use crate::engine::mode::{
     Configured, HandBack, HandedBack, Mode, Ran, Reach, Refusal, Rejection, Settings, Ticket,
-    find_key, record,
+    acquire, find_key, record,
 };
 use crate::key::{Auto, ExtractKey, IdempotencyKey};
 use crate::response::{Outcome, answer};
@@ -116,53 +116,32 @@ where
         }))
     }
 
-    #[allow(
-        clippy::manual_async_fn,
-        reason = "the trait names the future's bounds"
-    )]
-    fn claim(
-        self: Arc<Self>,
-        found: &Found,
-        entry: Ticket,
-    ) -> impl Future<Output = Result<Ticket, Refusal>> + Send {
-        let key = found.key.clone();
-        let request = found.request.clone();
-        async move {
-            let store = self.inbox.store();
-            let started = crate::engine::observe::started();
-            let stored =
-                tokio::time::timeout(self.settings.store_timeout, store.enqueue(&key, &request))
-                    .await;
-            if let Some(started) = started {
-                crate::metrics::store_call("enqueue", started.elapsed());
+    async fn claim(self: Arc<Self>, found: &Found, entry: Ticket) -> Result<Ticket, Refusal> {
+        let (store, key, request) = (
+            self.inbox.store().clone(),
+            found.key.clone(),
+            found.request.clone(),
+        );
+        // Bounded like every claim: past the store timeout the write goes on without us and
+        // may still land, and the sender's retry then finds a duplicate.
+        let storing = async move { store.enqueue(&key, &request).await };
+        match acquire(storing, self.settings.store_timeout, "enqueue").await {
+            Ok(Enqueued::Stored) => {
+                self.inbox.wake().notify_waiters();
+                Ok(entry)
             }
-            match stored {
-                Ok(Ok(Enqueued::Stored)) => {
-                    self.inbox.wake().notify_waiters();
-                    Ok(entry)
-                }
-                Ok(Ok(Enqueued::Duplicate(state))) => {
-                    tracing::trace!(state = state.as_str(), "duplicate of an inbox entry");
-                    Err(Refusal::Duplicate)
-                }
-                Ok(Err(error)) => {
-                    tracing::error!(
-                        namespace = key.namespace(),
-                        key = key.value(),
-                        error = &error as &dyn std::error::Error,
-                        "the inbox could not store a delivery; answered 503",
-                    );
-                    Err(Refusal::StoreUnavailable)
-                }
-                Err(_) => {
-                    tracing::error!(
-                        namespace = key.namespace(),
-                        key = key.value(),
-                        "the inbox did not answer within the store timeout; answered 503 (the \
-                         write may still land: the sender's retry then finds a duplicate)",
-                    );
-                    Err(Refusal::StoreUnavailable)
-                }
+            Ok(Enqueued::Duplicate(state)) => {
+                tracing::trace!(state = state.as_str(), "duplicate of an inbox entry");
+                Err(Refusal::Duplicate)
+            }
+            Err(error) => {
+                tracing::error!(
+                    namespace = found.key.namespace(),
+                    key = found.key.value(),
+                    error = &error as &dyn std::error::Error,
+                    "the inbox could not store a delivery; answered 503",
+                );
+                Err(Refusal::StoreUnavailable)
             }
         }
     }

@@ -74,44 +74,37 @@ where
         find_key(&self.key, &self.settings, parts, body)
     }
 
-    #[allow(
-        clippy::manual_async_fn,
-        reason = "the trait names the future's bounds"
-    )]
-    fn claim(
+    async fn claim(
         self: Arc<Self>,
         key: &IdempotencyKey,
         ticket: Ticket,
-    ) -> impl Future<Output = Result<Held<St>, Refusal>> + Send {
-        let key = key.clone();
-        async move {
-            // The lock wait is part of beginning, so the store's own bound comes on top of
-            // it. A delivery dropped meanwhile (its sender hung up, the bound passed) never
-            // cuts the begin short: a store that changes a connection setting for the
-            // marker's wait puts it back after the wait, and must not hand a half-configured
-            // connection back to the pool. A transaction nobody reads rolls back as it is
-            // dropped.
-            let (store, begun, lock_timeout) = (self.store.clone(), key.clone(), self.lock_timeout);
-            let beginning = async move {
-                Ok(match store.begin(&begun, lock_timeout).await? {
-                    Begin::Claimed(tx, token) => Ok(Held {
-                        tx,
-                        marker: MarkerGuard::begun(begun, token, ticket),
-                    }),
-                    Begin::Done(_) => Err(Refusal::Duplicate),
-                    Begin::InFlight(_) => Err(Refusal::InFlight(
-                        "another delivery of this event is being processed; retry later",
-                    )),
-                })
-            };
-            let bound = self.settings.store_timeout.saturating_add(lock_timeout);
-            acquire(beginning, bound, "begin")
-                .await
-                .unwrap_or_else(|error| {
-                    failed(&key, &error, "could not begin");
-                    Err(Refusal::StoreUnavailable)
-                })
-        }
+    ) -> Result<Self::Held, Refusal> {
+        // The lock wait is part of beginning, so the store's own bound comes on top of
+        // it. A delivery dropped meanwhile (its sender hung up, the bound passed) never
+        // cuts the begin short: a store that changes a connection setting for the
+        // marker's wait puts it back after the wait, and must not hand a half-configured
+        // connection back to the pool. A transaction nobody reads rolls back as it is
+        // dropped.
+        let (store, begun, lock_timeout) = (self.store.clone(), key.clone(), self.lock_timeout);
+        let beginning = async move {
+            Ok(match store.begin(&begun, lock_timeout).await? {
+                Begin::Claimed(tx, token) => Ok(Held {
+                    tx,
+                    marker: MarkerGuard::begun(begun, token, ticket),
+                }),
+                Begin::Done(_) => Err(Refusal::Duplicate),
+                Begin::InFlight(_) => Err(Refusal::InFlight(
+                    "another delivery of this event is being processed; retry later",
+                )),
+            })
+        };
+        let bound = self.settings.store_timeout.saturating_add(lock_timeout);
+        acquire(beginning, bound, "begin")
+            .await
+            .unwrap_or_else(|error| {
+                failed(key, &error, "could not begin");
+                Err(Refusal::StoreUnavailable)
+            })
     }
 
     fn run(

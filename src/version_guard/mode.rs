@@ -94,69 +94,59 @@ where
         }
     }
 
-    #[allow(
-        clippy::manual_async_fn,
-        reason = "the trait names the future's bounds"
-    )]
-    fn claim(
-        self: Arc<Self>,
-        found: &Found,
-        entry: Ticket,
-    ) -> impl Future<Output = Result<LeaseGuard<Self>, Refusal>> + Send {
-        let (entity, version) = (found.entity.clone(), found.version);
-        async move {
-            let owner = self.clone();
-            let owned_entity = entity.clone();
-            let beginning = async move {
-                let stale = owner.stale;
-                let claim = owner
-                    .store
-                    .begin_version(&owned_entity, version, stale)
-                    .await?;
-                Ok(match claim {
-                    VersionClaim::Acquired(lease) => Ok(LeaseGuard::claimed(owner, lease, entry)),
-                    VersionClaim::Outdated { applied } => {
-                        tracing::trace!(applied, "outdated version");
-                        Err(Refusal::Outdated)
-                    }
-                    VersionClaim::InFlight(pending) => {
-                        tracing::trace!(pending = pending.version, age = ?pending.age, "another version in flight");
-                        Err(Refusal::InFlight(
-                            "another version of this entity is being applied; retry later",
-                        ))
-                    }
-                    VersionClaim::Held(pending) => {
-                        tracing::warn!(
-                            namespace = owned_entity.namespace(),
-                            entity = owned_entity.value(),
-                            pending = pending.version,
-                            age = ?pending.age,
-                            "stale pending version held for review: resolve it with \
-                             VersionStore::resolve_version",
-                        );
-                        if let Some(HeldHook(hook)) = &owner.on_held {
-                            hook(&owned_entity, &Pending::new(pending.age, pending.age, 0));
-                        }
-                        Err(Refusal::Held(
-                            "an earlier version of this entity did not finish applying; it is \
-                             held for review",
-                        ))
-                    }
-                })
-            };
-            let timeout = self.settings.store_timeout;
-            match acquire(beginning, timeout, "claim").await {
-                Ok(begun) => begun,
-                Err(error) => {
-                    tracing::error!(
-                        namespace = entity.namespace(),
-                        entity = entity.value(),
-                        version,
-                        error = &error as &dyn std::error::Error,
-                        "version claim failed; the handler does not run",
-                    );
-                    Err(Refusal::StoreUnavailable)
+    async fn claim(self: Arc<Self>, found: &Found, entry: Ticket) -> Result<Self::Held, Refusal> {
+        let (entity, version) = (&found.entity, found.version);
+        let owner = self.clone();
+        let owned_entity = entity.clone();
+        let beginning = async move {
+            let stale = owner.stale;
+            let claim = owner
+                .store
+                .begin_version(&owned_entity, version, stale)
+                .await?;
+            Ok(match claim {
+                VersionClaim::Acquired(lease) => Ok(LeaseGuard::claimed(owner, lease, entry)),
+                VersionClaim::Outdated { applied } => {
+                    tracing::trace!(applied, "outdated version");
+                    Err(Refusal::Outdated)
                 }
+                VersionClaim::InFlight(pending) => {
+                    tracing::trace!(pending = pending.version, age = ?pending.age, "another version in flight");
+                    Err(Refusal::InFlight(
+                        "another version of this entity is being applied; retry later",
+                    ))
+                }
+                VersionClaim::Held(pending) => {
+                    tracing::warn!(
+                        namespace = owned_entity.namespace(),
+                        entity = owned_entity.value(),
+                        pending = pending.version,
+                        age = ?pending.age,
+                        "stale pending version held for review: resolve it with \
+                         VersionStore::resolve_version",
+                    );
+                    if let Some(HeldHook(hook)) = &owner.on_held {
+                        hook(&owned_entity, &Pending::new(pending.age, pending.age, 0));
+                    }
+                    Err(Refusal::Held(
+                        "an earlier version of this entity did not finish applying; it is \
+                         held for review",
+                    ))
+                }
+            })
+        };
+        let timeout = self.settings.store_timeout;
+        match acquire(beginning, timeout, "claim").await {
+            Ok(begun) => begun,
+            Err(error) => {
+                tracing::error!(
+                    namespace = entity.namespace(),
+                    entity = entity.value(),
+                    version,
+                    error = &error as &dyn std::error::Error,
+                    "version claim failed; the handler does not run",
+                );
+                Err(Refusal::StoreUnavailable)
             }
         }
     }

@@ -280,9 +280,7 @@
 //!   at READ COMMITTED, walking `due_idx` over the done entries due before the age (a done entry
 //!   was due before it was settled: `discard` moves a due time still ahead back to now).
 
-use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, MySql, MySqlPool};
 use tokio::sync::OnceCell;
@@ -414,32 +412,6 @@ impl MySqlStore {
             .copied()
     }
 
-    /// How often the deliveries answered without writing (duplicates, see the [module
-    /// docs](self#delivery-counts)) are added to the table: every second unless set. Set it
-    /// before the store is used; clones made earlier keep the old interval.
-    pub fn with_count_interval(mut self, every: Duration) -> Self {
-        self.table = self.table.count_every(every);
-        self
-    }
-
-    /// Adds the deliveries counted since the last write to the table now, rather than within
-    /// the [count interval](Self::with_count_interval): before the process exits, say, or
-    /// before reading the table by hand. [`describe`](crate::store::Store::describe) and
-    /// [`stuck_claims`](crate::store::Store::stuck_claims) include them either way.
-    pub async fn write_counts(&self) -> Result<(), StoreError> {
-        self.table.write_counts().await
-    }
-
-    /// The table's name.
-    pub fn table_name(&self) -> String {
-        self.table.sql.table.name()
-    }
-
-    /// The pool the store uses.
-    pub fn pool(&self) -> &MySqlPool {
-        &self.table.pool
-    }
-
     /// Creates the table with its indexes if it does not exist (one `CREATE TABLE`, and one
     /// more each for the [versions](crate::store::mysql#entity-versions-the-version-guard)
     /// and the [inbox](crate::store::mysql#inbox) tables), and upgrades a table made by an
@@ -513,10 +485,9 @@ impl MySqlStore {
         self.flavor
             .get_or_init(|| async { flavor_of(&version) })
             .await;
-        sqlx::raw_sql(AssertSqlSafe(self.table.sql.migrate.clone()))
-            .execute(&mut *conn)
-            .await
-            .store()?;
+        self.table
+            .script(&mut *conn, self.table.sql.migrate.clone())
+            .await?;
         let table = &self.table.sql.table;
         // The columns that tell an earlier release's table: `runs` (added by the second),
         // `receipt` (the latest).
@@ -551,23 +522,20 @@ impl MySqlStore {
                 .fetch_all(&mut *conn)
                 .await
                 .store()?;
-            sqlx::raw_sql(AssertSqlSafe(upgrade(table, &checks, mariadb)))
-                .execute(&mut *conn)
-                .await
-                .store()?;
+            self.table
+                .script(&mut *conn, upgrade(table, &checks, mariadb))
+                .await?;
         } else if !has("receipt") {
             tracing::info!(table = %table.name(), "adding the receipt column to the idempotency table");
             alter_briefly(conn, add_receipt(table)).await?;
         }
         self.drop_old_indexes(conn).await?;
-        sqlx::raw_sql(AssertSqlSafe(self.table.sql.versions.migrate.clone()))
-            .execute(&mut *conn)
-            .await
-            .store()?;
-        sqlx::raw_sql(AssertSqlSafe(self.table.sql.inbox.migrate.clone()))
-            .execute(&mut *conn)
-            .await
-            .store()?;
+        self.table
+            .script(&mut *conn, self.table.sql.versions.migrate.clone())
+            .await?;
+        self.table
+            .script(&mut *conn, self.table.sql.inbox.migrate.clone())
+            .await?;
         // An earlier release's inbox has no `started` column: its running entries started.
         let started: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM information_schema.COLUMNS \
@@ -594,27 +562,20 @@ async fn alter_briefly(conn: &mut sqlx::MySqlConnection, alter: String) -> Resul
         .fetch_one(&mut *conn)
         .await
         .store()?;
-    sqlx::raw_sql("SET SESSION lock_wait_timeout = 10")
-        .execute(&mut *conn)
-        .await
-        .store()?;
+    let set = |seconds: u64| {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "SET SESSION lock_wait_timeout = {seconds}"
+        )))
+    };
+    set(10).execute(&mut *conn).await.store()?;
     let altered = sqlx::raw_sql(AssertSqlSafe(alter))
         .execute(&mut *conn)
         .await;
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "SET SESSION lock_wait_timeout = {previous}"
-    )))
-    .execute(&mut *conn)
-    .await
-    .store()?;
+    set(previous).execute(&mut *conn).await.store()?;
     altered.store().map(drop)
 }
 
-impl fmt::Debug for MySqlStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.table.debug("MySqlStore", f)
-    }
-}
+crate::store::sql::table_handles!(MySqlStore, MySqlPool);
 
 /// The batchers of a store on `table`, at most `most` writes a batch.
 fn batches(table: &Table<MySql>, claims: &ClaimQueries, most: usize) -> batch::Batches {

@@ -311,11 +311,9 @@
 //! doubles up to 5 s while the database cannot be reached, and wakes the workers once each
 //! time it starts listening: what was stored while nothing listened is found then.
 
-use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use sqlx::{AssertSqlSafe, PgPool, Postgres};
+use sqlx::{PgPool, Postgres};
 
 use super::batch::DEFAULT_MOST;
 use super::sql::{NewKeys, ResultExt as _, Table, TableName};
@@ -407,42 +405,15 @@ impl PostgresStore {
         Self::on(self.table, most)
     }
 
-    /// How often the deliveries answered without writing (duplicates, see the [module
-    /// docs](self#delivery-counts)) are added to the table: every second unless set. Set it
-    /// before the store is used; clones made earlier keep the old interval.
-    pub fn with_count_interval(mut self, every: Duration) -> Self {
-        self.table = self.table.count_every(every);
-        self
-    }
-
-    /// Adds the deliveries counted since the last write to the table now, rather than within
-    /// the [count interval](Self::with_count_interval): before the process exits, say, or
-    /// before reading the table by hand. [`describe`](crate::store::Store::describe) and
-    /// [`stuck_claims`](crate::store::Store::stuck_claims) include them either way.
-    pub async fn write_counts(&self) -> Result<(), StoreError> {
-        self.table.write_counts().await
-    }
-
-    /// The table's name, as given.
-    pub fn table_name(&self) -> String {
-        self.table.sql.table.name()
-    }
-
-    /// The pool the store uses.
-    pub fn pool(&self) -> &PgPool {
-        &self.table.pool
-    }
-
     /// Creates the table and its indexes if they do not exist, with the tables of the
     /// version guard and of the inbox (`<table>_versions`, `<table>_inbox`), in one
     /// transaction, and upgrades a table made by an earlier release (new columns added, its
     /// rows kept). Safe to call at every start-up, from several instances at once.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut tx = self.table.pool.begin().await.store()?;
-        sqlx::raw_sql(AssertSqlSafe(self.table.sql.migrate.clone()))
-            .execute(&mut *tx)
-            .await
-            .store()?;
+        self.table
+            .script(&mut *tx, self.table.sql.migrate.clone())
+            .await?;
         let table = &self.table.sql.table;
         // The columns that tell an earlier release's table: `runs` (added by the second),
         // `receipt` (the latest).
@@ -458,25 +429,17 @@ impl PostgresStore {
         .store()?;
         if !runs {
             tracing::info!(table = %table.name(), "upgrading the idempotency table");
-            sqlx::raw_sql(AssertSqlSafe(upgrade(table)))
-                .execute(&mut *tx)
-                .await
-                .store()?;
+            self.table.script(&mut *tx, upgrade(table)).await?;
         } else if !receipt {
             tracing::info!(table = %table.name(), "adding the receipt column to the idempotency table");
-            sqlx::raw_sql(AssertSqlSafe(add_receipt(table)))
-                .execute(&mut *tx)
-                .await
-                .store()?;
+            self.table.script(&mut *tx, add_receipt(table)).await?;
         }
-        sqlx::raw_sql(AssertSqlSafe(self.table.sql.versions.migrate.clone()))
-            .execute(&mut *tx)
-            .await
-            .store()?;
-        sqlx::raw_sql(AssertSqlSafe(self.table.sql.inbox.migrate.clone()))
-            .execute(&mut *tx)
-            .await
-            .store()?;
+        self.table
+            .script(&mut *tx, self.table.sql.versions.migrate.clone())
+            .await?;
+        self.table
+            .script(&mut *tx, self.table.sql.inbox.migrate.clone())
+            .await?;
         // An earlier release's inbox has no `started` column: its running entries started.
         let started: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
@@ -488,10 +451,9 @@ impl PostgresStore {
         .store()?;
         if !started {
             tracing::info!(table = %table.inbox().name(), "adding the started column to the inbox table");
-            sqlx::raw_sql(AssertSqlSafe(self.table.sql.inbox.add_started.clone()))
-                .execute(&mut *tx)
-                .await
-                .store()?;
+            self.table
+                .script(&mut *tx, self.table.sql.inbox.add_started.clone())
+                .await?;
         }
         // The checks on `state` of earlier releases, whatever their names (a renamed table
         // keeps the old one), but one inherited from a parent table, which cannot be dropped
@@ -523,20 +485,13 @@ impl PostgresStore {
         let drops = drop_earlier(&checks, &indexes);
         if !drops.is_empty() {
             tracing::info!(table = %table.name(), "dropping the checks and indexes of earlier releases");
-            sqlx::raw_sql(AssertSqlSafe(drops))
-                .execute(&mut *tx)
-                .await
-                .store()?;
+            self.table.script(&mut *tx, drops).await?;
         }
         tx.commit().await.store()
     }
 }
 
-impl fmt::Debug for PostgresStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.table.debug("PostgresStore", f)
-    }
-}
+crate::store::sql::table_handles!(PostgresStore, PgPool);
 
 /// 40001 serialization_failure: under REPEATABLE READ or SERIALIZABLE (the connection's
 /// `default_transaction_isolation`), a concurrent delivery changed the key's row after this

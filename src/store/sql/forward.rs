@@ -5,6 +5,18 @@
 //!
 //! [`Table`]: super::Table
 
+/// One method that forwards its arguments to a method of the backend's `table` field (named
+/// after `=>`) and awaits its answer. Types are spelled from `crate::store` on.
+macro_rules! to_table {
+    ($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) -> $answer:ty => $on:ident) => {
+        $(#[$doc])*
+        async fn $name(&self, $($arg: $ty),*) -> $answer {
+            self.table.$on($($arg),*).await
+        }
+    };
+}
+pub(crate) use to_table;
+
 /// Writes, inside a SQL backend's `impl Store`, the methods it names, each forwarding to the
 /// backend's `table` field (a commit, to the backend's `commit_batched`).
 macro_rules! store_forwards {
@@ -18,20 +30,9 @@ macro_rules! store_forwards {
     ($($method:ident),+ $(,)?) => {
         $($crate::store::sql::store_forwards!(@ $method);)+
     };
-    (@ renew) => {
-        async fn renew(
-            &self,
-            lease: &$crate::store::Lease,
-        ) -> Result<(), $crate::store::StoreError> {
-            self.table.renew(lease).await
-        }
-    };
     (@ commit) => {
         /// In the next batch of commits when one is in flight.
-        async fn commit(
-            &self,
-            lease: &$crate::store::Lease,
-        ) -> Result<(), $crate::store::StoreError> {
+        async fn commit(&self, lease: &$crate::store::Lease) -> Result<(), $crate::store::StoreError> {
             self.commit_batched(lease, None).await
         }
     };
@@ -45,55 +46,24 @@ macro_rules! store_forwards {
             self.commit_batched(lease, Some(receipt)).await
         }
     };
-    (@ release) => {
-        async fn release(
-            &self,
-            lease: &$crate::store::Lease,
-        ) -> Result<(), $crate::store::StoreError> {
-            self.table.release(lease).await
-        }
-    };
-    (@ give_back) => {
-        async fn give_back(
-            &self,
-            lease: &$crate::store::Lease,
-        ) -> Result<(), $crate::store::StoreError> {
-            self.table.give_back(lease).await
-        }
-    };
-    (@ describe) => {
-        async fn describe(
-            &self,
-            key: &$crate::key::IdempotencyKey,
-        ) -> Result<Option<$crate::store::KeyRecord>, $crate::store::StoreError> {
-            self.table.describe(key).await
-        }
-    };
-    (@ stuck_claims) => {
-        async fn stuck_claims(
-            &self,
-            older_than: ::std::time::Duration,
-        ) -> Result<Vec<$crate::store::StuckClaim>, $crate::store::StoreError> {
-            self.table.stuck_claims(older_than).await
-        }
-    };
-    (@ resolve) => {
-        async fn resolve(
-            &self,
-            key: &$crate::key::IdempotencyKey,
-            how: $crate::store::Resolution,
-        ) -> Result<bool, $crate::store::StoreError> {
-            self.table.resolve(key, how).await
-        }
-    };
-    (@ purge_completed) => {
-        async fn purge_completed(
-            &self,
-            older_than: ::std::time::Duration,
-        ) -> Result<u64, $crate::store::StoreError> {
-            self.table.purge_completed(older_than).await
-        }
-    };
+    (@ renew) => { $crate::store::sql::to_table!(
+        renew(lease: &$crate::store::Lease) -> Result<(), $crate::store::StoreError> => renew); };
+    (@ release) => { $crate::store::sql::to_table!(
+        release(lease: &$crate::store::Lease) -> Result<(), $crate::store::StoreError> => release); };
+    (@ give_back) => { $crate::store::sql::to_table!(
+        give_back(lease: &$crate::store::Lease) -> Result<(), $crate::store::StoreError> => give_back); };
+    (@ describe) => { $crate::store::sql::to_table!(
+        describe(key: &$crate::key::IdempotencyKey)
+        -> Result<Option<$crate::store::KeyRecord>, $crate::store::StoreError> => describe); };
+    (@ stuck_claims) => { $crate::store::sql::to_table!(
+        stuck_claims(older_than: ::std::time::Duration)
+        -> Result<Vec<$crate::store::StuckClaim>, $crate::store::StoreError> => stuck_claims); };
+    (@ resolve) => { $crate::store::sql::to_table!(
+        resolve(key: &$crate::key::IdempotencyKey, how: $crate::store::Resolution)
+        -> Result<bool, $crate::store::StoreError> => resolve); };
+    (@ purge_completed) => { $crate::store::sql::to_table!(
+        purge_completed(older_than: ::std::time::Duration)
+        -> Result<u64, $crate::store::StoreError> => purge_completed); };
 }
 pub(crate) use store_forwards;
 
@@ -109,58 +79,25 @@ macro_rules! version_forwards {
     ($($method:ident),+ $(,)?) => {
         $($crate::store::sql::version_forwards!(@ $method);)+
     };
-    (@ begin_version) => {
+    (@ begin_version) => { $crate::store::sql::to_table!(
         /// The upsert of the module docs (tried once more after a failure to serialize).
-        async fn begin_version(
-            &self,
-            entity: &$crate::key::IdempotencyKey,
-            version: i64,
-            stale: $crate::store::Stale,
-        ) -> Result<$crate::store::VersionClaim, $crate::store::StoreError> {
-            self.table.begin_version(entity, version, stale).await
-        }
-    };
-    (@ renew_version) => {
-        async fn renew_version(
-            &self,
-            lease: &$crate::store::VersionLease,
-        ) -> Result<(), $crate::store::StoreError> {
-            self.table.renew_version(lease).await
-        }
-    };
-    (@ commit_version) => {
-        async fn commit_version(
-            &self,
-            lease: &$crate::store::VersionLease,
-        ) -> Result<(), $crate::store::StoreError> {
-            self.table.commit_version(lease).await
-        }
-    };
-    (@ release_version) => {
-        async fn release_version(
-            &self,
-            lease: &$crate::store::VersionLease,
-        ) -> Result<(), $crate::store::StoreError> {
-            self.table.release_version(lease).await
-        }
-    };
-    (@ applied_version) => {
-        async fn applied_version(
-            &self,
-            entity: &$crate::key::IdempotencyKey,
-        ) -> Result<Option<i64>, $crate::store::StoreError> {
-            self.table.applied_version(entity).await
-        }
-    };
-    (@ resolve_version) => {
-        async fn resolve_version(
-            &self,
-            entity: &$crate::key::IdempotencyKey,
-            how: $crate::store::Resolution,
-        ) -> Result<bool, $crate::store::StoreError> {
-            self.table.resolve_version(entity, how).await
-        }
-    };
+        begin_version(entity: &$crate::key::IdempotencyKey, version: i64, stale: $crate::store::Stale)
+        -> Result<$crate::store::VersionClaim, $crate::store::StoreError> => begin_version); };
+    (@ renew_version) => { $crate::store::sql::to_table!(
+        renew_version(lease: &$crate::store::VersionLease)
+        -> Result<(), $crate::store::StoreError> => renew_version); };
+    (@ commit_version) => { $crate::store::sql::to_table!(
+        commit_version(lease: &$crate::store::VersionLease)
+        -> Result<(), $crate::store::StoreError> => commit_version); };
+    (@ release_version) => { $crate::store::sql::to_table!(
+        release_version(lease: &$crate::store::VersionLease)
+        -> Result<(), $crate::store::StoreError> => release_version); };
+    (@ applied_version) => { $crate::store::sql::to_table!(
+        applied_version(entity: &$crate::key::IdempotencyKey)
+        -> Result<Option<i64>, $crate::store::StoreError> => applied_version); };
+    (@ resolve_version) => { $crate::store::sql::to_table!(
+        resolve_version(entity: &$crate::key::IdempotencyKey, how: $crate::store::Resolution)
+        -> Result<bool, $crate::store::StoreError> => resolve_version); };
 }
 pub(crate) use version_forwards;
 
@@ -181,118 +118,91 @@ macro_rules! inbox_forwards {
     ($($method:ident),+ $(,)?) => {
         $($crate::store::sql::inbox_forwards!(@ $method);)+
     };
-    (@ start) => {
-        async fn start(
-            &self,
-            leases: &[$crate::store::Lease],
-        ) -> Result<Vec<bool>, $crate::store::StoreError> {
-            self.table.start_entries(leases).await
-        }
-    };
-    (@ give_back) => {
-        async fn give_back(
-            &self,
-            tokens: &[$crate::store::LeaseToken],
-        ) -> Result<u64, $crate::store::StoreError> {
-            self.table.untake(tokens).await
-        }
-    };
-    (@ renew_entry) => {
-        async fn renew_entry(
-            &self,
-            lease: &$crate::store::Lease,
-        ) -> Result<(), $crate::store::StoreError> {
-            self.table.renew_entry(lease).await
-        }
-    };
-    (@ settle) => {
-        async fn settle(
-            &self,
+    (@ start) => { $crate::store::sql::to_table!(
+        start(leases: &[$crate::store::Lease])
+        -> Result<Vec<bool>, $crate::store::StoreError> => start_entries); };
+    (@ give_back) => { $crate::store::sql::to_table!(
+        give_back(tokens: &[$crate::store::LeaseToken])
+        -> Result<u64, $crate::store::StoreError> => untake); };
+    (@ renew_entry) => { $crate::store::sql::to_table!(
+        renew_entry(lease: &$crate::store::Lease)
+        -> Result<(), $crate::store::StoreError> => renew_entry); };
+    (@ settle) => { $crate::store::sql::to_table!(
+        settle(
             lease: &$crate::store::Lease,
             settlement: &$crate::store::inbox::Settlement,
-            history: &[$crate::store::inbox::Attempt],
-        ) -> Result<(), $crate::store::StoreError> {
-            self.table.settle_entry(lease, settlement, history).await
-        }
-    };
-    (@ settle_many) => {
+            history: &[$crate::store::inbox::Attempt]
+        ) -> Result<(), $crate::store::StoreError> => settle_entry); };
+    (@ settle_many) => { $crate::store::sql::to_table!(
         /// One transaction, one statement a settlement: the batch waits for one flush of the
         /// disk, not one each.
-        async fn settle_many(
-            &self,
-            batch: &[$crate::store::inbox::Settling],
-        ) -> Vec<Result<(), $crate::store::StoreError>> {
-            self.table.settle_together(batch).await
+        settle_many(batch: &[$crate::store::inbox::Settling])
+        -> Vec<Result<(), $crate::store::StoreError>> => settle_together); };
+    (@ entries) => { $crate::store::sql::to_table!(
+        entries(namespace: Option<&str>, states: &[$crate::store::inbox::EntryState], limit: usize)
+        -> Result<Vec<$crate::store::inbox::Entry>, $crate::store::StoreError> => entries); };
+    (@ entry) => { $crate::store::sql::to_table!(
+        entry(key: &$crate::key::IdempotencyKey)
+        -> Result<Option<$crate::store::inbox::Entry>, $crate::store::StoreError> => entry); };
+    (@ stored_request) => { $crate::store::sql::to_table!(
+        stored_request(key: &$crate::key::IdempotencyKey)
+        -> Result<Option<$crate::store::inbox::StoredRequest>, $crate::store::StoreError>
+        => stored_request); };
+    (@ retry_now) => { $crate::store::sql::to_table!(
+        retry_now(key: &$crate::key::IdempotencyKey, running: $crate::store::inbox::Running)
+        -> Result<bool, $crate::store::StoreError> => retry_now); };
+    (@ retry_dead) => { $crate::store::sql::to_table!(
+        retry_dead(namespace: &str) -> Result<u64, $crate::store::StoreError> => retry_dead); };
+    (@ discard) => { $crate::store::sql::to_table!(
+        discard(key: &$crate::key::IdempotencyKey, running: $crate::store::inbox::Running)
+        -> Result<bool, $crate::store::StoreError> => discard); };
+    (@ inbox_stats) => { $crate::store::sql::to_table!(
+        inbox_stats(namespace: Option<&str>)
+        -> Result<$crate::store::inbox::InboxStats, $crate::store::StoreError> => inbox_stats); };
+    (@ purge_inbox) => { $crate::store::sql::to_table!(
+        purge_inbox(requests_after: ::std::time::Duration, entries_after: ::std::time::Duration, limit: usize)
+        -> Result<$crate::store::inbox::Purged, $crate::store::StoreError> => purge_inbox); };
+}
+pub(crate) use inbox_forwards;
+
+/// Writes the inherent methods every SQL backend offers over its `table` field (the count
+/// interval, a write of the counts now, the table's name and the pool) and its `Debug`.
+macro_rules! table_handles {
+    ($store:ty, $pool:ty) => {
+        impl $store {
+            /// How often the deliveries answered without writing (duplicates, see the [module
+            /// docs](self#delivery-counts)) are added to the table: every second unless set.
+            /// Set it before the store is used; clones made earlier keep the old interval.
+            pub fn with_count_interval(mut self, every: ::std::time::Duration) -> Self {
+                self.table = self.table.count_every(every);
+                self
+            }
+
+            /// Adds the deliveries counted since the last write to the table now, rather than
+            /// within the [count interval](Self::with_count_interval): before the process
+            /// exits, say, or before reading the table by hand.
+            /// [`describe`](crate::store::Store::describe) and
+            /// [`stuck_claims`](crate::store::Store::stuck_claims) include them either way.
+            pub async fn write_counts(&self) -> Result<(), $crate::store::StoreError> {
+                self.table.write_counts().await
+            }
+
+            /// The table's name, as given.
+            pub fn table_name(&self) -> String {
+                self.table.sql.table.name()
+            }
+
+            /// The pool the store uses.
+            pub fn pool(&self) -> &$pool {
+                &self.table.pool
+            }
         }
-    };
-    (@ entries) => {
-        async fn entries(
-            &self,
-            namespace: Option<&str>,
-            states: &[$crate::store::inbox::EntryState],
-            limit: usize,
-        ) -> Result<Vec<$crate::store::inbox::Entry>, $crate::store::StoreError> {
-            self.table.entries(namespace, states, limit).await
-        }
-    };
-    (@ entry) => {
-        async fn entry(
-            &self,
-            key: &$crate::key::IdempotencyKey,
-        ) -> Result<Option<$crate::store::inbox::Entry>, $crate::store::StoreError> {
-            self.table.entry(key).await
-        }
-    };
-    (@ stored_request) => {
-        async fn stored_request(
-            &self,
-            key: &$crate::key::IdempotencyKey,
-        ) -> Result<Option<$crate::store::inbox::StoredRequest>, $crate::store::StoreError> {
-            self.table.stored_request(key).await
-        }
-    };
-    (@ retry_now) => {
-        async fn retry_now(
-            &self,
-            key: &$crate::key::IdempotencyKey,
-            running: $crate::store::inbox::Running,
-        ) -> Result<bool, $crate::store::StoreError> {
-            self.table.retry_now(key, running).await
-        }
-    };
-    (@ retry_dead) => {
-        async fn retry_dead(&self, namespace: &str) -> Result<u64, $crate::store::StoreError> {
-            self.table.retry_dead(namespace).await
-        }
-    };
-    (@ discard) => {
-        async fn discard(
-            &self,
-            key: &$crate::key::IdempotencyKey,
-            running: $crate::store::inbox::Running,
-        ) -> Result<bool, $crate::store::StoreError> {
-            self.table.discard(key, running).await
-        }
-    };
-    (@ inbox_stats) => {
-        async fn inbox_stats(
-            &self,
-            namespace: Option<&str>,
-        ) -> Result<$crate::store::inbox::InboxStats, $crate::store::StoreError> {
-            self.table.inbox_stats(namespace).await
-        }
-    };
-    (@ purge_inbox) => {
-        async fn purge_inbox(
-            &self,
-            requests_after: ::std::time::Duration,
-            entries_after: ::std::time::Duration,
-            limit: usize,
-        ) -> Result<$crate::store::inbox::Purged, $crate::store::StoreError> {
-            self.table
-                .purge_inbox(requests_after, entries_after, limit)
-                .await
+
+        impl ::std::fmt::Debug for $store {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                self.table.debug(stringify!($store), f)
+            }
         }
     };
 }
-pub(crate) use inbox_forwards;
+pub(crate) use table_handles;

@@ -21,13 +21,16 @@ mod table;
 mod tally;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod upsert;
+mod versions;
 mod writer;
 
 pub(crate) use super::tally::CHUNK as TALLY_CHUNK;
 use super::tally::Tally;
 pub(crate) use backend::Backend;
 use backend::Statement;
-pub(crate) use forward::{inbox_forwards, store_forwards, version_forwards};
+pub(crate) use forward::{
+    inbox_forwards, store_forwards, table_handles, to_table, version_forwards,
+};
 #[cfg(feature = "postgres")]
 pub(crate) use inbox::settlement;
 pub(crate) use queries::{Bounded, InboxPurge, InboxQueries, Purge, Queries, VersionQueries};
@@ -45,7 +48,7 @@ pub(crate) use writer::Writer;
 use super::batch::{BatchFailed, NotSent};
 use super::{
     Claim, KeyRecord, KeyState, Lease, LeaseToken, Resolution, Stale, StalePolicy, StoreError,
-    StuckClaim, VersionLease,
+    StuckClaim,
 };
 use crate::key::IdempotencyKey;
 
@@ -392,47 +395,18 @@ statements! {
         Ok(changed > 0)
     }
 
-    pub(crate) async fn renew_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.fenced(&self.sql.versions.renew, lease.entity(), lease.token())
-            .await
-    }
-
-    pub(crate) async fn commit_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.fenced(&self.sql.versions.commit, lease.entity(), lease.token())
-            .await
-    }
-
-    pub(crate) async fn release_version(&self, lease: &VersionLease) -> Result<(), StoreError> {
-        self.fenced(&self.sql.versions.release, lease.entity(), lease.token())
-            .await
-    }
-
-    pub(crate) async fn applied_version(
+    /// Runs `sql` on `conn`, one statement or several, as it is (no parameters): a
+    /// migration's steps.
+    pub(crate) async fn script<Sql>(
         &self,
-        entity: &IdempotencyKey,
-    ) -> Result<Option<i64>, StoreError> {
-        let row = sqlx::query(AssertSqlSafe(self.sql.versions.applied.clone()))
-            .bind(entity.namespace())
-            .bind(entity.value())
-            .fetch_optional(&self.pool)
-            .await
-            .store()?;
-        match row {
-            Some(row) => row.try_get::<Option<i64>, _>(0).store(),
-            None => Ok(None),
-        }
-    }
-
-    pub(crate) async fn resolve_version(
-        &self,
-        entity: &IdempotencyKey,
-        resolution: Resolution,
-    ) -> Result<bool, StoreError> {
-        let sql = match resolution {
-            Resolution::Done => &self.sql.versions.resolve_done,
-            Resolution::Release => &self.sql.versions.resolve_release,
-        };
-        Ok(self.on_key(sql, entity, None).await? > 0)
+        conn: &mut DB::Connection,
+        sql: Sql,
+    ) -> Result<(), StoreError>
+    where
+        AssertSqlSafe<Sql>: sqlx::SqlSafeStr,
+    {
+        let ran = sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn).await;
+        ran.store().map(drop)
     }
 
     /// Transactional mode, just before `COMMIT`: whether the transaction on `conn` still

@@ -268,11 +268,9 @@
 //! - `purge_inbox`: `UPDATE … SET request = NULL`, then `DELETE`, each of at most `limit`
 //!   done entries settled long enough ago (`rowid IN (SELECT … LIMIT ?)`).
 
-use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use sqlx::{AssertSqlSafe, Sqlite, SqlitePool};
+use sqlx::{Sqlite, SqlitePool};
 
 use super::batch::{Batcher, DEFAULT_MOST};
 use super::sql::{NewKeys, ResultExt as _, Table, TableName, Writer};
@@ -389,12 +387,12 @@ impl SqliteStore {
     }
 
     /// The most writes (claims that insert or take over a key, commits, and the inserts of
-    /// [inbox](self#the-inbox) entries) that go to the database in one transaction: 128 unless set. Writes that arrive while the store's
-    /// previous one is in flight go together in the next transaction, so that concurrent
-    /// deliveries wait for one sync of the disk instead of one each; a lone delivery's write
-    /// is sent at once, never held back for company (see [group commit](self#group-commit)).
-    /// `1` commits each on its own. Set it before the store is used; clones made earlier keep
-    /// theirs.
+    /// [inbox](self#the-inbox) entries) that go to the database in one transaction: 128 unless
+    /// set. Writes that arrive while the store's previous one is in flight go together in the
+    /// next transaction, so that concurrent deliveries wait for one sync of the disk instead
+    /// of one each; a lone delivery's write is sent at once, never held back for company (see
+    /// [group commit](self#group-commit)). `1` commits each on its own. Set it before the
+    /// store is used; clones made earlier keep theirs.
     ///
     /// At most 4,096: a larger `most` counts as that.
     ///
@@ -404,32 +402,6 @@ impl SqliteStore {
     pub fn max_batch(self, most: usize) -> Self {
         assert!(most > 0, "a batch carries at least one write");
         Self::on(self.table, most)
-    }
-
-    /// How often the deliveries answered without writing (duplicates, see the [module
-    /// docs](self#delivery-counts)) are added to the table: every second unless set. Set it
-    /// before the store is used; clones made earlier keep the old interval.
-    pub fn with_count_interval(mut self, every: Duration) -> Self {
-        self.table = self.table.count_every(every);
-        self
-    }
-
-    /// Adds the deliveries counted since the last write to the table now, rather than within
-    /// the [count interval](Self::with_count_interval): before the process exits, say, or
-    /// before reading the table by hand. [`describe`](crate::store::Store::describe) and
-    /// [`stuck_claims`](crate::store::Store::stuck_claims) include them either way.
-    pub async fn write_counts(&self) -> Result<(), StoreError> {
-        self.table.write_counts().await
-    }
-
-    /// The table's name.
-    pub fn table_name(&self) -> String {
-        self.table.sql.table.name()
-    }
-
-    /// The pool the store uses.
-    pub fn pool(&self) -> &SqlitePool {
-        &self.table.pool
     }
 
     /// Creates the table and its indexes if they do not exist, in one transaction, and
@@ -458,29 +430,20 @@ impl SqliteStore {
         let has = |name: &str| columns.iter().any(|c| c == name);
         if !columns.is_empty() && !has("runs") {
             tracing::info!(table = %table.name(), "upgrading the idempotency table");
-            sqlx::raw_sql(AssertSqlSafe(upgrade(table)))
-                .execute(&mut *tx)
-                .await
-                .store()?;
+            self.table.script(&mut *tx, upgrade(table)).await?;
         } else if !columns.is_empty() && !has("receipt") {
             tracing::info!(table = %table.name(), "adding the receipt column to the idempotency table");
-            sqlx::raw_sql(AssertSqlSafe(add_receipt(table)))
-                .execute(&mut *tx)
-                .await
-                .store()?;
+            self.table.script(&mut *tx, add_receipt(table)).await?;
         }
-        sqlx::raw_sql(AssertSqlSafe(self.table.sql.migrate.clone()))
-            .execute(&mut *tx)
-            .await
-            .store()?;
-        sqlx::raw_sql(AssertSqlSafe(self.table.sql.versions.migrate.clone()))
-            .execute(&mut *tx)
-            .await
-            .store()?;
-        sqlx::raw_sql(AssertSqlSafe(self.table.sql.inbox.migrate.clone()))
-            .execute(&mut *tx)
-            .await
-            .store()?;
+        self.table
+            .script(&mut *tx, self.table.sql.migrate.clone())
+            .await?;
+        self.table
+            .script(&mut *tx, self.table.sql.versions.migrate.clone())
+            .await?;
+        self.table
+            .script(&mut *tx, self.table.sql.inbox.migrate.clone())
+            .await?;
         // An earlier release's inbox has no `started` column: its running entries started.
         let inbox_columns: Vec<String> =
             sqlx::query_scalar("SELECT name FROM pragma_table_info(?1)")
@@ -490,20 +453,15 @@ impl SqliteStore {
                 .store()?;
         if !inbox_columns.iter().any(|c| c == "started") {
             tracing::info!(table = %table.inbox().name(), "adding the started column to the inbox table");
-            sqlx::raw_sql(AssertSqlSafe(self.table.sql.inbox.add_started.clone()))
-                .execute(&mut *tx)
-                .await
-                .store()?;
+            self.table
+                .script(&mut *tx, self.table.sql.inbox.add_started.clone())
+                .await?;
         }
         tx.commit().await.store()
     }
 }
 
-impl fmt::Debug for SqliteStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.table.debug("SqliteStore", f)
-    }
-}
+crate::store::sql::table_handles!(SqliteStore, SqlitePool);
 
 /// Refuses a database that is neither in WAL mode nor in memory (whose journal mode is
 /// `memory`, and cannot be WAL). WAL is a setting of the file, so one connection answers for
