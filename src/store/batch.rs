@@ -472,4 +472,4 @@ mod writes;
 #[cfg(feature = "postgres")]
 pub(crate) use writes::EnqueueWrite;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) use writes::{ClaimWrite, CommitWrite, key_order, or_alone};
+pub(crate) use writes::{ClaimWrite, CommitWrite, batcher, key_order, or_alone};

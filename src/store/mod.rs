@@ -114,24 +114,13 @@
 //! contract: the crate's own stores run it, and a store in another crate runs the same checks
 //! with `conformance_suite!`.
 
-#[cfg(any(
-    feature = "memory",
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql",
-    feature = "redis"
-))]
+#[cfg(feature = "_store")]
 pub mod any;
 pub(crate) mod batch;
 mod claim;
 mod contract;
 mod error;
-#[cfg(any(
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql",
-    feature = "redis"
-))]
+#[cfg(feature = "_durable")]
 mod give_back;
 pub mod inbox;
 #[cfg(feature = "memory")]
@@ -154,34 +143,18 @@ mod sql;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 mod stale;
-#[cfg(any(
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql",
-    feature = "redis"
-))]
+#[cfg(feature = "_durable")]
 mod tally;
 #[cfg(feature = "_sql")]
 mod transactional;
 mod versions;
 
-#[cfg(any(
-    feature = "memory",
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql",
-    feature = "redis"
-))]
+#[cfg(feature = "_store")]
 pub use any::{AnyStore, ConnectError};
 pub use claim::{Claim, Completed, Lease, LeaseToken, Pending};
 pub use contract::Store;
 pub use error::{ConfigError, StoreError};
-#[cfg(any(
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql",
-    feature = "redis"
-))]
+#[cfg(feature = "_durable")]
 pub(crate) use give_back::give_back_unanswered;
 #[cfg(feature = "memory")]
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]

@@ -136,12 +136,7 @@ impl Backend {
         }
     }
 
-    #[cfg(any(
-        feature = "postgres",
-        feature = "sqlite",
-        feature = "mysql",
-        feature = "redis"
-    ))]
+    #[cfg(feature = "_durable")]
     fn failed(self, source: impl Into<Box<dyn StdError + Send + Sync>>) -> ConnectError {
         ConnectError::Connect {
             backend: self.feature(),
@@ -180,12 +175,7 @@ fn parse(url: &str) -> Result<(&str, Backend), ConnectError> {
 
 /// `url` with its scheme replaced by `driver`'s: sqlx's MySQL driver wants `mysql://`, its
 /// SQLite driver a lowercase `sqlite:`, and redis-rs a lowercase scheme.
-#[cfg(any(
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql",
-    feature = "redis"
-))]
+#[cfg(feature = "_durable")]
 fn driver_url(url: &str, scheme: &str, driver: &str) -> String {
     format!("{driver}{}", &url[scheme.len()..])
 }

@@ -104,3 +104,23 @@ where
         Err(error) => Err(all_fail(error, writes.len())),
     }
 }
+
+/// A [`Batcher`](super::Batcher) of `$shape` whose lone write is `$lone.$one(&write)` and
+/// whose batch is `$on.$many(writes)`, both `Arc`s the batcher keeps clones of.
+macro_rules! batcher {
+    ($shape:expr, $lone:ident . $one:ident, $on:ident . $many:ident) => {{
+        let (lone, on) = ($lone.clone(), $on.clone());
+        $crate::store::batch::Batcher::new(
+            $shape,
+            move |write| {
+                let lone = lone.clone();
+                async move { lone.$one(&write).await }
+            },
+            move |writes| {
+                let on = on.clone();
+                async move { on.$many(writes).await }
+            },
+        )
+    }};
+}
+pub(crate) use batcher;

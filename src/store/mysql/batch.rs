@@ -29,7 +29,7 @@ use super::server::{DEADLOCK, mysql_error};
 use crate::key::IdempotencyKey;
 use crate::store::StoreError;
 use crate::store::batch::{
-    Answers, Batcher, ClaimWrite, CommitWrite, Shape, all_fail, key_order, or_alone,
+    Answers, Batcher, ClaimWrite, CommitWrite, Shape, all_fail, batcher, key_order, or_alone,
 };
 use crate::store::sql::{ClaimRow, ResultExt as _, TableName};
 
@@ -63,29 +63,8 @@ impl Batches {
         });
         // Rows come back by key: one write of a key a batch.
         let shape = Shape::new(most, LANES);
-        let (on, alone) = (statements.clone(), lone.clone());
-        let claims = Batcher::new(
-            shape,
-            move |write| {
-                let lone = alone.clone();
-                async move { lone.claim_one(&write).await }
-            },
-            move |writes| {
-                let statements = on.clone();
-                async move { statements.claim_all(writes).await }
-            },
-        );
-        let commits = Batcher::new(
-            shape,
-            move |write| {
-                let lone = lone.clone();
-                async move { lone.commit_one(&write).await }
-            },
-            move |writes| {
-                let statements = statements.clone();
-                async move { statements.commit_all(writes).await }
-            },
-        );
+        let claims = batcher!(shape, lone.claim_one, statements.claim_all);
+        let commits = batcher!(shape, lone.commit_one, statements.commit_all);
         Self { claims, commits }
     }
 }

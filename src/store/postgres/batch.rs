@@ -22,11 +22,13 @@
 
 use std::sync::Arc;
 
+use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row as _};
 
 use super::claims::Lone;
 use crate::store::batch::{
-    Answers, Batcher, ClaimWrite, CommitWrite, EnqueueWrite, Shape, all_fail, key_order, or_alone,
+    Answers, Batcher, ClaimWrite, CommitWrite, EnqueueWrite, Shape, all_fail, batcher, key_order,
+    or_alone,
 };
 use crate::store::inbox::Settling;
 use crate::store::sql::{ClaimRow, ResultExt as _, TableName, settlement};
@@ -73,41 +75,9 @@ impl Batches {
         // however many bound rows name it, and an inbox insert would tell every position of a
         // key that it stored the entry: one commit, and one entry, of a key a batch.
         let shape = Shape::new(most, LANES);
-        let (on, alone) = (statements.clone(), lone.clone());
-        let claims = Batcher::new(
-            shape.same_key(),
-            move |write| {
-                let lone = alone.clone();
-                async move { lone.claim_one(&write).await }
-            },
-            move |writes| {
-                let statements = on.clone();
-                async move { statements.claim_all(writes).await }
-            },
-        );
-        let (on, alone) = (statements.clone(), lone.clone());
-        let commits = Batcher::new(
-            shape,
-            move |write| {
-                let lone = alone.clone();
-                async move { lone.commit_one(&write).await }
-            },
-            move |writes| {
-                let statements = on.clone();
-                async move { statements.commit_all(writes).await }
-            },
-        );
-        let enqueues = Batcher::new(
-            shape,
-            move |write| {
-                let lone = lone.clone();
-                async move { lone.enqueue_one(&write).await }
-            },
-            move |writes| {
-                let statements = statements.clone();
-                async move { statements.enqueue_all(writes).await }
-            },
-        );
+        let claims = batcher!(shape.same_key(), lone.claim_one, statements.claim_all);
+        let commits = batcher!(shape, lone.commit_one, statements.commit_all);
+        let enqueues = batcher!(shape, lone.enqueue_one, statements.enqueue_all);
         Self {
             claims,
             commits,
@@ -142,18 +112,13 @@ impl Statements {
             Ok(rows) => rows,
             Err(answers) => return answers,
         };
-        let mut answers: Answers<Option<ClaimRow>> = writes.iter().map(|_| Ok(None)).collect();
-        for row in &rows {
-            let at = row
-                .try_get::<i64, _>(7)
-                .store()
-                .and_then(|n| position(&order, n));
-            match at {
-                Ok(at) => answers[at] = ClaimRow::read(row).map(Some),
-                Err(error) => return all_fail(error, writes.len()),
-            }
-        }
-        answers
+        answered(
+            &rows,
+            &order,
+            || None,
+            7,
+            |row| ClaimRow::read(row).map(Some),
+        )
     }
 
     async fn commit_all(&self, writes: Vec<CommitWrite>) -> Answers<u64> {
@@ -183,18 +148,7 @@ impl Statements {
             Ok(rows) => rows,
             Err(answers) => return answers,
         };
-        let mut answers: Answers<u64> = writes.iter().map(|_| Ok(0)).collect();
-        for row in &rows {
-            match row
-                .try_get::<i64, _>(0)
-                .store()
-                .and_then(|n| position(&order, n))
-            {
-                Ok(at) => answers[at] = Ok(1),
-                Err(error) => return all_fail(error, writes.len()),
-            }
-        }
-        answers
+        answered(&rows, &order, || 0, 0, |_| Ok(1))
     }
 
     async fn enqueue_all(&self, writes: Vec<EnqueueWrite>) -> Answers<Option<(String, bool)>> {
@@ -221,20 +175,35 @@ impl Statements {
             Ok(rows) => rows,
             Err(answers) => return answers,
         };
-        let mut answers: Answers<Option<(String, bool)>> =
-            writes.iter().map(|_| Ok(None)).collect();
-        for row in &rows {
-            let read = || -> Result<(usize, String, bool), StoreError> {
-                let at = position(&order, row.try_get(2).store()?)?;
-                Ok((at, row.try_get(0).store()?, row.try_get(1).store()?))
-            };
-            match read() {
-                Ok((at, state, stored)) => answers[at] = Ok(Some((state, stored))),
-                Err(error) => return all_fail(error, writes.len()),
-            }
-        }
-        answers
+        answered(
+            &rows,
+            &order,
+            || None,
+            2,
+            |row| Ok(Some((row.try_get(0).store()?, row.try_get(1).store()?))),
+        )
     }
+}
+
+/// The answers of a batch's writes from the rows its statement answered: each row names, in
+/// its column `at`, the 1-based position of its write in the arrays, and `read` reads its
+/// answer; a write no row names answers `unnamed`. A row naming no write fails them all.
+fn answered<T>(
+    rows: &[PgRow],
+    order: &[usize],
+    unnamed: impl Fn() -> T,
+    at: usize,
+    read: impl Fn(&PgRow) -> Result<T, StoreError>,
+) -> Answers<T> {
+    let mut answers: Answers<T> = order.iter().map(|_| Ok(unnamed())).collect();
+    for row in rows {
+        let n = row.try_get::<i64, _>(at).store();
+        match n.and_then(|n| position(order, n)) {
+            Ok(write) => answers[write] = read(row),
+            Err(error) => return all_fail(error, order.len()),
+        }
+    }
+    answers
 }
 
 /// The index of the write at 1-based position `n` of the statement's arrays.
