@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::super::sql::{
-    Bounded, PURGE_BATCH, Purge, Queries, TALLY_CHUNK, TableName, VersionQueries,
+    Bounded, PURGE_BATCH, Purge, Queries, TALLY_CHUNK, TableName, VersionQueries, statement_set,
 };
 
 /// The claim statements only this backend needs.
@@ -211,31 +211,21 @@ SET t.deliveries = t.deliveries + v.n,
     let (versions, version_returning, version_read, advance_returning, advance_read) =
         version_queries(&table);
     let claim_read: std::sync::Arc<str> = claim_read.into();
-    let queries = Queries {
+    let queries = statement_set!(Queries {
+        tx_claim, tx_check, migrate, claim, renew, commit, release, give_back, describe, stuck,
+        resolve_done, resolve_release;
         inbox: super::inbox::shared(&table),
         read: claim_read.clone(),
         tally: tally.into(),
         table,
         versions,
-        tx_claim: tx_claim.into(),
-        tx_check: tx_check.into(),
-        migrate: migrate.into(),
-        claim: claim.into(),
-        renew: renew.into(),
-        commit: commit.into(),
-        release: release.into(),
-        give_back: give_back.into(),
-        describe: describe.into(),
-        stuck: stuck.into(),
-        resolve_done: resolve_done.into(),
-        resolve_release: resolve_release.into(),
         purge: Purge::Bounded(Bounded {
             bound: purge_bound.into(),
             up_to: purge.into(),
             rest: purge_rest.into(),
             before: Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED".into()),
         }),
-    };
+    });
     let claims = ClaimQueries {
         insert_new: insert_new.into(),
         insert_or_read: insert_or_read.into(),
@@ -364,17 +354,9 @@ ON DUPLICATE KEY UPDATE
     let advance_read = format!(
         "SELECT applied_version, applied_token FROM {v} WHERE namespace = ? AND entity = ? FOR UPDATE"
     );
-    let queries = VersionQueries {
-        migrate: migrate.into(),
-        renew: renew.into(),
-        begin: begin.into(),
-        commit: commit.into(),
-        release: release.into(),
-        applied: applied.into(),
-        resolve_done: resolve_done.into(),
-        resolve_release: resolve_release.into(),
-        advance: advance.into(),
-    };
+    let queries = statement_set!(VersionQueries {
+        migrate, renew, begin, commit, release, applied, resolve_done, resolve_release, advance;
+    });
     (
         queries,
         begin_returning.into(),

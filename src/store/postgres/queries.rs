@@ -1,7 +1,9 @@
 //! The SQL of the PostgreSQL store: its tables, their upgrade, and every statement, written
 //! once per table name.
 
-use super::super::sql::{PURGE_BATCH, Purge, Queries, TALLY_CHUNK, TableName, VersionQueries};
+use super::super::sql::{
+    PURGE_BATCH, Purge, Queries, TALLY_CHUNK, TableName, VersionQueries, statement_set,
+};
 
 /// Serialises concurrent `migrate()` calls: an arbitrary constant ("tower_id" in ASCII).
 const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6964;
@@ -214,26 +216,15 @@ FROM (VALUES
 WHERE t.namespace = v.namespace AND t."key" = v."key""#
     );
     let versions = version_queries(&table);
-    Queries {
+    statement_set!(Queries {
+        read, tx_claim, tx_check, migrate, claim, renew, commit, release, give_back, describe,
+        stuck, resolve_done, resolve_release;
         inbox: super::inbox::shared(&table),
         table,
-        read: read.into(),
         tally: tally.into(),
         versions,
-        tx_claim: tx_claim.into(),
-        tx_check: tx_check.into(),
-        migrate: migrate.into(),
-        claim: claim.into(),
-        renew: renew.into(),
-        commit: commit.into(),
-        release: release.into(),
-        give_back: give_back.into(),
-        describe: describe.into(),
-        stuck: stuck.into(),
-        resolve_done: resolve_done.into(),
-        resolve_release: resolve_release.into(),
         purge: Purge::Batch(purge.into()),
-    }
+    })
 }
 
 /// What adds the `receipt` column to a table made before it existed: instant, as the column
@@ -350,15 +341,7 @@ ON CONFLICT (namespace, entity) DO UPDATE SET
 WHERE t.applied_version IS NULL OR t.applied_version <= excluded.applied_version
 RETURNING applied_version"#
     );
-    VersionQueries {
-        migrate: migrate.into(),
-        renew: renew.into(),
-        begin: begin.into(),
-        commit: commit.into(),
-        release: release.into(),
-        applied: applied.into(),
-        resolve_done: resolve_done.into(),
-        resolve_release: resolve_release.into(),
-        advance: advance.into(),
-    }
+    statement_set!(VersionQueries {
+        migrate, renew, begin, commit, release, applied, resolve_done, resolve_release, advance;
+    })
 }

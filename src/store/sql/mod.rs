@@ -33,7 +33,9 @@ pub(crate) use forward::{
 };
 #[cfg(feature = "postgres")]
 pub(crate) use inbox::settlement;
-pub(crate) use queries::{Bounded, InboxPurge, InboxQueries, Purge, Queries, VersionQueries};
+pub(crate) use queries::{
+    Bounded, InboxPurge, InboxQueries, Purge, Queries, VersionQueries, statement_set,
+};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use rows::taken_entry;
 pub(crate) use rows::{

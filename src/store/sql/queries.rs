@@ -5,6 +5,16 @@ use std::sync::Arc;
 
 use super::table::TableName;
 
+/// A set of statements from the local strings named after its fields, each made an
+/// `Arc<str>`, then the fields given as they are (written in order: a field that borrows a
+/// local goes before the one that moves it).
+macro_rules! statement_set {
+    ($set:ident { $($sql:ident),+ $(,)? ; $($field:ident $(: $value:expr)?),* $(,)? }) => {
+        $set { $($sql: $sql.into(),)+ $($field $(: $value)?,)* }
+    };
+}
+pub(crate) use statement_set;
+
 /// The statements of one store on one table, made once and shared by its clones.
 ///
 /// Parameters, by position: `claim` as the backend documents; `read` (namespace, key);

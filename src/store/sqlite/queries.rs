@@ -2,7 +2,7 @@
 //! per table name.
 
 use super::super::sql::{
-    Bounded, PURGE_BATCH, Purge, Queries, TALLY_CHUNK, TableName, VersionQueries,
+    Bounded, PURGE_BATCH, Purge, Queries, TALLY_CHUNK, TableName, VersionQueries, statement_set,
 };
 
 /// Now, in microseconds since the Unix epoch, from SQLite's clock.
@@ -208,31 +208,20 @@ UPDATE {t} AS t SET deliveries = t.deliveries + v.n,
 FROM v WHERE t.namespace = v.namespace AND t."key" = v."key""#
     );
     let versions = version_queries(&table);
-    Queries {
+    statement_set!(Queries {
+        read, tx_claim, tx_check, migrate, claim, renew, commit, release, give_back, describe,
+        stuck, resolve_done, resolve_release;
         inbox: super::inbox::shared(&table),
         table,
-        read: read.into(),
         tally: tally.into(),
         versions,
-        tx_claim: tx_claim.into(),
-        tx_check: tx_check.into(),
-        migrate: migrate.into(),
-        claim: claim.into(),
-        renew: renew.into(),
-        commit: commit.into(),
-        release: release.into(),
-        give_back: give_back.into(),
-        describe: describe.into(),
-        stuck: stuck.into(),
-        resolve_done: resolve_done.into(),
-        resolve_release: resolve_release.into(),
         purge: Purge::Bounded(Bounded {
             bound: purge_bound.into(),
             up_to: purge.into(),
             rest: purge_rest.into(),
             before: None,
         }),
-    }
+    })
 }
 
 /// The statements on the versions table of the [version guard](crate::version_guard).
@@ -303,15 +292,7 @@ ON CONFLICT (namespace, entity) DO UPDATE SET
 WHERE t.applied_version IS NULL OR t.applied_version <= excluded.applied_version
 RETURNING applied_version"#
     );
-    VersionQueries {
-        migrate: migrate.into(),
-        renew: renew.into(),
-        begin: begin.into(),
-        commit: commit.into(),
-        release: release.into(),
-        applied: applied.into(),
-        resolve_done: resolve_done.into(),
-        resolve_release: resolve_release.into(),
-        advance: advance.into(),
-    }
+    statement_set!(VersionQueries {
+        migrate, renew, begin, commit, release, applied, resolve_done, resolve_release, advance;
+    })
 }
