@@ -22,24 +22,6 @@ use crate::store::inbox::{
 };
 use crate::store::{Lease, LeaseToken, StoreError};
 
-/// `match` on the variants that hold an inbox; `$none` for Redis.
-macro_rules! inbox {
-    ($store:expr, $s:ident => $body:expr, $none:expr) => {
-        match $store {
-            #[cfg(feature = "memory")]
-            AnyStore::Memory($s) => $body,
-            #[cfg(feature = "sqlite")]
-            AnyStore::Sqlite($s) => $body,
-            #[cfg(feature = "postgres")]
-            AnyStore::Postgres($s) => $body,
-            #[cfg(feature = "mysql")]
-            AnyStore::MySql($s) => $body,
-            #[cfg(feature = "redis")]
-            AnyStore::Redis(_) => $none,
-        }
-    };
-}
-
 #[cfg(feature = "redis")]
 fn no_inbox() -> StoreError {
     StoreError::backend("the Redis store holds no inbox: give the inbox a SQL store")
@@ -51,23 +33,23 @@ impl InboxStore for AnyStore {
         key: &IdempotencyKey,
         request: &StoredRequest,
     ) -> Result<Enqueued, StoreError> {
-        inbox!(self, s => s.enqueue(key, request).await, Err(no_inbox()))
+        each!(self, s => s.enqueue(key, request).await, redis => Err(no_inbox()))
     }
 
     async fn take(&self, take: &Take) -> Result<Vec<Taken>, StoreError> {
-        inbox!(self, s => s.take(take).await, Err(no_inbox()))
+        each!(self, s => s.take(take).await, redis => Err(no_inbox()))
     }
 
     async fn start(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
-        inbox!(self, s => s.start(leases).await, Err(no_inbox()))
+        each!(self, s => s.start(leases).await, redis => Err(no_inbox()))
     }
 
     async fn give_back(&self, tokens: &[LeaseToken]) -> Result<u64, StoreError> {
-        inbox!(self, s => s.give_back(tokens).await, Err(no_inbox()))
+        each!(self, s => s.give_back(tokens).await, redis => Err(no_inbox()))
     }
 
     async fn renew_entry(&self, lease: &Lease) -> Result<(), StoreError> {
-        inbox!(self, s => s.renew_entry(lease).await, Err(no_inbox()))
+        each!(self, s => s.renew_entry(lease).await, redis => Err(no_inbox()))
     }
 
     async fn settle(
@@ -76,15 +58,11 @@ impl InboxStore for AnyStore {
         settlement: &Settlement,
         history: &[Attempt],
     ) -> Result<(), StoreError> {
-        inbox!(self, s => s.settle(lease, settlement, history).await, Err(no_inbox()))
+        each!(self, s => s.settle(lease, settlement, history).await, redis => Err(no_inbox()))
     }
 
     async fn settle_many(&self, batch: &[Settling]) -> Vec<Result<(), StoreError>> {
-        inbox!(
-            self,
-            s => s.settle_many(batch).await,
-            batch.iter().map(|_| Err(no_inbox())).collect()
-        )
+        each!(self, s => s.settle_many(batch).await, redis => batch.iter().map(|_| Err(no_inbox())).collect())
     }
 
     async fn entries(
@@ -93,34 +71,34 @@ impl InboxStore for AnyStore {
         states: &[EntryState],
         limit: usize,
     ) -> Result<Vec<Entry>, StoreError> {
-        inbox!(self, s => s.entries(namespace, states, limit).await, Err(no_inbox()))
+        each!(self, s => s.entries(namespace, states, limit).await, redis => Err(no_inbox()))
     }
 
     async fn entry(&self, key: &IdempotencyKey) -> Result<Option<Entry>, StoreError> {
-        inbox!(self, s => s.entry(key).await, Err(no_inbox()))
+        each!(self, s => s.entry(key).await, redis => Err(no_inbox()))
     }
 
     async fn stored_request(
         &self,
         key: &IdempotencyKey,
     ) -> Result<Option<StoredRequest>, StoreError> {
-        inbox!(self, s => s.stored_request(key).await, Err(no_inbox()))
+        each!(self, s => s.stored_request(key).await, redis => Err(no_inbox()))
     }
 
     async fn retry_now(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
-        inbox!(self, s => s.retry_now(key, running).await, Err(no_inbox()))
+        each!(self, s => s.retry_now(key, running).await, redis => Err(no_inbox()))
     }
 
     async fn retry_dead(&self, namespace: &str) -> Result<u64, StoreError> {
-        inbox!(self, s => s.retry_dead(namespace).await, Err(no_inbox()))
+        each!(self, s => s.retry_dead(namespace).await, redis => Err(no_inbox()))
     }
 
     async fn discard(&self, key: &IdempotencyKey, running: Running) -> Result<bool, StoreError> {
-        inbox!(self, s => s.discard(key, running).await, Err(no_inbox()))
+        each!(self, s => s.discard(key, running).await, redis => Err(no_inbox()))
     }
 
     async fn inbox_stats(&self, namespace: Option<&str>) -> Result<InboxStats, StoreError> {
-        inbox!(self, s => s.inbox_stats(namespace).await, Err(no_inbox()))
+        each!(self, s => s.inbox_stats(namespace).await, redis => Err(no_inbox()))
     }
 
     async fn purge_inbox(
@@ -129,14 +107,10 @@ impl InboxStore for AnyStore {
         entries_after: Duration,
         limit: usize,
     ) -> Result<Purged, StoreError> {
-        inbox!(
-            self,
-            s => s.purge_inbox(requests_after, entries_after, limit).await,
-            Err(no_inbox())
-        )
+        each!(self, s => s.purge_inbox(requests_after, entries_after, limit).await, redis => Err(no_inbox()))
     }
 
     async fn watch(&self, wake: Wake) {
-        inbox!(self, s => s.watch(wake).await, drop(wake))
+        each!(self, s => s.watch(wake).await, redis => drop(wake))
     }
 }

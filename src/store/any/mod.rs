@@ -92,9 +92,10 @@ use super::RedisStore;
 use super::SqliteStore;
 
 /// `match $store { Variant($s) => $body, .. }` for each variant built: the delegation of
-/// every trait method below, written once.
+/// every trait method below, written once. With `redis => $none`, Redis answers `$none`
+/// instead (it holds no inbox).
 macro_rules! each {
-    ($store:expr, $s:ident => $body:expr) => {
+    ($store:expr, $s:ident => $body:expr $(, redis => $none:expr)?) => {
         match $store {
             #[cfg(feature = "memory")]
             AnyStore::Memory($s) => $body,
@@ -105,9 +106,16 @@ macro_rules! each {
             #[cfg(feature = "mysql")]
             AnyStore::MySql($s) => $body,
             #[cfg(feature = "redis")]
-            AnyStore::Redis($s) => $body,
+            AnyStore::Redis($s) => each!(@redis $s, $body $(, $none)?),
         }
     };
+    (@redis $s:ident, $body:expr) => {
+        $body
+    };
+    (@redis $s:ident, $body:expr, $none:expr) => {{
+        let _ = $s;
+        $none
+    }};
 }
 
 mod claims;

@@ -34,15 +34,50 @@ fn count(deliveries: i64) -> u64 {
     u64::try_from(deliveries).unwrap_or(0)
 }
 
-/// The `receipt` column at `index`, decoded: `None` when it is NULL (a row committed without
-/// one, or not done).
-fn receipt_at<R>(row: &R, index: usize) -> Result<Option<Arc<Receipt>>, StoreError>
+/// A row of a SQL store's database, read by column position. The bounds sqlx needs to decode
+/// what these rows hold, on any of the three databases, are written once: here.
+pub(crate) trait Columns {
+    fn text(&self, at: usize) -> Result<String, StoreError>;
+    fn int(&self, at: usize) -> Result<i64, StoreError>;
+    fn maybe_int(&self, at: usize) -> Result<Option<i64>, StoreError>;
+    fn flag(&self, at: usize) -> Result<bool, StoreError>;
+    fn maybe_bytes(&self, at: usize) -> Result<Option<&[u8]>, StoreError>;
+}
+
+impl<R> Columns for R
 where
     R: sqlx::Row,
     usize: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> &'r [u8]: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let bytes: Option<&[u8]> = row.try_get(index).store()?;
+    fn text(&self, at: usize) -> Result<String, StoreError> {
+        self.try_get(at).store()
+    }
+
+    fn int(&self, at: usize) -> Result<i64, StoreError> {
+        self.try_get(at).store()
+    }
+
+    fn maybe_int(&self, at: usize) -> Result<Option<i64>, StoreError> {
+        self.try_get(at).store()
+    }
+
+    fn flag(&self, at: usize) -> Result<bool, StoreError> {
+        self.try_get(at).store()
+    }
+
+    fn maybe_bytes(&self, at: usize) -> Result<Option<&[u8]>, StoreError> {
+        self.try_get(at).store()
+    }
+}
+
+/// The `receipt` column at `index`, decoded: `None` when it is NULL (a row committed without
+/// one, or not done).
+fn receipt_at<R: Columns>(row: &R, index: usize) -> Result<Option<Arc<Receipt>>, StoreError> {
+    let bytes = row.maybe_bytes(index)?;
     bytes
         .map(|bytes| Receipt::decode(bytes).map(Arc::new))
         .transpose()
@@ -92,22 +127,14 @@ pub(crate) struct ClaimRow {
 impl ClaimRow {
     /// Reads the seven columns `state, token, deliveries, reclaimed, age_us, idle_us,
     /// receipt`.
-    pub(crate) fn read<R>(row: &R) -> Result<Self, StoreError>
-    where
-        R: sqlx::Row,
-        usize: sqlx::ColumnIndex<R>,
-        String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-        i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-        bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-        for<'r> &'r [u8]: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    {
+    pub(crate) fn read<R: Columns>(row: &R) -> Result<Self, StoreError> {
         Ok(Self {
-            state: row.try_get(0).store()?,
-            token: row.try_get(1).store()?,
-            deliveries: row.try_get(2).store()?,
-            reclaimed: row.try_get(3).store()?,
-            age_us: row.try_get(4).store()?,
-            idle_us: row.try_get(5).store()?,
+            state: row.text(0)?,
+            token: row.int(1)?,
+            deliveries: row.int(2)?,
+            reclaimed: row.flag(3)?,
+            age_us: row.int(4)?,
+            idle_us: row.int(5)?,
             receipt: receipt_at(row, 6)?,
         })
     }
@@ -168,35 +195,23 @@ impl ClaimRow {
 /// Reads a [`KeyRecord`] from the ten columns of a describe statement: `state, deliveries,
 /// runs, reclaimed`, then the ages in microseconds of the first and last delivery, the claim,
 /// the last renewal and the settlement (the last two may be NULL), and last the receipt.
-pub(crate) fn key_record<R>(row: &R) -> Result<KeyRecord, StoreError>
-where
-    R: sqlx::Row,
-    usize: sqlx::ColumnIndex<R>,
-    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    Option<i64>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> &'r [u8]: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    let state: String = row.try_get(0).store()?;
+pub(crate) fn key_record<R: Columns>(row: &R) -> Result<KeyRecord, StoreError> {
+    let state = row.text(0)?;
     let state = KeyState::parse(&state).ok_or_else(|| {
         StoreError::backend(format!(
             "unexpected state {state:?} in the idempotency table"
         ))
     })?;
     let age = |i: usize| -> Result<Duration, StoreError> {
-        let us: Option<i64> = row.try_get(i).store()?;
-        Ok(duration_from_micros(us.unwrap_or(0)))
+        Ok(duration_from_micros(row.maybe_int(i)?.unwrap_or(0)))
     };
-    Ok(KeyRecord::new(
-        state,
-        count(row.try_get(1).store()?),
-        count(row.try_get(2).store()?),
+    Ok(
+        KeyRecord::new(state, count(row.int(1)?), count(row.int(2)?))
+            .with_reclaimed(row.flag(3)?)
+            .with_seen(age(4)?, age(5)?)
+            .with_times(age(6)?, age(7)?, age(8)?)
+            .with_receipt(receipt_at(row, 9)?),
     )
-    .with_reclaimed(row.try_get(3).store()?)
-    .with_seen(age(4)?, age(5)?)
-    .with_times(age(6)?, age(7)?, age(8)?)
-    .with_receipt(receipt_at(row, 9)?))
 }
 
 /// A stale policy under which no claim is ever stale: transactional mode has no stale claims.
@@ -259,17 +274,12 @@ pub(crate) fn version_claim(
 }
 
 /// Reads a [`VersionRow`] from the first four columns.
-pub(crate) fn version_row<R>(row: &R) -> Result<VersionRow, StoreError>
-where
-    R: sqlx::Row,
-    usize: sqlx::ColumnIndex<R>,
-    Option<i64>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
+pub(crate) fn version_row<R: Columns>(row: &R) -> Result<VersionRow, StoreError> {
     Ok((
-        row.try_get(0).store()?,
-        row.try_get(1).store()?,
-        row.try_get(2).store()?,
-        row.try_get(3).store()?,
+        row.maybe_int(0)?,
+        row.maybe_int(1)?,
+        row.maybe_int(2)?,
+        row.maybe_int(3)?,
     ))
 }
 
@@ -292,25 +302,17 @@ fn inbox_key(namespace: String, key: String) -> Result<IdempotencyKey, StoreErro
 /// `entry` answer: `namespace, key, state, attempts, crashes` (counts as 64-bit integers), the
 /// microseconds since it was received, until it is due (NULL unless queued) and since its
 /// last renewal (NULL unless running), whether the request is kept (0 or 1), the history.
-pub(crate) fn inbox_entry<R>(row: &R) -> Result<Entry, StoreError>
-where
-    R: sqlx::Row,
-    usize: sqlx::ColumnIndex<R>,
-    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> &'r [u8]: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
+pub(crate) fn inbox_entry<R: Columns>(row: &R) -> Result<Entry, StoreError> {
     let micros_at = |i: usize| -> Result<Option<Duration>, StoreError> {
-        let us: Option<i64> = row.try_get(i).store()?;
-        Ok(us.map(duration_from_micros))
+        Ok(row.maybe_int(i)?.map(duration_from_micros))
     };
-    let history: Option<&[u8]> = row.try_get(9).store()?;
-    let has_request: i64 = row.try_get(8).store()?;
+    let history = row.maybe_bytes(9)?;
+    let has_request = row.int(8)?;
     Ok(Entry::new(
-        inbox_key(row.try_get(0).store()?, row.try_get(1).store()?)?,
-        entry_state(&row.try_get::<String, _>(2).store()?)?,
-        attempts(row.try_get(3).store()?),
-        attempts(row.try_get(4).store()?),
+        inbox_key(row.text(0)?, row.text(1)?)?,
+        entry_state(&row.text(2)?)?,
+        attempts(row.int(3)?),
+        attempts(row.int(4)?),
         micros_at(5)?.unwrap_or_default(),
         micros_at(6)?,
         micros_at(7)?,
@@ -324,30 +326,21 @@ where
 /// over after a crash, the request, the history, and when it was received (microseconds since
 /// the Unix epoch). The attempt is the next: the take does not count it.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) fn taken_entry<R>(
+pub(crate) fn taken_entry<R: Columns>(
     row: &R,
 ) -> Result<
     Result<crate::store::inbox::Taken, crate::store::inbox::unreadable::Unreadable>,
     StoreError,
->
-where
-    R: sqlx::Row,
-    usize: sqlx::ColumnIndex<R>,
-    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> &'r [u8]: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    let key = inbox_key(row.try_get(0).store()?, row.try_get(1).store()?)?;
-    let token = LeaseToken::from_i64(row.try_get(2).store()?);
-    let received: i64 = row.try_get(8).store()?;
+> {
+    let key = inbox_key(row.text(0)?, row.text(1)?)?;
+    let token = LeaseToken::from_i64(row.int(2)?);
     Ok(crate::store::inbox::unreadable::taken(
-        Lease::new(key, token, row.try_get(5).store()?),
-        row.try_get(6).store()?,
-        attempts(row.try_get(3).store()?).saturating_add(1),
-        attempts(row.try_get(4).store()?),
-        std::time::UNIX_EPOCH + duration_from_micros(received),
-        row.try_get(7).store()?,
+        Lease::new(key, token, row.flag(5)?),
+        row.maybe_bytes(6)?,
+        attempts(row.int(3)?).saturating_add(1),
+        attempts(row.int(4)?),
+        std::time::UNIX_EPOCH + duration_from_micros(row.int(8)?),
+        row.maybe_bytes(7)?,
     ))
 }
 
