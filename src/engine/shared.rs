@@ -8,6 +8,20 @@ use super::settings::Settings;
 use crate::journal::Journal;
 use crate::key::{MAX_KEY_LEN, Scope};
 
+/// The setters of the settings a layer takes as they are given: each keeps its value for
+/// [`SharedSettings::apply`].
+macro_rules! plain_settings {
+    ($($(#[$doc:meta])* $name:ident($value:ident: $ty:ty);)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, $value: $ty) -> Self {
+                self.$name = Some($value);
+                self
+            }
+        )*
+    };
+}
+
 /// What the layers of one service have in common, said once: the drain that stops them, the
 /// journal they note deliveries in, their body limits, their timeouts, their scope.
 ///
@@ -108,32 +122,19 @@ impl SharedSettings {
         self
     }
 
-    /// The largest body a layer buffers, in bytes; larger bodies get 413. See
-    /// [`IdempotencyLayer::body_limit`](crate::IdempotencyLayer::body_limit).
-    pub fn body_limit(mut self, bytes: usize) -> Self {
-        self.body_limit = Some(bytes);
-        self
-    }
-
-    /// How long a body may take to arrive. See
-    /// [`IdempotencyLayer::body_timeout`](crate::IdempotencyLayer::body_timeout).
-    pub fn body_timeout(mut self, timeout: Duration) -> Self {
-        self.body_timeout = Some(timeout);
-        self
-    }
-
-    /// The `Retry-After` sent with the in-flight 409 and with 503. See
-    /// [`IdempotencyLayer::retry_after`](crate::IdempotencyLayer::retry_after).
-    pub fn retry_after(mut self, after: Duration) -> Self {
-        self.retry_after = Some(after);
-        self
-    }
-
-    /// How long one store call may take. See
-    /// [`IdempotencyLayer::store_timeout`](crate::IdempotencyLayer::store_timeout).
-    pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.store_timeout = Some(timeout);
-        self
+    plain_settings! {
+        /// The largest body a layer buffers, in bytes; larger bodies get 413. See
+        /// [`IdempotencyLayer::body_limit`](crate::IdempotencyLayer::body_limit).
+        body_limit(bytes: usize);
+        /// How long a body may take to arrive. See
+        /// [`IdempotencyLayer::body_timeout`](crate::IdempotencyLayer::body_timeout).
+        body_timeout(timeout: Duration);
+        /// The `Retry-After` sent with the in-flight 409 and with 503. See
+        /// [`IdempotencyLayer::retry_after`](crate::IdempotencyLayer::retry_after).
+        retry_after(after: Duration);
+        /// How long one store call may take. See
+        /// [`IdempotencyLayer::store_timeout`](crate::IdempotencyLayer::store_timeout).
+        store_timeout(timeout: Duration);
     }
 
     /// Rejects key values (entity ids) longer than `bytes` with 400. See
@@ -162,24 +163,17 @@ impl SharedSettings {
 
     /// Sets in `settings` each setting given here.
     pub(crate) fn apply(&self, settings: &mut Settings) {
-        if let Some(drain) = &self.drain {
-            settings.drain = drain.clone();
+        fn set<T: Clone>(given: &Option<T>, setting: &mut T) {
+            if let Some(value) = given {
+                *setting = value.clone();
+            }
         }
-        if let Some(bytes) = self.body_limit {
-            settings.body_limit = bytes;
-        }
-        if let Some(timeout) = self.body_timeout {
-            settings.body_timeout = timeout;
-        }
-        if let Some(after) = self.retry_after {
-            settings.retry_after = after;
-        }
-        if let Some(timeout) = self.store_timeout {
-            settings.store_timeout = timeout;
-        }
-        if let Some(bytes) = self.max_key_len {
-            settings.max_key_len = bytes;
-        }
+        set(&self.drain, &mut settings.drain);
+        set(&self.body_limit, &mut settings.body_limit);
+        set(&self.body_timeout, &mut settings.body_timeout);
+        set(&self.retry_after, &mut settings.retry_after);
+        set(&self.store_timeout, &mut settings.store_timeout);
+        set(&self.max_key_len, &mut settings.max_key_len);
         if let Some(scope) = &self.scope {
             settings.scope = scope.for_another_layer();
         }

@@ -72,14 +72,10 @@ impl AdvanceVersion for MySqlStore {
 impl TransactionalStore for MySqlStore {
     type Database = MySql;
 
-    async fn holds_marker(
-        &self,
-        conn: &mut MySqlConnection,
-        key: &IdempotencyKey,
-        token: LeaseToken,
-    ) -> Result<bool, StoreError> {
-        self.table.holds_marker(conn, key, token).await
-    }
+    crate::store::sql::to_table!(
+        holds_marker(conn: &mut MySqlConnection, key: &IdempotencyKey, token: LeaseToken)
+        -> Result<bool, StoreError> => holds_marker
+    );
 
     /// `BEGIN`, then `INSERT IGNORE` of the marker, followed, when the key existed, by a read
     /// of the row (deliveries of an existing key are not counted in this mode), and an

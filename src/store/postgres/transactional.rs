@@ -40,27 +40,19 @@ impl TransactionalStore for PostgresStore {
         }
     }
 
-    async fn holds_marker(
-        &self,
-        conn: &mut PgConnection,
-        key: &IdempotencyKey,
-        token: LeaseToken,
-    ) -> Result<bool, StoreError> {
-        self.table.holds_marker(conn, key, token).await
-    }
+    crate::store::sql::to_table!(
+        holds_marker(conn: &mut PgConnection, key: &IdempotencyKey, token: LeaseToken)
+        -> Result<bool, StoreError> => holds_marker
+    );
 }
 
 impl AdvanceVersion for PostgresStore {
-    /// One statement when the version is newer or equal, a second when it is outdated (see
-    /// the [module docs](crate::store::postgres#entity-versions-the-version-guard)).
-    async fn advance_version(
-        &self,
-        conn: &mut PgConnection,
-        entity: &IdempotencyKey,
-        version: i64,
-    ) -> Result<Advance, StoreError> {
-        self.table.advance_upsert(conn, entity, version).await
-    }
+    crate::store::sql::to_table!(
+        /// One statement when the version is newer or equal, a second when it is outdated (see
+        /// the [module docs](crate::store::postgres#entity-versions-the-version-guard)).
+        advance_version(conn: &mut PgConnection, entity: &IdempotencyKey, version: i64)
+        -> Result<Advance, StoreError> => advance_upsert
+    );
 }
 
 /// 55P03 lock_not_available: the first delivery's transaction is still open.

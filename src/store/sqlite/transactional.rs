@@ -44,27 +44,19 @@ impl TransactionalStore for SqliteStore {
         }
     }
 
-    async fn holds_marker(
-        &self,
-        conn: &mut SqliteConnection,
-        key: &IdempotencyKey,
-        token: LeaseToken,
-    ) -> Result<bool, StoreError> {
-        self.table.holds_marker(conn, key, token).await
-    }
+    crate::store::sql::to_table!(
+        holds_marker(conn: &mut SqliteConnection, key: &IdempotencyKey, token: LeaseToken)
+        -> Result<bool, StoreError> => holds_marker
+    );
 }
 
 impl AdvanceVersion for SqliteStore {
-    /// One statement when the version is newer or equal, a second when it is outdated (see
-    /// the [module docs](crate::store::sqlite#entity-versions-the-version-guard)).
-    async fn advance_version(
-        &self,
-        conn: &mut SqliteConnection,
-        entity: &IdempotencyKey,
-        version: i64,
-    ) -> Result<Advance, StoreError> {
-        self.table.advance_upsert(conn, entity, version).await
-    }
+    crate::store::sql::to_table!(
+        /// One statement when the version is newer or equal, a second when it is outdated (see
+        /// the [module docs](crate::store::sqlite#entity-versions-the-version-guard)).
+        advance_version(conn: &mut SqliteConnection, entity: &IdempotencyKey, version: i64)
+        -> Result<Advance, StoreError> => advance_upsert
+    );
 }
 
 /// Sets the connection's busy timeout, in milliseconds.
