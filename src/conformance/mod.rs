@@ -93,6 +93,7 @@
 mod claims;
 mod expect;
 mod inbox;
+mod inbox_leases;
 mod inbox_races;
 mod races;
 mod receipts;
@@ -114,10 +115,12 @@ pub use claims::{
 };
 pub use inbox::{
     a_taken_entry_says_when_it_was_received, an_operator_leaves_a_live_entry_unless_forced,
-    an_unstarted_entry_is_taken_again_without_a_crash, enqueue_once_then_duplicates,
-    entries_and_stats, give_back_takes_the_attempt_back, hold_leaves_a_crashed_entry_running,
-    purge_keeps_dead_requests, reclaim_counts_crashes_and_ends_dead,
+    enqueue_once_then_duplicates, entries_and_stats, purge_keeps_dead_requests,
     retry_then_dead_then_retry_now, take_ours, take_unstarted,
+};
+pub use inbox_leases::{
+    an_unstarted_entry_is_taken_again_without_a_crash, give_back_takes_the_attempt_back,
+    hold_leaves_a_crashed_entry_running, reclaim_counts_crashes_and_ends_dead,
 };
 pub use inbox_races::{instances_enqueue_and_take_each_once, settle_many_answers_each};
 pub use races::{concurrent_claims_have_one_winner, race_many_events, race_one_event};

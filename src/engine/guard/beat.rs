@@ -1,5 +1,5 @@
-//! The heartbeat of a lease, the bound on each store call, and the retries of a settlement
-//! that failed.
+//! The heartbeat of a lease, the bound on each store call, the retries of a settlement that
+//! failed, and the log of how each settlement went.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::{FIRST_RETRY, LeaseState, Leased, MAX_RETRY_DELAY, Owner, RETRIES, Settle};
 use crate::engine::drain::{Stage, Tracked};
+use crate::engine::observe::record;
 use crate::store::{Receipt, StoreError};
 
 /// The heartbeat of one lease: a renewal every renew interval, at a fixed rate from the claim,
@@ -145,4 +146,43 @@ pub(super) fn left_for_hold<L: Leased>(lease: &L, what: &str, why: &str) {
         lease = %lease.token(),
         "{why}; under the hold policy the {what} stays for review once stale",
     );
+}
+
+/// Logs how a settlement went, for every owner alike: the `delivery` event with the outcome,
+/// and a warning or an error when the settlement did not land.
+pub(crate) fn report<O: Owner>(lease: &O::Lease, action: Settle, result: &Result<(), StoreError>) {
+    let key = lease.key();
+    let version = lease.version();
+    record(key, version, Some(lease.token()), action.outcome_of(result));
+    match (result, action) {
+        (Ok(()), _) => {}
+        (Err(StoreError::LeaseLost), _) => tracing::warn!(
+            namespace = key.namespace(),
+            key = key.value(),
+            version,
+            lease = %lease.token(),
+            action = ?action,
+            "lost the lease on the {}: another delivery took it over; nothing was changed",
+            O::WHAT,
+        ),
+        (Err(error), Settle::Commit) => tracing::error!(
+            namespace = key.namespace(),
+            key = key.value(),
+            version,
+            lease = %lease.token(),
+            error = error as &dyn std::error::Error,
+            "committing the {} failed after the handler succeeded; it is retried",
+            O::WHAT,
+        ),
+        (Err(error), Settle::Release | Settle::GiveBack) => tracing::error!(
+            namespace = key.namespace(),
+            key = key.value(),
+            version,
+            lease = %lease.token(),
+            error = error as &dyn std::error::Error,
+            action = ?action,
+            "releasing the {} failed; it is retried",
+            O::WHAT,
+        ),
+    }
 }

@@ -11,7 +11,6 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::drain::{Stage, Ticket, Tracked};
-use super::observe::record;
 use super::settings::Configured;
 use crate::key::IdempotencyKey;
 use crate::response::Outcome;
@@ -60,45 +59,6 @@ pub(crate) trait Owner: Configured + Send + Sync + 'static {
         action: Settle,
         receipt: Option<&Receipt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
-}
-
-/// Logs how a settlement went, for every owner alike: the `delivery` event with the outcome,
-/// and a warning or an error when the settlement did not land.
-pub(crate) fn report<O: Owner>(lease: &O::Lease, action: Settle, result: &Result<(), StoreError>) {
-    let key = lease.key();
-    let version = lease.version();
-    record(key, version, Some(lease.token()), action.outcome_of(result));
-    match (result, action) {
-        (Ok(()), _) => {}
-        (Err(StoreError::LeaseLost), _) => tracing::warn!(
-            namespace = key.namespace(),
-            key = key.value(),
-            version,
-            lease = %lease.token(),
-            action = ?action,
-            "lost the lease on the {}: another delivery took it over; nothing was changed",
-            O::WHAT,
-        ),
-        (Err(error), Settle::Commit) => tracing::error!(
-            namespace = key.namespace(),
-            key = key.value(),
-            version,
-            lease = %lease.token(),
-            error = error as &dyn std::error::Error,
-            "committing the {} failed after the handler succeeded; it is retried",
-            O::WHAT,
-        ),
-        (Err(error), Settle::Release | Settle::GiveBack) => tracing::error!(
-            namespace = key.namespace(),
-            key = key.value(),
-            version,
-            lease = %lease.token(),
-            error = error as &dyn std::error::Error,
-            action = ?action,
-            "releasing the {} failed; it is retried",
-            O::WHAT,
-        ),
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -560,4 +520,5 @@ mod tests;
 pub(crate) use marker::MarkerGuard;
 
 pub(crate) use beat::bounded;
+pub(crate) use beat::report;
 use beat::{heartbeat, left_for_hold, retried};
