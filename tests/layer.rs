@@ -1504,3 +1504,16 @@ async fn body_arriving_in_time_is_unaffected() {
     assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Processed));
     assert_eq!(body_text(res).await, "   ");
 }
+
+/// The shell hands its inner service out as tower-http's middleware do: by reference, to
+/// change, and whole.
+#[test]
+fn the_inner_service_can_be_read_changed_and_taken_back() {
+    #[derive(Clone)]
+    struct Counter(u32);
+    let mut service = IdempotencyLayer::new(MemoryStore::new()).layer(Counter(1));
+    assert_eq!(service.get_ref().0, 1);
+    service.get_mut().0 = 2;
+    assert_eq!(service.get_ref().0, 2);
+    assert_eq!(service.into_inner().0, 2);
+}

@@ -96,7 +96,8 @@ where
     }
 
     async fn claim(self: Arc<Self>, found: &Found, entry: Ticket) -> Result<Self::Held, Refusal> {
-        let mut guard = claimed(&self, &found.key, found.fingerprint.as_deref(), entry).await?;
+        let mut guard =
+            claim_or_wait(&self, &found.key, found.fingerprint.as_deref(), entry).await?;
         if let Some(fingerprint) = &found.fingerprint {
             guard.fingerprint(**fingerprint);
         }
@@ -128,20 +129,20 @@ where
 /// Claims a delivery's key: the guard of a granted claim, or the layer's own answer
 /// (duplicate, in flight, held, store unavailable); with `.wait_in_flight(..)`, a claim in
 /// flight is waited for and claimed again.
-async fn claimed<St: Store, K: ExtractKey>(
+async fn claim_or_wait<St: Store, K: ExtractKey>(
     owner: &Arc<ClaimMode<St, K>>,
     key: &IdempotencyKey,
     fingerprint: Option<&Fingerprint>,
     entry: Ticket,
 ) -> Result<LeaseGuard<ClaimMode<St, K>>, Refusal> {
     let settings = &owner.settings;
-    let mut claimed = claim(owner, key, entry).await;
+    let mut claimed = claim_once(owner, key, entry).await;
     if let (Ok(Claimed::InFlight(_)), Some(wait)) = (&claimed, owner.claims.wait_in_flight) {
         let until = crate::body::later(tokio::time::Instant::now(), wait);
         let (stale, timeout) = (owner.claims.stale, settings.store_timeout);
         if wait::settled(&owner.store, &settings.drain, key, stale, timeout, until).await {
             claimed = match settings.drain.enter() {
-                Some(entry) => claim(owner, key, entry).await,
+                Some(entry) => claim_once(owner, key, entry).await,
                 None => return Err(Refusal::Draining),
             };
         }
@@ -237,7 +238,7 @@ enum Claimed<St: Store, K: ExtractKey> {
 
 /// Claims `key` within the store timeout (see [`acquire`]); `entry` counts the delivery in
 /// the drain.
-async fn claim<St: Store, K: ExtractKey>(
+async fn claim_once<St: Store, K: ExtractKey>(
     owner: &Arc<ClaimMode<St, K>>,
     key: &IdempotencyKey,
     entry: Ticket,

@@ -135,6 +135,16 @@ impl<S, M> Guarded<S, M> {
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
+
+    /// The inner service, to change.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, this shell dropped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 impl<S: Clone, M> Clone for Guarded<S, M> {

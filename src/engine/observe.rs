@@ -33,7 +33,9 @@ pub(crate) fn observed<B, E>(
     ResponseFuture::new(delivery, span, report)
 }
 
-/// The response future of [`Idempotency`](crate::Idempotency).
+/// The response future of every service of the crate's layers ([`Idempotency`](crate::Idempotency),
+/// [`VersionGuard`](crate::version_guard::VersionGuard), `Transactional`, `Ingest`): all four
+/// are a [`Guarded`](super::Guarded) shell.
 ///
 /// The delivery runs in its tracing span, `delivery`, which this future enters while it polls
 /// it, and whose outcome it reports when it answers.

@@ -85,13 +85,18 @@
 //!
 //! | file | holds |
 //! |---|---|
-//! | `mod.rs` | the module docs (statements or scripts, time source, round trips), the store's struct, its constructors (`new`, `open`, `connect`…), its settings and `migrate` |
-//! | `claims.rs` | `impl Store`: the claim, its settlements, `describe` and the maintenance calls |
+//! | `mod.rs` | the store's struct, its constructors (`new`, `open`, `connect`…), its settings and `migrate`; its docs (statements or scripts, time source, round trips) are a page of `src/docs/` that `mod.rs` includes |
+//! | `claims.rs` | `impl Store`: the claim, its settlements, `describe` and the maintenance calls; on SQL, the statements a lone write sends |
 //! | `versions.rs` | `impl VersionStore`, for the version guard |
 //! | `transactional.rs` | `impl TransactionalStore` and `AdvanceVersion`, on a database with transactions |
+//! | `inbox.rs` or `inbox/` | `impl InboxStore`: on SQL only `enqueue`, `take` and `settle_many` are the backend's own, with their statements in `inbox/queries.rs` |
+//! | `batch.rs` | group commit's multi-row statements (the batcher itself is shared); on SQL |
 //!
 //! Helpers sit beside them when a backend needs them: its statements (`queries.rs`), its
-//! server scripts (`scripts.rs`), how it opens a database (`open.rs`).
+//! server scripts (`scripts.rs`), how it opens a database (`open.rs`). What the SQL backends
+//! run the same way (the fenced writes, the reads, the inbox's listing and settlement, the
+//! row decoders) is written once over sqlx's `Database`, and each backend's `impl` names the
+//! methods it forwards there.
 //!
 //! No method of [`Store`], [`VersionStore`] or `TransactionalStore` has a default: a backend
 //! thinks about each one (the [`Store`] docs carry a complete small store). Those that need

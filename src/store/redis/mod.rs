@@ -1,102 +1,4 @@
-//! [`RedisStore`]: claims in Redis or Valkey, on one server or on a Redis Cluster.
-//!
-//! ```no_run
-//! use tower_idempotency::{IdempotencyLayer, key, store::RedisStore};
-//!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! // One server (or a managed primary):
-//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
-//! // A Redis Cluster, from any of its nodes:
-//! let cluster = RedisStore::connect_cluster(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002"]).await?;
-//! let layer = IdempotencyLayer::new(store).key(key::stripe());
-//! # let _ = (layer, cluster);
-//! # Ok(())
-//! # }
-//! ```
-//!
-//! # How it keeps claims
-//!
-//! Each key is one Redis hash, `<prefix>:k:<namespace length>:<namespace>:<key>` (prefix
-//! `tower-idempotency` unless [`with_prefix`](RedisStore::with_prefix) says otherwise).
-//! Every step of the store contract (claim, renew, commit, release, resolve) is one server
-//! script that reads and writes that one hash: atomic, one round trip, and, touching a single
-//! key, always within one slot of a cluster. Scripts take the time from the server (`TIME`),
-//! so app instances with skewed clocks agree on which claims are stale; leases are fenced by a
-//! token as in the SQL stores.
-//!
-//! The client sends a command again when the connection it went out on drops before the
-//! answer comes, and the first may have run. Each write knows its second run by the fresh
-//! token it was given and answers as the first did: a claim sent twice is acquired once, its
-//! delivery and run counted once; a resolve or a version's settlement sent twice answers that
-//! it settled. For that, an entity's versions discarded where none was ever applied leave a
-//! small hash behind, which expires after the retention.
-//!
-//! # Delivery counts
-//!
-//! A duplicate (of a done key, or of one in flight or held) is answered by a script that only
-//! reads the hash: nothing for the server to log to its append-only file or to send to
-//! replicas (with [`wait_for_replicas`](RedisStore::wait_for_replicas), its `WAIT` returns
-//! as soon as the replicas have the earlier writes). Its delivery is counted in the process
-//! and added to the hash's `deliveries` and `last_seen` by a background task about once a
-//! second ([`with_count_interval`](RedisStore::with_count_interval)), one script per key
-//! that had duplicates meanwhile, which leaves a key that expired meanwhile
-//! absent. A write whose answer is lost (a connection that drops just then) is tried again,
-//! and its counts may then be added twice. [`describe`](super::Store::describe) and
-//! [`stuck_claims`](super::Store::stuck_claims) on the same store include the counts not
-//! written yet; another instance sees them once they are. A crash loses at most the last
-//! interval's counts of the instance (never a claim: counts are statistics);
-//! [`write_counts`](RedisStore::write_counts) writes them at once, before shutting down say.
-//!
-//! Settled keys (`done`, `released`) expire after the store's retention
-//! ([`DEFAULT_RETENTION`], 7 days, unless
-//! [`with_retention`](RedisStore::with_retention) says otherwise): Redis deletes them itself,
-//! no purge task needed. [`purge_completed`](super::Store::purge_completed) still deletes
-//! settled keys older than its argument, for a shorter retention now and then. It and
-//! [`stuck_claims`](super::Store::stuck_claims) walk every key of the store with `SCAN` (on
-//! each master of a cluster) and read each key found: their cost grows with the number of
-//! keys kept, like a table scan, and they are maintenance calls, not for the request path.
-//! A key found on a node is judged by that node's clock, which wrote its times.
-//!
-//! # What a failure can lose
-//!
-//! Redis acknowledges a write once it is in the server's memory. Its durability is the
-//! server's:
-//!
-//! - **A restart** loses what the server had not saved. Redis's default persistence is a
-//!   snapshot now and then (RDB): a restart loses the writes since the last one, and a server
-//!   without persistence loses every claim and done key; events delivered again afterwards run
-//!   again. With `appendonly yes` and `appendfsync everysec` it loses at most about the last
-//!   second of writes; `appendfsync always` loses none, at the cost of a disk flush per write
-//!   (a duplicate writes nothing; its count is added later, once a key and interval).
-//! - **Eviction** deletes keys when the server runs out of memory. Every settled key has a
-//!   time to live, so the `volatile-*` policies (the default of many managed services) evict
-//!   done keys first, and their events run again; the `allkeys-*` policies evict claims in
-//!   flight and the version guard's entities too. Run the store's server with
-//!   `maxmemory-policy noeviction`: a full server then refuses writes, which the layer answers
-//!   503, and nothing is forgotten.
-//! - **A failover** (a replica promoted because its master died) loses the writes the master
-//!   acknowledged but had not sent to that replica yet: a claim (the event then runs again on
-//!   its next delivery while the first run may still be going), or a done marker (the next
-//!   delivery runs it again). So a failover can run an event twice; it never loses one: a
-//!   delivery is acknowledged only after its handler ran. For the version guard the lost
-//!   write is an applied version: an older version delivered after the failover then applies
-//!   over a newer one, which ordering was meant to prevent.
-//! - [`wait_for_replicas(n, timeout)`](RedisStore::wait_for_replicas) narrows that window: each
-//!   claim, commit and release then waits (`WAIT`) until `n` replicas have it, and a write
-//!   that `n` replicas did not confirm in time is an error (a claim is given back and the
-//!   layer answers 503; a commit is retried). It costs a round trip to the replicas per write.
-//!   `WAIT` narrows the window, it does not close it: a replica that has a write may still not
-//!   be the one promoted.
-//!
-//! A Redis that cannot be reached, or a cluster whose slots are moving, answers errors the
-//! layer turns into 503 with `Retry-After`; the handler never runs without a claim. The
-//! client follows `MOVED` and `ASK` redirections and reconnects by itself.
-//!
-//! # The client
-//!
-//! The store talks to Redis through `redis` (redis-rs), the Rust client most used with tokio,
-//! with its `tokio-comp`, `connection-manager` (a single connection shared by all tasks,
-//! reconnected when it drops) and `cluster-async` features, without TLS.
+#![doc = include_str!("../../docs/redis.md")]
 
 use std::fmt;
 use std::sync::Arc;
@@ -113,10 +15,10 @@ use crate::key::IdempotencyKey;
 mod claims;
 mod conn;
 mod counts;
-#[cfg(test)]
-mod resend_tests;
 mod scan;
 mod scripts;
+#[cfg(test)]
+mod tests;
 mod versions;
 
 /// The prefix of every key the store writes, unless told otherwise.
