@@ -8,7 +8,7 @@ use http::header::{self, HeaderName};
 use tower_layer::Layer;
 
 use super::Inbox;
-use super::mode::IngestMode;
+use super::mode::{IngestMode, IngestSettings};
 use crate::engine::mode::{Guarded, Settings, shared_settings, verifies};
 use crate::key::{self, Auto, ExtractKey};
 use crate::store::inbox::InboxStore;
@@ -70,14 +70,6 @@ pub struct IngestLayer<St, K = Auto> {
     key: K,
     settings: Settings,
     ingest: IngestSettings,
-}
-
-#[derive(Debug, Clone)]
-pub(super) struct IngestSettings {
-    pub(super) accepted: StatusCode,
-    pub(super) dropped: Vec<HeaderName>,
-    /// Stores deliveries without checking a signature: said explicitly.
-    unverified: bool,
 }
 
 impl<St: InboxStore + Clone> IngestLayer<St> {

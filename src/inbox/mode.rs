@@ -6,13 +6,13 @@ use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use http::header::HeaderName;
 use http::request::Parts;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
 use tower_service::Service;
 
 use super::Inbox;
-use super::layer::IngestSettings;
 use crate::body::{RequestBody, ResponseBody};
 use crate::engine::mode::{
     Configured, HandBack, HandedBack, Mode, Ran, Reach, Refusal, Rejection, Settings, Ticket,
@@ -171,4 +171,15 @@ where
         }
         res.extensions_mut().insert(found.key);
     }
+}
+
+/// What the ingest answers and keeps, beside the settings every mode shares.
+#[derive(Debug, Clone)]
+pub(super) struct IngestSettings {
+    /// The status a stored delivery is answered with.
+    pub(super) accepted: StatusCode,
+    /// The headers left out of the stored request.
+    pub(super) dropped: Vec<HeaderName>,
+    /// Stores deliveries without checking a signature: said explicitly.
+    pub(super) unverified: bool,
 }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row as _};
 
-use super::claims::Lone;
+use super::claims::{Lone, is_retryable};
 use crate::store::batch::{
     Answers, Batcher, ClaimWrite, CommitWrite, EnqueueWrite, Shape, all_fail, batcher, key_order,
     or_alone,
@@ -214,13 +214,6 @@ fn position(order: &[usize], n: i64) -> Result<usize, StoreError> {
         .ok_or_else(|| {
             StoreError::backend(format!("a batch answered position {n} of {}", order.len()))
         })
-}
-
-/// 40001 serialization_failure, 40P01 deadlock_detected: nothing was written, and the writes
-/// can be sent again.
-pub(super) fn is_retryable(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(e)
-        if matches!(e.code().as_deref(), Some("40001" | "40P01")))
 }
 
 /// The claims of a batch (see the module docs): `$1` namespaces, `$2` keys, `$3` tokens. Each

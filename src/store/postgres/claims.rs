@@ -6,7 +6,6 @@ use std::sync::Arc;
 use sqlx::{AssertSqlSafe, PgPool};
 
 use super::PostgresStore;
-use super::batch::is_retryable;
 use crate::key::IdempotencyKey;
 use crate::store::batch::{ClaimWrite, CommitWrite};
 use crate::store::sql::{AfterRead, ClaimRow, held, retry_serialization_failure};
@@ -136,4 +135,11 @@ impl Lone {
         let done = retry_serialization_failure("commit", is_retryable, statement).await?;
         Ok(done.rows_affected())
     }
+}
+
+/// 40001 serialization_failure, 40P01 deadlock_detected: nothing was written, and the writes
+/// can be sent again.
+pub(super) fn is_retryable(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(e)
+        if matches!(e.code().as_deref(), Some("40001" | "40P01")))
 }

@@ -1,6 +1,7 @@
 //! Group commit on SQLite: the claims, commits and inbox entries of concurrent deliveries go
-//! to the database in one transaction (see [`Batcher`]), so that they wait for one sync of the disk together
-//! rather than one each.
+//! to the database in one transaction (see [`Batcher`]), so that they wait for one sync of
+//! the disk together rather than one each. The writes and their lone statements are in
+//! `claims.rs`.
 //!
 //! A lone write is the statement of the [module docs](super#round-trips), in the writer's
 //! turn, committed on its own. Writes that arrive while it runs go, in the next turn, in one
@@ -12,71 +13,8 @@
 
 use std::sync::Arc;
 
-use super::claims::Lone;
-use crate::key::IdempotencyKey;
-use crate::store::LeaseToken;
-use crate::store::batch::{Answers, Batcher, Keyed, Shape, all_fail};
-use crate::store::sql::ClaimRow;
-
-/// One write of a delivery.
-pub(super) enum Write {
-    /// A claim that guesses its key is new: inserts the row with `token`, or reads the row
-    /// the key has (see [`super::queries::enter`]). Sent only when the writer is idle, alone.
-    Enter {
-        key: IdempotencyKey,
-        token: LeaseToken,
-    },
-    /// A claim's upsert (a new key, or one to take over), writing `token` if it takes the row.
-    Claim {
-        key: IdempotencyKey,
-        token: LeaseToken,
-        /// Whether the stale policy reclaims.
-        reclaim: bool,
-        /// The stale limit, in microseconds.
-        stale_us: i64,
-    },
-    /// A commit, with its receipt encoded.
-    Commit {
-        key: IdempotencyKey,
-        token: LeaseToken,
-        receipt: Option<Vec<u8>>,
-    },
-    /// An inbox entry's insert, with its request encoded.
-    Enqueue {
-        key: IdempotencyKey,
-        request: Vec<u8>,
-    },
-}
-
-/// What a write answers.
-pub(super) enum Wrote {
-    /// The row an `Enter` inserted (its token the claim's) or found, read on the insert's
-    /// connection (none: no row, the key's row gone between the insert and the read).
-    Found(Option<ClaimRow>),
-    /// The claimed row, as the upsert left it.
-    Row(ClaimRow),
-    /// The rows a commit matched (0 when the lease is lost), or an insert stored (0 when the
-    /// key was there already).
-    Matched(u64),
-}
-
-impl Keyed for Write {
-    fn key(&self) -> &IdempotencyKey {
-        match self {
-            Write::Enter { key, .. }
-            | Write::Claim { key, .. }
-            | Write::Commit { key, .. }
-            | Write::Enqueue { key, .. } => key,
-        }
-    }
-    fn bytes(&self) -> usize {
-        match self {
-            Write::Enter { .. } | Write::Claim { .. } => 0,
-            Write::Commit { receipt, .. } => receipt.as_ref().map_or(0, Vec::len),
-            Write::Enqueue { request, .. } => request.len(),
-        }
-    }
-}
+use super::claims::{Lone, Write, Wrote};
+use crate::store::batch::{Answers, Batcher, Shape, all_fail};
 
 /// The batcher of one store's writes, at most `most` a transaction, each written alone as
 /// `lone` says.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection};
 
 use super::SqliteStore;
-use super::batch::{Write, Wrote};
 use crate::key::IdempotencyKey;
+use crate::store::batch::Keyed;
 use crate::store::sql::{AfterRead, ClaimRow, ResultExt as _, Table, held, micros, returned};
 use crate::store::{Claim, Lease, LeaseToken, Receipt, Stale, StalePolicy, Store, StoreError};
 
@@ -106,6 +106,66 @@ impl SqliteStore {
 /// A write answered with what another kind of write answers: a defect of the batch.
 fn mixed_up() -> StoreError {
     StoreError::backend("a batched write was answered for another kind of write")
+}
+
+/// One write of a delivery.
+pub(super) enum Write {
+    /// A claim that guesses its key is new: inserts the row with `token`, or reads the row
+    /// the key has (see [`super::queries::enter`]). Sent only when the writer is idle, alone.
+    Enter {
+        key: IdempotencyKey,
+        token: LeaseToken,
+    },
+    /// A claim's upsert (a new key, or one to take over), writing `token` if it takes the row.
+    Claim {
+        key: IdempotencyKey,
+        token: LeaseToken,
+        /// Whether the stale policy reclaims.
+        reclaim: bool,
+        /// The stale limit, in microseconds.
+        stale_us: i64,
+    },
+    /// A commit, with its receipt encoded.
+    Commit {
+        key: IdempotencyKey,
+        token: LeaseToken,
+        receipt: Option<Vec<u8>>,
+    },
+    /// An inbox entry's insert, with its request encoded.
+    Enqueue {
+        key: IdempotencyKey,
+        request: Vec<u8>,
+    },
+}
+
+/// What a write answers.
+pub(super) enum Wrote {
+    /// The row an `Enter` inserted (its token the claim's) or found, read on the insert's
+    /// connection (none: no row, the key's row gone between the insert and the read).
+    Found(Option<ClaimRow>),
+    /// The claimed row, as the upsert left it.
+    Row(ClaimRow),
+    /// The rows a commit matched (0 when the lease is lost), or an insert stored (0 when the
+    /// key was there already).
+    Matched(u64),
+}
+
+impl Keyed for Write {
+    fn key(&self) -> &IdempotencyKey {
+        match self {
+            Write::Enter { key, .. }
+            | Write::Claim { key, .. }
+            | Write::Commit { key, .. }
+            | Write::Enqueue { key, .. } => key,
+        }
+    }
+    fn bytes(&self) -> usize {
+        match self {
+            Write::Enter { .. } | Write::Claim { .. } => 0,
+            Write::Commit { receipt, .. } => receipt.as_ref().map_or(0, Vec::len),
+            Write::Enqueue { request, .. } => request.len(),
+        }
+    }
 }
 
 /// The statements a write runs, alone (as without batching) or in a batch's transaction: a

@@ -33,7 +33,7 @@ pub struct SqliteStore {
     inbox: Arc<inbox::Own>,
     /// Where concurrent claims and commits meet to share a transaction; none when each goes
     /// alone.
-    batches: Batcher<batch::Write, batch::Wrote>,
+    batches: Batcher<claims::Write, claims::Wrote>,
     /// Whether the store's last claim found its key new: the next claim, if the writer is
     /// idle, then inserts first (see [round trips](self#round-trips)).
     new_keys: NewKeys,

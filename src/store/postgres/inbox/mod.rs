@@ -5,7 +5,7 @@
 
 use sqlx::{AssertSqlSafe, Row as _};
 
-use super::batch::is_retryable;
+use super::claims::is_retryable;
 use super::{PostgresStore, is_serialization_failure};
 use crate::key::IdempotencyKey;
 use crate::store::batch::EnqueueWrite;

@@ -8,7 +8,7 @@
 use sqlx::AssertSqlSafe;
 
 use super::SqliteStore;
-use super::batch::{Write, Wrote};
+use super::claims::{Write, Wrote};
 use crate::key::IdempotencyKey;
 use crate::store::inbox::unreadable;
 use crate::store::inbox::{Enqueued, InboxStore, StoredRequest, Take, Taken};
