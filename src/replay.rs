@@ -124,7 +124,6 @@
 //! store no answers.
 
 use std::fmt;
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -336,9 +335,9 @@ pub(crate) fn never_replayed(name: &HeaderName) -> bool {
     NEVER.contains(name)
 }
 
-/// Stores what a [`Replay`] says, when the layer has one. One pointer: it is held through
+/// Stores what a [`Replay`] says, for a layer that has one. One pointer: it is held through
 /// the handler's run, whose future is boxed for every delivery.
-pub(crate) struct Keeper(pub(crate) Option<Arc<Capture>>);
+pub(crate) struct Keeper(pub(crate) Arc<Capture>);
 
 /// What a layer with replay stores, and how.
 #[derive(Debug)]
@@ -356,24 +355,12 @@ where
     B::Error: Into<BoxError>,
 {
     fn stores(&self) -> bool {
-        self.0.is_some()
+        true
     }
 
-    #[allow(
-        clippy::manual_async_fn,
-        reason = "the trait names the future's bounds"
-    )]
-    fn keep(
-        self,
-        res: Response<B>,
-    ) -> impl Future<Output = (Response<ResponseBody<B>>, Option<StoredResponse>)> + Send {
-        async move {
-            match self.0 {
-                // Boxed: a layer without replay does not carry the reading in its future.
-                Some(how) => Box::pin(capture(how, res)).await,
-                None => (res.map(ResponseBody::new), None),
-            }
-        }
+    async fn keep(self, res: Response<B>) -> (Response<ResponseBody<B>>, Option<StoredResponse>) {
+        // Boxed: the run's future does not carry the reading unless the layer replays.
+        Box::pin(capture(self.0, res)).await
     }
 }
 

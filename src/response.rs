@@ -200,3 +200,27 @@ pub(crate) fn tagged<B>(
     }
     res
 }
+
+/// Which inner responses commit: a predicate on the status. By default, 2xx.
+#[derive(Clone)]
+pub(crate) struct CommitWhen(pub(crate) std::sync::Arc<dyn Fn(StatusCode) -> bool + Send + Sync>);
+
+impl CommitWhen {
+    pub(crate) fn commits(&self, status: StatusCode) -> bool {
+        (self.0)(status)
+    }
+}
+
+impl Default for CommitWhen {
+    fn default() -> Self {
+        Self(std::sync::Arc::new(|status: StatusCode| {
+            status.is_success()
+        }))
+    }
+}
+
+impl std::fmt::Debug for CommitWhen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommitWhen(..)")
+    }
+}

@@ -110,7 +110,7 @@ where
         inner: S,
         request: Request<RequestBody<B>>,
     ) -> impl Future<Output = Ran<Response<ResponseBody<ResB>>, S::Error>> + Send + 'static {
-        let keep = Keeper(self.capture.clone());
+        let keep = self.capture.clone().map(Keeper);
         run(held, inner, request, keep)
     }
 

@@ -207,15 +207,23 @@ impl<B: Send + 'static> Keep<B> for Nothing {
         false
     }
 
-    #[allow(
-        clippy::manual_async_fn,
-        reason = "the trait names the future's bounds"
-    )]
-    fn keep(
-        self,
-        res: Response<B>,
-    ) -> impl Future<Output = (Response<ResponseBody<B>>, Option<StoredResponse>)> + Send {
-        async move { (res.map(ResponseBody::new), None) }
+    async fn keep(self, res: Response<B>) -> (Response<ResponseBody<B>>, Option<StoredResponse>) {
+        (res.map(ResponseBody::new), None)
+    }
+}
+
+/// What a mode keeps when it may keep something: nothing when `None`, without entering the
+/// keeper's code.
+impl<B: Send + 'static, K: Keep<B>> Keep<B> for Option<K> {
+    fn stores(&self) -> bool {
+        self.as_ref().is_some_and(K::stores)
+    }
+
+    async fn keep(self, res: Response<B>) -> (Response<ResponseBody<B>>, Option<StoredResponse>) {
+        match self {
+            Some(keeper) => keeper.keep(res).await,
+            None => (res.map(ResponseBody::new), None),
+        }
     }
 }
 

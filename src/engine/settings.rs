@@ -2,10 +2,9 @@
 
 use std::time::Duration;
 
-use http::StatusCode;
-
 use super::drain::Drain;
 use crate::key::{MAX_KEY_LEN, Scope};
+pub(crate) use crate::response::CommitWhen;
 
 /// The default limit on a body buffered to read a key: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
@@ -57,22 +56,6 @@ impl std::fmt::Debug for HeldHook {
     }
 }
 
-/// Which inner responses commit: a predicate on the status.
-#[derive(Clone)]
-pub(crate) struct CommitWhen(pub(crate) std::sync::Arc<dyn Fn(StatusCode) -> bool + Send + Sync>);
-
-impl CommitWhen {
-    pub(crate) fn commits(&self, status: StatusCode) -> bool {
-        (self.0)(status)
-    }
-}
-
-impl std::fmt::Debug for CommitWhen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CommitWhen(..)")
-    }
-}
-
 /// The signature check of a layer built with `.verify(..)`.
 #[cfg(feature = "verify")]
 #[derive(Clone)]
@@ -93,9 +76,7 @@ impl Default for Settings {
             body_timeout: Duration::from_secs(30),
             retry_after: Duration::from_secs(5),
             store_timeout: Duration::from_secs(5),
-            commit_when: CommitWhen(std::sync::Arc::new(|status: StatusCode| {
-                status.is_success()
-            })),
+            commit_when: CommitWhen::default(),
             missing_key: MissingKey::Reject,
             max_key_len: MAX_KEY_LEN,
             drain: Drain::new(),

@@ -1,11 +1,12 @@
 //! [`Auto`], which recognises the sender by its headers, and the generic `Idempotency-Key`
-//! header it falls back to. The senders themselves are the records of [`senders`], which
+//! header it falls back to. The senders themselves are the records of [`senders`](super::senders), which
 //! signature verification reads too.
 
 use http::request::Parts;
 
-use super::senders::{self, ALL, Id, Sender};
+use super::senders::{ALL, Id, Sender};
 use super::{ExtractKey, Header, IdempotencyKey, Json, KeyError};
+use std::sync::LazyLock;
 
 /// A client-chosen `Idempotency-Key` header (IETF draft-ietf-httpapi-idempotency-key-header),
 /// namespace `idempotency-key`, read as the draft defines it: an RFC 8941 String (`"abc"`),
@@ -80,6 +81,35 @@ pub fn auto() -> Auto {
     }
 }
 
+/// [`ALL`] in the order of [`Sender::signature_precedence`], sorted once: detection by a
+/// signature header stops at the first sender whose header is there.
+static BY_SIGNATURE: LazyLock<Vec<&'static Sender>> = LazyLock::new(|| {
+    let mut senders = ALL.to_vec();
+    senders.sort_by_key(|sender| sender.signature_precedence);
+    senders
+});
+
+/// The sender whose key [`auto`] uses for this request, if any. Signature
+/// verification asks the same question, so that the key claimed always belongs to the sender
+/// verified.
+///
+/// A sender's id header names it first, in the order of [`ALL`]; then its signature header,
+/// in the order of [`Sender::signature_precedence`]. A request that carries a sender's
+/// signature is that sender's, so that a signed delivery stripped of its id header cannot
+/// fall through to the generic `Idempotency-Key`.
+pub(crate) fn detect(parts: &Parts) -> Option<&'static Sender> {
+    let any = |names: &[&str]| names.iter().any(|name| parts.headers.contains_key(*name));
+    ALL.iter()
+        .copied()
+        .find(|sender| matches!(sender.id, Id::Headers(names) if any(names)))
+        .or_else(|| {
+            BY_SIGNATURE
+                .iter()
+                .copied()
+                .find(|sender| any(sender.signature))
+        })
+}
+
 enum Detected<'a> {
     Header(&'a Header),
     Body(&'a Json, Option<&'static str>),
@@ -88,8 +118,8 @@ enum Detected<'a> {
 
 impl Auto {
     fn detect(&self, parts: &Parts) -> Detected<'_> {
-        let sender = senders::detect(parts)
-            .and_then(|sender| self.senders.iter().find(|s| s.sender == sender));
+        let sender = detect(parts)
+            .and_then(|sender| self.senders.iter().find(|s| std::ptr::eq(s.sender, sender)));
         match sender.map(|sender| &sender.key) {
             Some(Key::Headers(headers)) => headers
                 .iter()

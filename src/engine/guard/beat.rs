@@ -1,15 +1,15 @@
-//! The heartbeat of a lease, the bound on each store call, the retries of a settlement that
-//! failed, and the log of how each settlement went.
+//! What the lease guard does off a delivery's usual path: the heartbeat of a lease whose
+//! handler has to wait, the retries of a settlement that failed, and a panicked handler's
+//! claim.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::task::Poll;
-use std::time::Duration;
 
-use super::{FIRST_RETRY, LeaseState, Leased, MAX_RETRY_DELAY, Owner, RETRIES, Settle};
+use super::{
+    FIRST_RETRY, LeaseGuard, LeaseState, Leased, MAX_RETRY_DELAY, Owner, RETRIES, Settle, bounded,
+};
 use crate::engine::drain::{Stage, Tracked};
-use crate::engine::observe::record;
-use crate::store::{Receipt, StoreError};
+use crate::store::{Receipt, StalePolicy, StoreError};
 
 /// The heartbeat of one lease: a renewal every renew interval, at a fixed rate from the claim,
 /// each bounded by the store timeout and by the interval itself, so that one renewal that
@@ -72,26 +72,6 @@ pub(super) async fn heartbeat<O: Owner>(owner: Arc<O>, state: Arc<LeaseState<O::
     }
 }
 
-/// A store call, bounded by the store timeout. A store that answers at the first poll (the
-/// memory store) never needs the timer, and none is made for it.
-pub(crate) async fn bounded(
-    call: impl Future<Output = Result<(), StoreError>>,
-    timeout: Duration,
-) -> Result<(), StoreError> {
-    let mut call = std::pin::pin!(call);
-    let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-    if let Poll::Ready(result) = first {
-        return result;
-    }
-    tokio::time::timeout(timeout, call)
-        .await
-        .unwrap_or_else(|_| {
-            Err(StoreError::backend(format!(
-                "the store did not answer within {timeout:?}"
-            )))
-        })
-}
-
 /// Tries a settlement that failed again, with backoff, up to [`RETRIES`] more times or until
 /// the store answers something other than a failure, says how it went, and answers the last
 /// result.
@@ -148,41 +128,52 @@ pub(super) fn left_for_hold<L: Leased>(lease: &L, what: &str, why: &str) {
     );
 }
 
-/// Logs how a settlement went, for every owner alike: the `delivery` event with the outcome,
-/// and a warning or an error when the settlement did not land.
-pub(crate) fn report<O: Owner>(lease: &O::Lease, action: Settle, result: &Result<(), StoreError>) {
-    let key = lease.key();
-    let version = lease.version();
-    record(key, version, Some(lease.token()), action.outcome_of(result));
-    match (result, action) {
-        (Ok(()), _) => {}
-        (Err(StoreError::LeaseLost), _) => tracing::warn!(
-            namespace = key.namespace(),
-            key = key.value(),
-            version,
-            lease = %lease.token(),
-            action = ?action,
-            "lost the lease on the {}: another delivery took it over; nothing was changed",
-            O::WHAT,
-        ),
-        (Err(error), Settle::Commit) => tracing::error!(
-            namespace = key.namespace(),
-            key = key.value(),
-            version,
-            lease = %lease.token(),
-            error = error as &dyn std::error::Error,
-            "committing the {} failed after the handler succeeded; it is retried",
-            O::WHAT,
-        ),
-        (Err(error), Settle::Release | Settle::GiveBack) => tracing::error!(
-            namespace = key.namespace(),
-            key = key.value(),
-            version,
-            lease = %lease.token(),
-            error = error as &dyn std::error::Error,
-            action = ?action,
-            "releasing the {} failed; it is retried",
-            O::WHAT,
-        ),
+/// What the guard does off the delivery's usual path: the heartbeat, once the handler has to
+/// wait; the retries of a failed settlement; a panicked handler's claim.
+impl<O: Owner> LeaseGuard<O> {
+    /// Starts renewing the claim in a task of its own, every renew interval until the lease is
+    /// settled. Its own task, so that a handler that hogs its thread, or a run polled late,
+    /// cannot starve the heartbeat. Called once the handler has to wait: a handler that
+    /// answers at once never starts one.
+    pub(crate) fn start_heartbeat(&mut self) {
+        if self.beating {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        self.beating = true;
+        runtime.spawn(heartbeat(self.owner.clone(), self.state.clone()));
+    }
+
+    /// The handler panicked: under reclaim, release so the retry runs; under hold, leave the
+    /// claim to the stale path, since the work may have been half done.
+    // Not an `async fn`, which would hold the guard twice.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
+    pub(crate) fn abandon(mut self) -> impl Future<Output = ()> + Send {
+        async move {
+            match self.owner.stale().policy() {
+                StalePolicy::Reclaim => {
+                    self.settle(Settle::Release).await;
+                }
+                StalePolicy::Hold => {
+                    left_for_hold(self.lease(), O::WHAT, "the handler panicked");
+                    self.finish();
+                }
+            }
+        }
+    }
+
+    /// Tries a failed commit or release again with backoff, the heartbeat going on. Both
+    /// are fenced, so a late attempt cannot touch a claim someone else holds by now.
+    pub(super) async fn retry(mut self, action: Settle) -> Result<(), StoreError> {
+        // The heartbeat goes on meanwhile: the claim stays ours while the store recovers.
+        let receipt = self.receipt.take();
+        let landed = retried(&*self.owner, self.lease(), action, receipt.as_deref()).await;
+        self.finish();
+        landed
     }
 }

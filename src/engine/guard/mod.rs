@@ -6,11 +6,13 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
 use super::drain::{Stage, Ticket, Tracked};
+use super::observe::record;
 use super::settings::Configured;
 use crate::key::IdempotencyKey;
 use crate::response::Outcome;
@@ -59,6 +61,65 @@ pub(crate) trait Owner: Configured + Send + Sync + 'static {
         action: Settle,
         receipt: Option<&Receipt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// Logs how a settlement went, for every owner alike: the `delivery` event with the outcome,
+/// and a warning or an error when the settlement did not land.
+pub(crate) fn report<O: Owner>(lease: &O::Lease, action: Settle, result: &Result<(), StoreError>) {
+    let key = lease.key();
+    let version = lease.version();
+    record(key, version, Some(lease.token()), action.outcome_of(result));
+    match (result, action) {
+        (Ok(()), _) => {}
+        (Err(StoreError::LeaseLost), _) => tracing::warn!(
+            namespace = key.namespace(),
+            key = key.value(),
+            version,
+            lease = %lease.token(),
+            action = ?action,
+            "lost the lease on the {}: another delivery took it over; nothing was changed",
+            O::WHAT,
+        ),
+        (Err(error), Settle::Commit) => tracing::error!(
+            namespace = key.namespace(),
+            key = key.value(),
+            version,
+            lease = %lease.token(),
+            error = error as &dyn std::error::Error,
+            "committing the {} failed after the handler succeeded; it is retried",
+            O::WHAT,
+        ),
+        (Err(error), Settle::Release | Settle::GiveBack) => tracing::error!(
+            namespace = key.namespace(),
+            key = key.value(),
+            version,
+            lease = %lease.token(),
+            error = error as &dyn std::error::Error,
+            action = ?action,
+            "releasing the {} failed; it is retried",
+            O::WHAT,
+        ),
+    }
+}
+
+/// A store call, bounded by the store timeout. A store that answers at the first poll (the
+/// memory store) never needs the timer, and none is made for it.
+pub(crate) async fn bounded(
+    call: impl Future<Output = Result<(), StoreError>>,
+    timeout: Duration,
+) -> Result<(), StoreError> {
+    let mut call = std::pin::pin!(call);
+    let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+    if let Poll::Ready(result) = first {
+        return result;
+    }
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::backend(format!(
+                "the store did not answer within {timeout:?}"
+            )))
+        })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,21 +405,6 @@ impl<O: Owner> LeaseGuard<O> {
         crate::metrics::handler(self.lease().key().namespace(), took);
     }
 
-    /// Starts renewing the claim in a task of its own, every renew interval until the lease is
-    /// settled. Its own task, so that a handler that hogs its thread, or a run polled late,
-    /// cannot starve the heartbeat. Called once the handler has to wait: a handler that
-    /// answers at once never starts one.
-    pub(crate) fn start_heartbeat(&mut self) {
-        if self.beating {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        self.beating = true;
-        runtime.spawn(heartbeat(self.owner.clone(), self.state.clone()));
-    }
-
     /// Commits or releases, and answers the delivery's outcome. A store failure is retried in
     /// the background, with the heartbeat going on, while the delivery answers.
     // Not an `async fn`, which would hold the guard twice: its future sits in every run's.
@@ -402,37 +448,6 @@ impl<O: Owner> LeaseGuard<O> {
             }
             outcome
         }
-    }
-
-    /// The handler panicked: under reclaim, release so the retry runs; under hold, leave the
-    /// claim to the stale path, since the work may have been half done.
-    // Not an `async fn`, which would hold the guard twice.
-    #[allow(
-        clippy::manual_async_fn,
-        reason = "an async fn holds its arguments twice"
-    )]
-    pub(crate) fn abandon(mut self) -> impl Future<Output = ()> + Send {
-        async move {
-            match self.owner.stale().policy() {
-                StalePolicy::Reclaim => {
-                    self.settle(Settle::Release).await;
-                }
-                StalePolicy::Hold => {
-                    left_for_hold(self.lease(), O::WHAT, "the handler panicked");
-                    self.finish();
-                }
-            }
-        }
-    }
-
-    /// Tries a failed commit or release again with backoff, the heartbeat going on. Both
-    /// are fenced, so a late attempt cannot touch a claim someone else holds by now.
-    async fn retry(mut self, action: Settle) -> Result<(), StoreError> {
-        // The heartbeat goes on meanwhile: the claim stays ours while the store recovers.
-        let receipt = self.receipt.take();
-        let landed = retried(&*self.owner, self.lease(), action, receipt.as_deref()).await;
-        self.finish();
-        landed
     }
 
     /// A settlement that fails is tried again where it is, and [`settle`](Self::settle)
@@ -519,6 +534,4 @@ mod tests;
 #[cfg(feature = "_sql")]
 pub(crate) use marker::MarkerGuard;
 
-pub(crate) use beat::bounded;
-pub(crate) use beat::report;
-use beat::{heartbeat, left_for_hold, retried};
+use beat::{left_for_hold, retried};

@@ -7,7 +7,7 @@
 //! the scheme, its check and the sender's public verifier (`verify::github(secret)`), whose
 //! docs describe its signature scheme and where it is published.
 //!
-//! [`key::auto`](crate::key::auto), the [detection](detect) of a sender by its headers, and
+//! [`key::auto`](crate::key::auto), the [detection](crate::key::detect) of a sender by its headers (written beside it), and
 //! signature verification all read the records of [`ALL`], so that the key claimed always
 //! belongs to the sender whose signature is checked. What they share to check a signature
 //! (the scheme's record, the errors, the MAC, the parsing and clock helpers, the verifier
@@ -43,22 +43,19 @@
 //! detection in [`key::auto`](crate::key::auto)'s docs.
 
 use std::fmt;
-use std::sync::LazyLock;
-
-use http::request::Parts;
 
 #[cfg(feature = "verify")]
 pub(crate) mod signature;
 
 /// Declares the senders, each the file of its name here, in the order their id headers name
-/// them (see [`detect`]): their modules, [`ALL`], and their public names, the key presets
+/// them (see [`detect`](crate::key::detect)): their modules, [`ALL`], and their public names, the key presets
 /// (`key::github()`, from [`keys`]) and the verifiers (`verify::github(secret)`, from
 /// `verifiers`).
 macro_rules! senders {
     ($($sender:ident),+ $(,)?) => {
         $(pub(crate) mod $sender;)+
 
-        /// Every sender, in the order its id header names it (see [`detect`]).
+        /// Every sender, in the order its id header names it (see [`detect`](crate::key::detect)).
         pub(crate) static ALL: &[&Sender] = &[$(&$sender::SENDER),+];
 
         /// Each sender's key preset under the sender's name, for [`key`](crate::key).
@@ -83,14 +80,6 @@ senders!(
     stripe,
     slack,
 );
-
-/// [`ALL`] in the order of [`Sender::signature_precedence`], sorted once: detection by a
-/// signature header stops at the first sender whose header is there.
-static BY_SIGNATURE: LazyLock<Vec<&'static Sender>> = LazyLock::new(|| {
-    let mut senders = ALL.to_vec();
-    senders.sort_by_key(|sender| sender.signature_precedence);
-    senders
-});
 
 /// What the crate knows of one webhook sender, whatever it is asked for: its key, or whose
 /// signature a request carries.
@@ -139,27 +128,6 @@ impl fmt::Debug for Sender {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name)
     }
-}
-
-/// The sender whose key [`auto`](crate::key::auto) uses for this request, if any. Signature
-/// verification asks the same question, so that the key claimed always belongs to the sender
-/// verified.
-///
-/// A sender's id header names it first, in the order of [`ALL`]; then its signature header,
-/// in the order of [`Sender::signature_precedence`]. A request that carries a sender's
-/// signature is that sender's, so that a signed delivery stripped of its id header cannot
-/// fall through to the generic `Idempotency-Key`.
-pub(crate) fn detect(parts: &Parts) -> Option<&'static Sender> {
-    let any = |names: &[&str]| names.iter().any(|name| parts.headers.contains_key(*name));
-    ALL.iter()
-        .copied()
-        .find(|sender| matches!(sender.id, Id::Headers(names) if any(names)))
-        .or_else(|| {
-            BY_SIGNATURE
-                .iter()
-                .copied()
-                .find(|sender| any(sender.signature))
-        })
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 use http::request::Parts;
 
 use super::*;
+use crate::key::detect;
 use crate::key::{self, ExtractKey, IdempotencyKey};
 
 fn parts(headers: &[&str]) -> Parts {

@@ -32,6 +32,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::StoreError;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use super::{Lease, LeaseToken, Receipt};
 use crate::key::IdempotencyKey;
 
 /// The target of the `trace` event each batch sends, with its number of `writes`: a lone
@@ -472,4 +474,79 @@ mod writes;
 #[cfg(feature = "postgres")]
 pub(crate) use writes::EnqueueWrite;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) use writes::{ClaimWrite, CommitWrite, batcher, key_order, or_alone};
+pub(crate) use writes::{key_order, or_alone};
+
+// The writes of a claim and of a commit on PostgreSQL and MySQL, and the batcher that sends
+// them alone or together.
+
+/// A claim's first statement, for one key: `token` is written if it inserts the row.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) struct ClaimWrite {
+    pub(crate) key: IdempotencyKey,
+    pub(crate) token: LeaseToken,
+    /// Whether the key is likely new (the store's last claim found its key so): sent alone,
+    /// the write then inserts without reading first, and reads only if the key has a row.
+    /// PostgreSQL and MariaDB.
+    pub(crate) likely_new: bool,
+}
+
+/// A commit (with its receipt, encoded), for one lease. It is answered with the rows it
+/// matched, not those it changed (MySQL: sqlx sets `CLIENT_FOUND_ROWS`), so that a repeated
+/// commit holds; the row keeps what the first commit wrote.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) struct CommitWrite {
+    pub(crate) key: IdempotencyKey,
+    pub(crate) token: LeaseToken,
+    pub(crate) receipt: Option<Vec<u8>>,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl CommitWrite {
+    /// The commit of `lease`, keeping `receipt`.
+    pub(crate) fn of(lease: &Lease, receipt: Option<&Receipt>) -> Self {
+        Self {
+            key: lease.key().clone(),
+            token: lease.token(),
+            receipt: receipt.map(Receipt::encode),
+        }
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl Keyed for ClaimWrite {
+    fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl Keyed for CommitWrite {
+    fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+    fn bytes(&self) -> usize {
+        self.receipt.as_ref().map_or(0, Vec::len)
+    }
+}
+
+/// A [`Batcher`] of `$shape` whose lone write is `$lone.$one(&write)` and
+/// whose batch is `$on.$many(writes)`, both `Arc`s the batcher keeps clones of.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! batcher {
+    ($shape:expr, $lone:ident . $one:ident, $on:ident . $many:ident) => {{
+        let (lone, on) = ($lone.clone(), $on.clone());
+        $crate::store::batch::Batcher::new(
+            $shape,
+            move |write| {
+                let lone = lone.clone();
+                async move { lone.$one(&write).await }
+            },
+            move |writes| {
+                let on = on.clone();
+                async move { on.$many(writes).await }
+            },
+        )
+    }};
+}
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use batcher;

@@ -1,9 +1,40 @@
-//! The store-trait methods every SQL backend runs the same way, through its [`Table`]: a
-//! backend's `impl` names what it forwards (one method, or a set: `shared`, what all three
-//! backends forward), and these write the methods, each signature once for all of them. What
-//! a backend does its own way it writes out beside them.
+//! The macros that write what the SQL backends share: the store-trait methods every backend
+//! runs the same way, through its [`Table`] (a backend's `impl` names what it forwards: one
+//! method, or a set such as `shared`, what all three forward), each signature once for all of
+//! them; the bounds of [`Table`]'s generic statements; each backend's handles. What a backend
+//! does its own way it writes out beside them.
 //!
 //! [`Table`]: super::Table
+
+/// `impl<DB> Table<DB>` for the generic statements of `$items`, under the bounds they all
+/// need: what they bind and read on `DB`. Written once here, as bounds on a trait's
+/// associated types are not implied where the trait is used.
+macro_rules! statements {
+    ($($items:item)*) => {
+        impl<DB> $crate::store::sql::Table<DB>
+        where
+            DB: $crate::store::sql::Backend,
+            for<'c> &'c mut DB::Connection: ::sqlx::Executor<'c, Database = DB>,
+            DB::Arguments: ::sqlx::IntoArguments<DB>,
+            for<'a> &'a str: ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
+            i64: for<'a> ::sqlx::Encode<'a, DB> + for<'r> ::sqlx::Decode<'r, DB> + ::sqlx::Type<DB>,
+            bool: for<'a> ::sqlx::Encode<'a, DB>
+                + for<'r> ::sqlx::Decode<'r, DB>
+                + ::sqlx::Type<DB>,
+            String: for<'r> ::sqlx::Decode<'r, DB>
+                + for<'a> ::sqlx::Encode<'a, DB>
+                + ::sqlx::Type<DB>,
+            for<'r> &'r [u8]: ::sqlx::Decode<'r, DB> + ::sqlx::Type<DB>,
+            Option<Vec<u8>>: for<'a> ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
+            for<'a> Option<&'a str>: ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
+            Option<i64>: for<'a> ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
+            usize: ::sqlx::ColumnIndex<DB::Row>,
+        {
+            $($items)*
+        }
+    };
+}
+pub(crate) use statements;
 
 /// One method that forwards its arguments to a method of the backend's `table` field (named
 /// after `=>`) and awaits its answer. Types are spelled from `crate::store` on.
@@ -18,33 +49,17 @@ macro_rules! to_table {
 pub(crate) use to_table;
 
 /// Writes, inside a SQL backend's `impl Store`, the methods it names, each forwarding to the
-/// backend's `table` field (a commit, to the backend's `commit_batched`).
+/// backend's `table` field. The commits are each backend's own: they go through its group
+/// commit.
 macro_rules! store_forwards {
-    // Every method but the claim: what all three SQL backends forward.
+    // Every method but the claim and the commits: what all three SQL backends forward.
     (shared) => {
         $crate::store::sql::store_forwards!(
-            renew, commit, commit_with, release, give_back, describe, stuck_claims, resolve,
-            purge_completed
+            renew, release, give_back, describe, stuck_claims, resolve, purge_completed
         );
     };
     ($($method:ident),+ $(,)?) => {
         $($crate::store::sql::store_forwards!(@ $method);)+
-    };
-    (@ commit) => {
-        /// In the next batch of commits when one is in flight.
-        async fn commit(&self, lease: &$crate::store::Lease) -> Result<(), $crate::store::StoreError> {
-            self.commit_batched(lease, None).await
-        }
-    };
-    (@ commit_with) => {
-        /// In the next batch of commits when one is in flight.
-        async fn commit_with(
-            &self,
-            lease: &$crate::store::Lease,
-            receipt: &$crate::store::Receipt,
-        ) -> Result<(), $crate::store::StoreError> {
-            self.commit_batched(lease, Some(receipt)).await
-        }
     };
     (@ renew) => { $crate::store::sql::to_table!(
         renew(lease: &$crate::store::Lease) -> Result<(), $crate::store::StoreError> => renew); };

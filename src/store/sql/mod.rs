@@ -29,7 +29,7 @@ use super::tally::Tally;
 pub(crate) use backend::Backend;
 use backend::Statement;
 pub(crate) use forward::{
-    inbox_forwards, store_forwards, table_handles, to_table, version_forwards,
+    inbox_forwards, statements, store_forwards, table_handles, to_table, version_forwards,
 };
 #[cfg(feature = "postgres")]
 pub(crate) use inbox::settlement;
@@ -43,8 +43,6 @@ pub(crate) use rows::{
     micros, stuck_claim, undecodable_stuck_row, version_claim, version_row,
 };
 pub(crate) use table::TableName;
-#[cfg(feature = "postgres")]
-pub(crate) use upsert::retry_serialization_failure;
 pub(crate) use writer::Writer;
 
 use super::batch::{BatchFailed, NotSent};
@@ -146,36 +144,6 @@ impl<DB: Database> Table<DB> {
             .finish()
     }
 }
-
-/// `impl<DB> Table<DB>` for the generic statements of `$items`, under the bounds they all
-/// need: what they bind and read on `DB`. Written once here, as bounds on a trait's
-/// associated types are not implied where the trait is used.
-macro_rules! statements {
-    ($($items:item)*) => {
-        impl<DB> $crate::store::sql::Table<DB>
-        where
-            DB: $crate::store::sql::Backend,
-            for<'c> &'c mut DB::Connection: ::sqlx::Executor<'c, Database = DB>,
-            DB::Arguments: ::sqlx::IntoArguments<DB>,
-            for<'a> &'a str: ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
-            i64: for<'a> ::sqlx::Encode<'a, DB> + for<'r> ::sqlx::Decode<'r, DB> + ::sqlx::Type<DB>,
-            bool: for<'a> ::sqlx::Encode<'a, DB>
-                + for<'r> ::sqlx::Decode<'r, DB>
-                + ::sqlx::Type<DB>,
-            String: for<'r> ::sqlx::Decode<'r, DB>
-                + for<'a> ::sqlx::Encode<'a, DB>
-                + ::sqlx::Type<DB>,
-            for<'r> &'r [u8]: ::sqlx::Decode<'r, DB> + ::sqlx::Type<DB>,
-            Option<Vec<u8>>: for<'a> ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
-            for<'a> Option<&'a str>: ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
-            Option<i64>: for<'a> ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
-            usize: ::sqlx::ColumnIndex<DB::Row>,
-        {
-            $($items)*
-        }
-    };
-}
-pub(crate) use statements;
 
 statements! {
     /// Runs a write, in the writer's turn, and counts the rows it changed.
@@ -451,6 +419,60 @@ pub(crate) fn returned<R>(rows: Vec<R>) -> Result<R, StoreError> {
     rows.into_iter()
         .next()
         .ok_or_else(|| StoreError::backend("the write returned no row"))
+}
+
+/// A statement that failed to serialize with concurrent ones twice in a row: PostgreSQL's
+/// SQLSTATE 40001, which a claim meets only when the connection's isolation is stricter than
+/// READ COMMITTED (`default_transaction_isolation` set on the role, the database or the pool's
+/// connections).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the {what} failed to serialize with concurrent deliveries of the same key twice in a row \
+     (SQLSTATE 40001): the connection's default isolation is stricter than READ COMMITTED"
+)]
+pub(crate) struct SerializationFailure {
+    what: &'static str,
+    #[source]
+    source: sqlx::Error,
+}
+
+/// The longest pause before the second attempt of a statement that failed to serialize.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+const SERIALIZATION_JITTER_US: u64 = 20_000;
+
+/// Runs `statement`, and once more if it failed as `is_serialization_failure` says: a second
+/// attempt starts after the concurrent statement that made the first fail has committed, so
+/// it sees that row. A second failure of the same kind is a [`SerializationFailure`].
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) async fn retry_serialization_failure<T, F, Fut>(
+    what: &'static str,
+    is_serialization_failure: fn(&sqlx::Error) -> bool,
+    mut statement: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    match statement().await {
+        Err(first) if is_serialization_failure(&first) => {
+            tracing::debug!(
+                error = &first as &dyn std::error::Error,
+                "the {what} failed to serialize; trying it once more"
+            );
+            // Every delivery that waited for the same row failed at once: a random pause
+            // spreads their second attempts, which would otherwise collide again.
+            let pause = LeaseToken::generate().to_i64().unsigned_abs() % SERIALIZATION_JITTER_US;
+            tokio::time::sleep(Duration::from_micros(pause)).await;
+            match statement().await {
+                Err(source) if is_serialization_failure(&source) => {
+                    Err(StoreError::backend(SerializationFailure { what, source }))
+                }
+                again => again.store(),
+            }
+        }
+        first => first.store(),
+    }
 }
 
 /// Maps a backend result's error into a [`StoreError`], keeping the source.

@@ -2,12 +2,13 @@
 //! ON CONFLICT … RETURNING`, so their claim, version claim, transactional marker and version
 //! advance are one round trip each, run the same way.
 
-use std::time::Duration;
-
 use sqlx::{AssertSqlSafe, Row as _};
 
 use super::version_row;
-use super::{ClaimRow, NEVER_STALE, ResultExt as _, micros, returned, statements, version_claim};
+use super::{
+    ClaimRow, NEVER_STALE, ResultExt as _, micros, retry_serialization_failure, returned,
+    statements, version_claim,
+};
 use crate::key::IdempotencyKey;
 use crate::store::{Advance, Claim, LeaseToken, Stale, StalePolicy, StoreError, VersionClaim};
 
@@ -131,56 +132,5 @@ statements! {
             StoreError::backend("the versions row kept no applied version yet refused this one")
         })?;
         Ok(Advance::Outdated { applied })
-    }
-}
-
-/// A statement that failed to serialize with concurrent ones twice in a row: PostgreSQL's
-/// SQLSTATE 40001, which a claim meets only when the connection's isolation is stricter than
-/// READ COMMITTED (`default_transaction_isolation` set on the role, the database or the pool's
-/// connections).
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "the {what} failed to serialize with concurrent deliveries of the same key twice in a row \
-     (SQLSTATE 40001): the connection's default isolation is stricter than READ COMMITTED"
-)]
-pub(crate) struct SerializationFailure {
-    what: &'static str,
-    #[source]
-    source: sqlx::Error,
-}
-
-/// The longest pause before the second attempt of a statement that failed to serialize.
-const SERIALIZATION_JITTER_US: u64 = 20_000;
-
-/// Runs `statement`, and once more if it failed as `is_serialization_failure` says: a second
-/// attempt starts after the concurrent statement that made the first fail has committed, so
-/// it sees that row. A second failure of the same kind is a [`SerializationFailure`].
-pub(crate) async fn retry_serialization_failure<T, F, Fut>(
-    what: &'static str,
-    is_serialization_failure: fn(&sqlx::Error) -> bool,
-    mut statement: F,
-) -> Result<T, StoreError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
-{
-    match statement().await {
-        Err(first) if is_serialization_failure(&first) => {
-            tracing::debug!(
-                error = &first as &dyn std::error::Error,
-                "the {what} failed to serialize; trying it once more"
-            );
-            // Every delivery that waited for the same row failed at once: a random pause
-            // spreads their second attempts, which would otherwise collide again.
-            let pause = LeaseToken::generate().to_i64().unsigned_abs() % SERIALIZATION_JITTER_US;
-            tokio::time::sleep(Duration::from_micros(pause)).await;
-            match statement().await {
-                Err(source) if is_serialization_failure(&source) => {
-                    Err(StoreError::backend(SerializationFailure { what, source }))
-                }
-                again => again.store(),
-            }
-        }
-        first => first.store(),
     }
 }

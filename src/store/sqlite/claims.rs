@@ -81,6 +81,16 @@ impl Store for SqliteStore {
         }
     }
 
+    /// In the next batch of commits when one is in flight.
+    async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.commit_batched(lease, None).await
+    }
+
+    /// In the next batch of commits when one is in flight.
+    async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
+        self.commit_batched(lease, Some(receipt)).await
+    }
+
     crate::store::sql::store_forwards!(shared);
 }
 

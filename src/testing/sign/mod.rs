@@ -151,7 +151,8 @@ impl std::fmt::Debug for Secret {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::senders::{ALL, detect};
+    use crate::key::detect;
+    use crate::key::senders::ALL;
 
     /// Each sender the crate verifies has one signer here: the deliveries of the signers, one
     /// each in the order of `ALL`, are detected as those senders' and named after them.

@@ -3,7 +3,7 @@
 //! tolerance, whether it signs the URL), the [`Check`] a check is given (the secrets, the
 //! tolerance, a public URL), the [`VerifyError`] it answers, the helpers it reads and compares
 //! with ([`parse`], [`clock`], [`mac`], [`ed25519`]), and the [`Verifier`] that asks
-//! [`detect`](super::detect) whose delivery a request is and runs that sender's check.
+//! [`detect`](crate::key::detect) whose delivery a request is and runs that sender's check.
 //!
 //! The public names are [`crate::verify`]'s, which adds the layer's `Verify` trait on top.
 

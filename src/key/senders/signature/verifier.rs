@@ -9,7 +9,7 @@ use http::request::Parts;
 
 use super::VerifyError;
 use super::ed25519::PublicKey;
-use crate::key::senders::{self, Sender};
+use crate::key::senders::Sender;
 
 /// One or more secrets of a sender: several while one is rotated. For Standard Webhooks, its
 /// public keys (`whpk_…`) may stand among them or instead of them.
@@ -196,7 +196,7 @@ impl Verifier {
         body: &[u8],
         now: SystemTime,
     ) -> Result<(), VerifyError> {
-        let Some(sender) = senders::detect(parts) else {
+        let Some(sender) = crate::key::detect(parts) else {
             let expected: Vec<_> = self
                 .checks
                 .iter()
