@@ -6,7 +6,7 @@
 //! |---|---|---|---|
 //! | `idempotency_deliveries_total` | counter | `namespace`, `outcome` | deliveries answered, by [`Outcome`] (`processed`, `duplicate`, `in-flight`, …) |
 //! | `idempotency_handler_duration_seconds` | histogram | `namespace` | how long the inner service took, claimed deliveries only |
-//! | `idempotency_store_duration_seconds` | histogram | `operation` | store calls: `claim` (a version's too), `commit`, `release`, `renew` |
+//! | `idempotency_store_duration_seconds` | histogram | `operation` | store calls: `claim` (a version's too), `begin` (transactional mode), `enqueue` (the inbox's ingest), `commit`, `release`, `renew` |
 //! | `idempotency_claims_in_flight` | gauge | | deliveries claiming or holding a claim in this process |
 //! | `idempotency_lease_lost_total` | counter | `operation` | renewals and settlements that found their claim taken over |
 //! | `idempotency_settle_retries_total` | counter | `action` | commits and releases tried again after a store failure |

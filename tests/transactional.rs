@@ -301,3 +301,103 @@ async fn stalled_body_holds_no_key() {
     assert_eq!(outcome(&res), Outcome::Processed);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A store whose `begin` panics: the delivery is answered 503, as for a store that errs, and
+/// the handler never runs. Every other call is the SQLite store's.
+#[cfg(feature = "sqlite")]
+#[derive(Clone)]
+struct PanicsOnBegin(tower_idempotency::store::SqliteStore);
+
+#[cfg(feature = "sqlite")]
+mod panics_on_begin {
+    use std::time::Duration;
+
+    use sqlx::{Sqlite, SqliteConnection};
+    use tower_idempotency::IdempotencyKey;
+    use tower_idempotency::store::{
+        Begin, Claim, KeyRecord, Lease, LeaseToken, Receipt, Resolution, Stale, Store, StoreError,
+        StuckClaim, TransactionalStore,
+    };
+
+    use super::PanicsOnBegin;
+
+    impl Store for PanicsOnBegin {
+        async fn claim(&self, key: &IdempotencyKey, stale: Stale) -> Result<Claim, StoreError> {
+            self.0.claim(key, stale).await
+        }
+        async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+            self.0.renew(lease).await
+        }
+        async fn commit(&self, lease: &Lease) -> Result<(), StoreError> {
+            self.0.commit(lease).await
+        }
+        async fn commit_with(&self, lease: &Lease, receipt: &Receipt) -> Result<(), StoreError> {
+            self.0.commit_with(lease, receipt).await
+        }
+        async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+            self.0.release(lease).await
+        }
+        async fn give_back(&self, lease: &Lease) -> Result<(), StoreError> {
+            self.0.give_back(lease).await
+        }
+        async fn describe(&self, key: &IdempotencyKey) -> Result<Option<KeyRecord>, StoreError> {
+            self.0.describe(key).await
+        }
+        async fn stuck_claims(&self, older_than: Duration) -> Result<Vec<StuckClaim>, StoreError> {
+            self.0.stuck_claims(older_than).await
+        }
+        async fn resolve(&self, key: &IdempotencyKey, how: Resolution) -> Result<bool, StoreError> {
+            self.0.resolve(key, how).await
+        }
+        async fn purge_completed(&self, older_than: Duration) -> Result<u64, StoreError> {
+            self.0.purge_completed(older_than).await
+        }
+    }
+
+    impl TransactionalStore for PanicsOnBegin {
+        type Database = Sqlite;
+
+        async fn begin(
+            &self,
+            _key: &IdempotencyKey,
+            _lock_timeout: Duration,
+        ) -> Result<Begin<Sqlite>, StoreError> {
+            panic!("a store bug while beginning")
+        }
+
+        async fn holds_marker(
+            &self,
+            conn: &mut SqliteConnection,
+            key: &IdempotencyKey,
+            token: LeaseToken,
+        ) -> Result<bool, StoreError> {
+            self.0.holds_marker(conn, key, token).await
+        }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_panics_while_beginning_is_answered_503() {
+    let store = common::db::sqlite_file_store("transactional-panics")
+        .await
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let seen = runs.clone();
+    let svc = TransactionalLayer::new(PanicsOnBegin(store))
+        .key(key::header("x-event-id").namespace("tx-panics"))
+        .layer(service_fn(
+            move |_req: Request<RequestBody<Full<Bytes>>>| {
+                seen.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::new()))) }
+            },
+        ));
+    let res = svc.oneshot(delivery("e1", "ok")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(outcome(&res), Outcome::StoreUnavailable);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the handler never runs without a claim"
+    );
+}

@@ -122,15 +122,20 @@ where
             found.key.clone(),
             found.request.clone(),
         );
-        // Bounded like every claim: past the store timeout the write goes on without us and
-        // may still land, and the sender's retry then finds a duplicate.
-        let storing = async move { store.enqueue(&key, &request).await };
-        match acquire(storing, self.settings.store_timeout, "enqueue").await {
-            Ok(Enqueued::Stored) => {
-                self.inbox.wake().notify_waiters();
-                Ok(entry)
+        let wake = self.inbox.wake().clone();
+        // Bounded like every claim: past the store timeout the write goes on in a task of its
+        // own, still counted by the drain (it holds the ticket) and waking the workers if it
+        // lands; the sender's retry then finds the entry.
+        let storing = async move {
+            let stored = store.enqueue(&key, &request).await?;
+            if matches!(stored, Enqueued::Stored) {
+                wake.notify_waiters();
             }
-            Ok(Enqueued::Duplicate(state)) => {
+            Ok((stored, entry))
+        };
+        match acquire(storing, self.settings.store_timeout, "enqueue").await {
+            Ok((Enqueued::Stored, entry)) => Ok(entry),
+            Ok((Enqueued::Duplicate(state), _)) => {
                 tracing::trace!(state = state.as_str(), "duplicate of an inbox entry");
                 Err(Refusal::Duplicate)
             }
@@ -139,7 +144,8 @@ where
                     namespace = found.key.namespace(),
                     key = found.key.value(),
                     error = &error as &dyn std::error::Error,
-                    "the inbox could not store a delivery; answered 503",
+                    "the inbox could not store a delivery; answered 503 (a write past the store \
+                     timeout may still land: the sender's retry then finds the entry)",
                 );
                 Err(Refusal::StoreUnavailable)
             }

@@ -50,7 +50,7 @@ pub(crate) mod json;
 mod scope;
 pub(crate) mod senders;
 
-#[cfg(feature = "verify")]
+#[cfg(any(test, feature = "verify"))]
 pub(crate) use auto::detect;
 pub use auto::{Auto, auto, idempotency_key};
 pub use extract::{ExtractKey, FromBodyFn, FromFn, Namespaced, Or, from_body_fn, from_fn};

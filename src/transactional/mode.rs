@@ -2,10 +2,12 @@
 //! transaction, commit or roll back.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use http::request::Parts;
 use http::{Request, Response};
 use sqlx::Transaction;
@@ -87,7 +89,13 @@ where
         // dropped.
         let (store, begun, lock_timeout) = (self.store.clone(), key.clone(), self.lock_timeout);
         let beginning = async move {
-            Ok(match store.begin(&begun, lock_timeout).await? {
+            // A store that panics while beginning fails this delivery with 503, as a store
+            // that errs does; the delivery's own future is not unwound.
+            let begin = AssertUnwindSafe(store.begin(&begun, lock_timeout))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| Err(StoreError::backend("the store panicked while beginning")));
+            Ok(match begin? {
                 Begin::Claimed(tx, token) => Ok(Held {
                     tx,
                     marker: MarkerGuard::begun(begun, token, ticket),
