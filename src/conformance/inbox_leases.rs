@@ -10,7 +10,7 @@ use crate::store::{LeaseToken, Stale};
 
 use super::expect::assert_lease_lost;
 use super::inbox::{
-    LONG, one_entry, run_again_by_hand, settle_done, take, take_ours, take_unstarted,
+    LONG, one_entry, run_again_by_hand, settle_done, take, take_one, take_one_unstarted, take_ours,
 };
 use super::{PAST_SHORT, SHORT};
 
@@ -25,7 +25,7 @@ pub async fn reclaim_counts_crashes_and_ends_dead<S: InboxStore>(store: S) {
     const PAST_LIMIT: Duration = Duration::from_millis(1500);
     let (ns, key) = one_entry(&store, "inbox-reclaim").await;
     let policy = take(10, Stale::reclaim_after(LIMIT), 2);
-    let first = take_ours(&store, &policy, &ns).await.remove(0);
+    let first = take_one(&store, &policy, &ns).await;
     tokio::time::sleep(LIMIT / 2).await;
     store.renew_entry(&first.lease).await.unwrap();
     tokio::time::sleep(LIMIT / 5).await;
@@ -34,7 +34,7 @@ pub async fn reclaim_counts_crashes_and_ends_dead<S: InboxStore>(store: S) {
         "renewed within the limit"
     );
     tokio::time::sleep(PAST_LIMIT).await;
-    let second = take_ours(&store, &policy, &ns).await.remove(0);
+    let second = take_one(&store, &policy, &ns).await;
     assert!(second.lease.reclaimed());
     assert_eq!((second.attempt, second.crashes), (2, 1));
     assert_lease_lost(store.settle(&first.lease, &Settlement::Done, &[]).await);
@@ -53,7 +53,7 @@ pub async fn reclaim_counts_crashes_and_ends_dead<S: InboxStore>(store: S) {
 pub async fn hold_leaves_a_crashed_entry_running<S: InboxStore>(store: S) {
     let (ns, key) = one_entry(&store, "inbox-hold").await;
     let policy = take(10, Stale::hold_after(SHORT), 5);
-    let first = take_ours(&store, &policy, &ns).await.remove(0);
+    let first = take_one(&store, &policy, &ns).await;
     tokio::time::sleep(PAST_SHORT).await;
     assert!(take_ours(&store, &policy, &ns).await.is_empty());
     let listed = store
@@ -64,7 +64,7 @@ pub async fn hold_leaves_a_crashed_entry_running<S: InboxStore>(store: S) {
     assert!(listed[0].since_renewal.unwrap() >= SHORT);
     run_again_by_hand(&store, &key).await;
     assert_lease_lost(store.settle(&first.lease, &Settlement::Done, &[]).await);
-    let second = take_ours(&store, &policy, &ns).await.remove(0);
+    let second = take_one(&store, &policy, &ns).await;
     assert_eq!(second.attempt, 2);
     assert!(
         !store
@@ -90,19 +90,19 @@ pub async fn hold_leaves_a_crashed_entry_running<S: InboxStore>(store: S) {
 pub async fn give_back_takes_the_attempt_back<S: InboxStore>(store: S) {
     let (ns, key) = one_entry(&store, "inbox-give-back").await;
     let policy = take(10, LONG, 5);
-    let first = take_ours(&store, &policy, &ns).await.remove(0);
+    let first = take_one(&store, &policy, &ns).await;
     store
         .settle(&first.lease, &Settlement::GiveBack, &[])
         .await
         .unwrap();
-    let again = take_ours(&store, &policy, &ns).await.remove(0);
+    let again = take_one(&store, &policy, &ns).await;
     assert_eq!(again.attempt, 1);
     assert_eq!(store.entry(&key).await.unwrap().unwrap().attempts, 1);
     // Given back by its token: a take whose answer came too late.
     assert_eq!(store.give_back(&[again.lease.token()]).await.unwrap(), 1);
     assert_eq!(store.entry(&key).await.unwrap().unwrap().attempts, 0);
     assert_lease_lost(store.settle(&again.lease, &Settlement::Done, &[]).await);
-    let third = take_unstarted(&store, &policy, &ns).await.remove(0);
+    let third = take_one_unstarted(&store, &policy, &ns).await;
     assert_eq!(third.attempt, 1);
     let tokens = [LeaseToken::generate(), third.lease.token()];
     assert_eq!(store.give_back(&tokens).await.unwrap(), 1);
@@ -116,7 +116,7 @@ pub async fn give_back_takes_the_attempt_back<S: InboxStore>(store: S) {
         (described.state, described.attempts),
         (EntryState::Queued, 0)
     );
-    let last = take_ours(&store, &policy, &ns).await.remove(0);
+    let last = take_one(&store, &policy, &ns).await;
     assert_eq!((last.attempt, last.crashes), (1, 0));
     settle_done(&store, &last.lease).await;
 }
@@ -128,14 +128,14 @@ pub async fn give_back_takes_the_attempt_back<S: InboxStore>(store: S) {
 pub async fn an_unstarted_entry_is_taken_again_without_a_crash<S: InboxStore>(store: S) {
     let (ns, key) = one_entry(&store, "inbox-unstarted").await;
     let hold = take(10, Stale::hold_after(SHORT), 1);
-    let lost = take_unstarted(&store, &hold, &ns).await.remove(0);
+    let lost = take_one_unstarted(&store, &hold, &ns).await;
     assert_eq!(lost.attempt, 1);
     assert!(
         take_ours(&store, &hold, &ns).await.is_empty(),
         "running, renewed just now"
     );
     tokio::time::sleep(PAST_SHORT).await;
-    let again = take_ours(&store, &hold, &ns).await.remove(0);
+    let again = take_one(&store, &hold, &ns).await;
     assert!(!again.lease.reclaimed(), "nobody ran it: no crash");
     assert_eq!((again.attempt, again.crashes), (1, 0));
     assert!(again.history.is_empty());
@@ -153,7 +153,7 @@ pub async fn an_unstarted_entry_is_taken_again_without_a_crash<S: InboxStore>(st
     tokio::time::sleep(PAST_SHORT).await;
     assert!(take_ours(&store, &hold, &ns).await.is_empty());
     run_again_by_hand(&store, &key).await;
-    let third = take_ours(&store, &hold, &ns).await.remove(0);
+    let third = take_one(&store, &hold, &ns).await;
     assert_eq!(third.attempt, 2);
     settle_done(&store, &third.lease).await;
 }

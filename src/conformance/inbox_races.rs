@@ -8,7 +8,9 @@ use std::time::Duration;
 use crate::store::StoreError;
 use crate::store::inbox::{AttemptResult, Enqueued, EntryState, InboxStore, Settlement};
 
-use super::inbox::{LONG, attempt, enqueue_numbered, request, settle_done, take, take_ours};
+use super::inbox::{
+    LONG, attempt, enqueue_numbered, request, settle_done, take, take_one, take_ours,
+};
 use super::{key_in, unique_namespace};
 
 /// 200 events, each enqueued 3 times, at once over `stores` (separate instances): each is
@@ -88,7 +90,7 @@ pub async fn settle_many_answers_each<S: InboxStore>(store: S) {
         )
         .await
         .unwrap();
-    let again = take_ours(&store, &policy, &ns).await.remove(0).lease;
+    let again = take_one(&store, &policy, &ns).await.lease;
     let history = vec![attempt(AttemptResult::Status(503))];
     let batch = [
         (taken[0].lease.clone(), Settlement::Done),

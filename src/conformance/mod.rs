@@ -116,7 +116,7 @@ pub use claims::{
 pub use inbox::{
     a_taken_entry_says_when_it_was_received, an_operator_leaves_a_live_entry_unless_forced,
     enqueue_once_then_duplicates, entries_and_stats, purge_keeps_dead_requests,
-    retry_then_dead_then_retry_now, take_ours, take_unstarted,
+    retry_then_dead_then_retry_now, take_one, take_one_unstarted, take_ours, take_unstarted,
 };
 pub use inbox_leases::{
     an_unstarted_entry_is_taken_again_without_a_crash, give_back_takes_the_attempt_back,
