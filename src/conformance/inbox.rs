@@ -83,7 +83,7 @@ const TRIES: u32 = 40;
 /// The first entry of `ns` a take leases, started: takes again, a few milliseconds apart, until
 /// one comes. A worker polls, so a take that misses an entry committed a moment before it
 /// (InnoDB's `SKIP LOCKED` may still see the insert's lock) is a delay, not a loss; an entry
-/// that no take leases within [`TRIES`] is.
+/// that no take leases within forty takes, over a second, is.
 pub async fn take_one<S: InboxStore>(store: &S, take: &Take, ns: &str) -> Taken {
     first_of(|| take_ours(store, take, ns)).await
 }
