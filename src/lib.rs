@@ -15,6 +15,9 @@ mod engine;
 pub mod inbox;
 pub mod journal;
 pub mod key;
+#[cfg(feature = "ledger")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ledger")))]
+pub mod ledger;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 pub mod replay;
