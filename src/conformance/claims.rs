@@ -30,17 +30,28 @@ pub async fn claim_commit_duplicate<S: Store>(store: S) {
     acquire(&store, &key_in(&format!("{ns}-other"), "evt_1"), LONG).await;
 }
 
-/// A released claim lets the next delivery acquire the key with a fresh token; the released
+/// A released claim lets the next delivery acquire the key with a fresh token (each lease says
+/// which delivery of the key claimed: the first, then the second); the released
 /// lease can neither release nor commit again, and a done row cannot be released.
 pub async fn release_lets_the_retry_run<S: Store>(store: S) {
     let key = key_in(&unique_namespace("release"), "evt_1");
     let lease = acquire(&store, &key, LONG).await;
+    assert_eq!(
+        lease.deliveries(),
+        Some(1),
+        "a lease says which delivery claimed"
+    );
     store.release(&lease).await.unwrap();
     let again = acquire(&store, &key, LONG).await;
     assert_ne!(
         again.token(),
         lease.token(),
         "every claim gets a fresh token"
+    );
+    assert_eq!(
+        again.deliveries(),
+        Some(2),
+        "the retry is the key's second delivery"
     );
     // The first lease is gone: releasing or committing with it changes nothing.
     assert_lease_lost(store.release(&lease).await);

@@ -25,12 +25,24 @@ pub enum Claim {
 }
 
 /// A successful claim: the key and the fencing token unique to this claim.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Two leases are equal when they are the same claim (key, token, takeover); the delivery
+/// count is what the store knew when it granted the claim, and takes no part.
+#[derive(Debug, Clone)]
 pub struct Lease {
     key: IdempotencyKey,
     token: LeaseToken,
     reclaimed: bool,
+    deliveries: u64,
 }
+
+impl PartialEq for Lease {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.key, self.token, self.reclaimed) == (&other.key, other.token, other.reclaimed)
+    }
+}
+
+impl Eq for Lease {}
 
 impl Lease {
     /// A lease on `key` with `token`. Stores call this when a claim succeeds; `reclaimed` says
@@ -40,7 +52,25 @@ impl Lease {
             key,
             token,
             reclaimed,
+            deliveries: 0,
         }
+    }
+
+    /// The lease of a claim made by the key's `deliveries`-th delivery, as the store counted
+    /// them (this one included). Stores that count deliveries say so with each claim they
+    /// grant; the handler reads it from the [`LeaseHandle`](crate::LeaseHandle) in its
+    /// request's extensions, to tell a sender's retry from a first delivery.
+    pub fn with_deliveries(mut self, deliveries: u64) -> Self {
+        self.deliveries = deliveries;
+        self
+    }
+
+    /// Which delivery of the key made this claim, 1 for the first, as the store counted them:
+    /// `None` when the store does not say. A count of duplicates answered a moment ago may
+    /// still be on its way to the store (duplicates' counts are written off the answer path),
+    /// so the number may fall short by those, never exceed the truth.
+    pub fn deliveries(&self) -> Option<u64> {
+        (self.deliveries > 0).then_some(self.deliveries)
     }
 
     /// The claimed key.

@@ -59,7 +59,9 @@ impl Row {
         self.receipt = None;
         self.runs += 1;
         self.reclaimed = reclaimed;
-        Claim::Acquired(Lease::new(key.clone(), self.token, reclaimed))
+        Claim::Acquired(
+            Lease::new(key.clone(), self.token, reclaimed).with_deliveries(self.deliveries),
+        )
     }
 
     fn holds(&self, lease: &Lease) -> bool {
@@ -119,7 +121,7 @@ impl Store for MemoryStore {
             Entry::Occupied(row) => row.into_mut(),
             Entry::Vacant(vacant) => {
                 let row = Row::new(LeaseToken::generate(), now);
-                let lease = Lease::new(key.clone(), row.token, false);
+                let lease = Lease::new(key.clone(), row.token, false).with_deliveries(1);
                 vacant.insert(row);
                 return Ok(Claim::Acquired(lease));
             }

@@ -69,7 +69,7 @@ impl MySqlStore {
             .store()
             .inspect_err(|error| self.table.unanswered(key, token, error))?;
         if inserted.rows_affected() == 1 {
-            let lease = Lease::new(key.clone(), token, false);
+            let lease = Lease::new(key.clone(), token, false).with_deliveries(1);
             return Ok(AfterRead::Answer(Claim::Acquired(lease)));
         }
         let row = self.table.read_claim(key).await?;
@@ -119,7 +119,9 @@ impl MySqlStore {
                 .inspect_err(|error| self.table.unanswered(key, token, error))?;
             if upserted.rows_affected() == 1 {
                 // Inserted: a new key.
-                return Ok(Claim::Acquired(Lease::new(key.clone(), token, false)));
+                return Ok(Claim::Acquired(
+                    Lease::new(key.clone(), token, false).with_deliveries(1),
+                ));
             }
             // Updated an existing row: read what it is now. Only this claim knows `token`, so
             // a row holding it is ours; any other row is someone else's.

@@ -69,11 +69,9 @@ impl Store for RedisStore {
         };
         let (kind, _token, deliveries, age, idle, reclaimed, receipt) = reply;
         match kind.as_str() {
-            "acquired" if replicated => Ok(Claim::Acquired(Lease::new(
-                key.clone(),
-                token,
-                reclaimed == 1,
-            ))),
+            "acquired" if replicated => Ok(Claim::Acquired(
+                Lease::new(key.clone(), token, reclaimed == 1).with_deliveries(deliveries),
+            )),
             "acquired" => {
                 // Granted on the master alone: given back, so that a retry is not turned away
                 // by a claim nobody holds.

@@ -265,11 +265,10 @@ statements! {
             return Ok(AfterRead::Absent);
         };
         if let Some(ours) = ours.filter(|ours| LeaseToken::from_i64(row.token) == *ours) {
-            return Ok(AfterRead::Answer(Claim::Acquired(Lease::new(
-                key.clone(),
-                ours,
-                false,
-            ))));
+            let deliveries = u64::try_from(row.deliveries).unwrap_or(0);
+            return Ok(AfterRead::Answer(Claim::Acquired(
+                Lease::new(key.clone(), ours, false).with_deliveries(deliveries),
+            )));
         }
         let free = match KeyState::parse(&row.state) {
             Some(KeyState::Released) => true,

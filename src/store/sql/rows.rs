@@ -162,11 +162,10 @@ impl ClaimRow {
         stale: Stale,
     ) -> Result<Claim, StoreError> {
         if LeaseToken::from_i64(self.token) == ours {
-            return Ok(Claim::Acquired(Lease::new(
-                key.clone(),
-                ours,
-                self.reclaimed,
-            )));
+            return Ok(Claim::Acquired(
+                Lease::new(key.clone(), ours, self.reclaimed)
+                    .with_deliveries(count(self.deliveries)),
+            ));
         }
         self.answer(stale)
     }
