@@ -88,6 +88,34 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, in the order of the enum.
+    #[cfg(feature = "ledger")]
+    pub(crate) const ALL: [Self; 15] = [
+        Self::Processed,
+        Self::Released,
+        Self::Duplicate,
+        Self::InFlight,
+        Self::Held,
+        Self::Rejected,
+        Self::StoreUnavailable,
+        Self::PassedThrough,
+        Self::Outdated,
+        Self::Draining,
+        Self::Unverified,
+        Self::Replayed,
+        Self::KeyReused,
+        Self::LeaseLost,
+        Self::Queued,
+    ];
+
+    /// The outcome named `name` ([`as_str`](Self::as_str)).
+    #[cfg(feature = "ledger")]
+    pub(crate) fn parse(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|outcome| outcome.as_str() == name)
+    }
+
     /// The outcome's name, as in logs and the [`OUTCOME_HEADER`].
     pub fn as_str(&self) -> &'static str {
         match self {

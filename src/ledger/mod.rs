@@ -3,51 +3,79 @@
 //! reordered or inserted after a checkpoint is found and named.
 //!
 //! A database row can be edited by anyone who can write to the database; a signed checkpoint
-//! cannot be forged without the key. This module holds what does not depend on a store: the
-//! hashing and proofs ([`merkle`]), the signed notes ([`Checkpoint`], [`NoteSigner`],
-//! [`NoteVerifier`]) and the check of records against a checkpoint ([`verify`]).
+//! cannot be forged without the key. Records ([`Record`]: a delivery and how it was answered,
+//! a run of the handler, an operator's action) are appended to a [`LedgerStore`] unnumbered,
+//! by any instance; one publisher at a time numbers them and signs the tree's head
+//! ([`publish`]); an auditor holding the public key and a checkpoint reads the records back
+//! and is told what changed ([`audit`], [`verify`]). A record written late is numbered late,
+//! never skipped.
 //!
 //! ```
+//! # #[cfg(feature = "memory")] {
+//! use std::time::SystemTime;
 //! use tower_idempotency::ledger::{
-//!     Checkpoint, Finding, Frontier, Logged, NoteSigner, NoteVerifier, merkle, verify,
+//!     Event, Finding, LedgerStore, MemoryLedger, NoteSigner, Record, audit, merkle, publish,
 //! };
+//! use tower_idempotency::{IdempotencyKey, Outcome};
 //!
-//! // Three records, each numbered and written with its leaf hash.
-//! let mut records: Vec<Logged> = ["evt_1 delivery 1: processed", "evt_1 delivery 2: duplicate",
-//!     "evt_2 delivery 1: processed"]
-//!     .iter()
-//!     .enumerate()
-//!     .map(|(seq, text)| Logged::new(seq as u64, text.as_bytes().to_vec()))
-//!     .collect();
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let ledger = MemoryLedger::new();
+//! let key = IdempotencyKey::new("github", "d-1").unwrap();
+//! let delivery = |number, outcome| Record {
+//!     key: key.clone(),
+//!     at: SystemTime::now(),
+//!     event: Event::Delivery { number: Some(number), outcome, replay: false },
+//! };
+//! ledger.append(&[delivery(1, Outcome::Processed), delivery(2, Outcome::Duplicate)]).await.unwrap();
 //!
-//! // A checkpoint over them, signed with a key only the publisher holds.
-//! let mut tree = Frontier::new();
-//! records.iter().for_each(|record| tree.push(record.leaf));
+//! // The publisher signs the log's head with a key only it holds.
 //! let signer = NoteSigner::from_seed("example.com/hooks", [42; 32]).unwrap();
-//! let note = Checkpoint { origin: "example.com/hooks".into(), size: tree.size(),
-//!     root: tree.root(), extensions: vec![] }
-//!     .sign(&signer)
-//!     .unwrap();
+//! let checkpoint = publish(&ledger, &signer, "example.com/hooks").await.unwrap();
+//! assert_eq!(checkpoint.size, 2);
+//! let note = checkpoint.sign(&signer).unwrap(); // what an auditor keeps
 //!
-//! // An auditor holds the public key, opens the note and checks the records.
-//! let verifier = NoteVerifier::parse(&signer.verifier().to_string()).unwrap();
-//! let checkpoint = Checkpoint::open(&note, &verifier).unwrap();
-//! assert!(verify(&checkpoint, records.clone()).is_intact());
+//! // "Was it sent twice, or did it run twice?": the key's timeline.
+//! assert_eq!(ledger.timeline(&key).await.unwrap().len(), 2);
 //!
-//! // One record proven in the tree with a few hashes.
-//! let leaves: Vec<_> = records.iter().map(|record| record.leaf).collect();
+//! // An auditor with the public key finds the log as signed...
+//! let verifier = signer.verifier();
+//! let (_, verdict) = audit(&ledger, &verifier, Some(&note)).await.unwrap();
+//! assert!(verdict.is_intact());
+//!
+//! // ...and one record proven in the tree with a few hashes.
+//! let leaves: Vec<_> = ledger.records(0, 2).await.unwrap().iter().map(|r| r.leaf).collect();
 //! let proof = merkle::inclusion_proof(1, &leaves).unwrap();
-//! assert!(merkle::verify_inclusion(1, 3, &leaves[1], &proof, &checkpoint.root));
+//! assert!(merkle::verify_inclusion(1, 2, &leaves[1], &proof, &checkpoint.root));
 //!
-//! // Someone edits the database: "the second delivery was never a duplicate".
-//! records[1].record = b"evt_1 delivery 2: processed".to_vec();
-//! assert_eq!(verify(&checkpoint, records).findings, [Finding::Altered { seq: 1 }]);
+//! // Someone with write access rewrites the second delivery as processed.
+//! ledger.edit_log(|log| {
+//!     let forged = Record::decode(&log[0].record).unwrap();
+//!     log[1].record = Record { event: Event::Delivery { number: Some(2),
+//!         outcome: Outcome::Processed, replay: false }, ..forged }.encode();
+//! });
+//! let (_, verdict) = audit(&ledger, &verifier, Some(&note)).await.unwrap();
+//! assert_eq!(verdict.findings, [Finding::Altered { seq: 1 }]);
+//! # }
+//! # main() }
 //! ```
+//!
+//! The layers do not write records to a ledger yet, and only the memory store keeps one: the
+//! records, their numbering, the checkpoints and the audit are the parts that do not depend
+//! on where deliveries are recorded from.
 
 mod audit;
+mod log;
+#[cfg(feature = "memory")]
+mod memory;
 pub mod merkle;
 mod note;
+mod record;
 
 pub use audit::{Finding, Logged, Verdict, verify, verify_from};
+pub use log::{LedgerError, LedgerStore, StoredCheckpoint, audit, publish};
+#[cfg(feature = "memory")]
+pub use memory::MemoryLedger;
 pub use merkle::{Frontier, Hash};
 pub use note::{Checkpoint, NoteError, NoteSigner, NoteVerifier};
+pub use record::{Event, Record, Unreadable};

@@ -1,0 +1,187 @@
+//! Promise: a ledger's checkpoints pin its records. Records appended by many tasks at once,
+//! numbered and signed while they keep coming, audit clean against every checkpoint ever
+//! published (no false alarm); each kind of change made to the stored records afterwards is
+//! found and named; a key's timeline reads back what happened to it.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tower_idempotency::ledger::{
+    Event, Finding, LedgerError, LedgerStore, Logged, MemoryLedger, NoteSigner, Record, audit,
+    publish,
+};
+use tower_idempotency::{IdempotencyKey, Outcome};
+
+const ORIGIN: &str = "example.com/hooks";
+
+fn signer() -> NoteSigner {
+    NoteSigner::from_seed(ORIGIN, [11; 32]).unwrap()
+}
+
+fn delivery(id: &str, number: u64, outcome: Outcome) -> Record {
+    Record {
+        key: IdempotencyKey::new("github", id.to_owned()).unwrap(),
+        at: SystemTime::now(),
+        event: Event::Delivery {
+            number: Some(number),
+            outcome,
+            replay: false,
+        },
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_published_while_records_arrive_all_audit_clean() {
+    let ledger = MemoryLedger::new();
+    let signer = Arc::new(signer());
+    let mut writers = Vec::new();
+    for task in 0..8 {
+        let ledger = ledger.clone();
+        writers.push(tokio::spawn(async move {
+            for n in 0..250u64 {
+                let id = format!("d-{task}-{}", n / 2);
+                let outcome = if n % 2 == 0 {
+                    Outcome::Processed
+                } else {
+                    Outcome::Duplicate
+                };
+                ledger
+                    .append(&[delivery(&id, n % 2 + 1, outcome)])
+                    .await
+                    .unwrap();
+                if n % 50 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        }));
+    }
+    let publisher = {
+        let (ledger, signer) = (ledger.clone(), signer.clone());
+        tokio::spawn(async move {
+            let mut notes = Vec::new();
+            for _ in 0..40 {
+                let checkpoint = publish(&ledger, &signer, ORIGIN).await.unwrap();
+                notes.push((checkpoint.size, checkpoint.sign(&signer).unwrap()));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            notes
+        })
+    };
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let mut notes = publisher.await.unwrap();
+    let last = publish(&ledger, &signer, ORIGIN).await.unwrap();
+    assert_eq!(last.size, 2000, "every record numbered once");
+    notes.push((last.size, last.sign(&signer).unwrap()));
+    assert!(
+        notes.windows(2).all(|pair| pair[0].0 <= pair[1].0),
+        "sizes never go back"
+    );
+    let verifier = signer.verifier();
+    for (size, note) in &notes {
+        let (checkpoint, verdict) = audit(&ledger, &verifier, Some(note)).await.unwrap();
+        assert_eq!(checkpoint.size, *size);
+        assert!(verdict.is_intact(), "size {size}: {:?}", verdict.findings);
+    }
+    let key = IdempotencyKey::new("github", "d-3-7").unwrap();
+    let timeline = ledger.timeline(&key).await.unwrap();
+    let outcomes: Vec<_> = timeline
+        .iter()
+        .map(|record| match &record.event {
+            Event::Delivery { outcome, .. } => *outcome,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(outcomes, [Outcome::Processed, Outcome::Duplicate]);
+}
+
+/// A ledger of ten records and the note of its checkpoint, kept by the auditor.
+async fn signed_ledger() -> (MemoryLedger, String) {
+    let ledger = MemoryLedger::new();
+    for n in 0..10 {
+        ledger
+            .append(&[delivery(&format!("d-{n}"), 1, Outcome::Processed)])
+            .await
+            .unwrap();
+    }
+    let checkpoint = publish(&ledger, &signer(), ORIGIN).await.unwrap();
+    (ledger, checkpoint.sign(&signer()).unwrap())
+}
+
+async fn findings_after(edit: impl FnOnce(&mut Vec<Logged>)) -> Vec<Finding> {
+    let (ledger, note) = signed_ledger().await;
+    ledger.edit_log(edit);
+    let (_, verdict) = audit(&ledger, &signer().verifier(), Some(&note))
+        .await
+        .unwrap();
+    verdict.findings
+}
+
+fn rewritten(logged: &Logged, outcome: Outcome) -> Vec<u8> {
+    let mut record = Record::decode(&logged.record).unwrap();
+    if let Event::Delivery { outcome: was, .. } = &mut record.event {
+        *was = outcome;
+    }
+    record.encode()
+}
+
+#[tokio::test]
+async fn each_change_to_the_stored_records_is_named() {
+    let status_edited = findings_after(|log| {
+        log[3].record = rewritten(&log[3], Outcome::Duplicate);
+    });
+    assert_eq!(status_edited.await, [Finding::Altered { seq: 3 }]);
+    let deleted = findings_after(|log| {
+        log.remove(5);
+    });
+    assert_eq!(deleted.await, [Finding::Deleted { seq: 5 }]);
+    let swapped = findings_after(|log| {
+        log[1].seq = 2;
+        log[2].seq = 1;
+    });
+    assert_eq!(
+        swapped.await,
+        [
+            Finding::Moved { seq: 1, was: 2 },
+            Finding::Moved { seq: 2, was: 1 }
+        ]
+    );
+    let inserted = findings_after(|log| {
+        let forged = delivery("d-forged", 1, Outcome::Processed).encode();
+        log.push(Logged::new(4, forged));
+    });
+    assert_eq!(inserted.await, [Finding::Inserted { seq: 4 }]);
+    let truncated = findings_after(|log| log.truncate(8));
+    assert_eq!(truncated.await, [Finding::Truncated { from: 8, size: 10 }]);
+    let leaf_too = findings_after(|log| {
+        log[6] = Logged::new(6, rewritten(&log[6], Outcome::Released));
+    });
+    assert_eq!(leaf_too.await, [Finding::Rewritten { size: 10 }]);
+}
+
+#[tokio::test]
+async fn publishing_over_records_changed_since_the_last_checkpoint_is_refused() {
+    let (ledger, _) = signed_ledger().await;
+    ledger
+        .append(&[delivery("d-late", 1, Outcome::Processed)])
+        .await
+        .unwrap();
+    // Numbered by a publisher that stopped before it signed, then edited.
+    assert_eq!(ledger.sequence(10).await.unwrap().len(), 1);
+    ledger.edit_log(|log| log[10].record = b"edited".to_vec());
+    assert!(matches!(
+        publish(&ledger, &signer(), ORIGIN).await,
+        Err(LedgerError::Diverged(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_note_signed_by_another_key_is_refused() {
+    let (ledger, note) = signed_ledger().await;
+    let other = NoteSigner::from_seed(ORIGIN, [12; 32]).unwrap();
+    assert!(matches!(
+        audit(&ledger, &other.verifier(), Some(&note)).await,
+        Err(LedgerError::Note(_))
+    ));
+}
