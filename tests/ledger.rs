@@ -185,3 +185,135 @@ async fn a_note_signed_by_another_key_is_refused() {
         Err(LedgerError::Note(_))
     ));
 }
+
+mod through_the_layer {
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::middleware::{self, Next};
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::post;
+    use http::{Request, StatusCode};
+    use tower::ServiceExt;
+    use tower_idempotency::ledger::{
+        Event, LedgerStore, MemoryLedger, NoteSigner, Recorder, audit, publish,
+    };
+    use tower_idempotency::store::MemoryStore;
+    use tower_idempotency::{IdempotencyKey, IdempotencyLayer, key};
+
+    /// An app-wide timeout shorter than the slow handler, answering 408.
+    async fn timeout(req: axum::extract::Request, next: Next) -> Response {
+        match tokio::time::timeout(Duration::from_millis(100), next.run(req)).await {
+            Ok(res) => res,
+            Err(_) => StatusCode::REQUEST_TIMEOUT.into_response(),
+        }
+    }
+
+    fn app(store: MemoryStore, recorder: &Recorder) -> Router {
+        let hooks = Router::new().route(
+            "/github",
+            post(|req: Request<axum::body::Body>| async move {
+                if req.headers().contains_key("x-slow") {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                StatusCode::NO_CONTENT
+            })
+            .layer(
+                IdempotencyLayer::new(store)
+                    .key(key::github())
+                    .ledger(recorder),
+            ),
+        );
+        Router::new()
+            .nest("/hooks", hooks)
+            .layer(middleware::from_fn(timeout))
+    }
+
+    fn delivery(id: &str, slow: bool) -> Request<axum::body::Body> {
+        let mut req = Request::post("/hooks/github").header("x-github-delivery", id);
+        if slow {
+            req = req.header("x-slow", "1");
+        }
+        req.body(axum::body::Body::from("{}")).unwrap()
+    }
+
+    /// What the ledger says of `key`: each record as "delivery <outcome>" or "run <status>".
+    async fn timeline(ledger: &MemoryLedger, key: &IdempotencyKey) -> Vec<String> {
+        let records = ledger.timeline(key).await.unwrap();
+        records
+            .iter()
+            .map(|record| match &record.event {
+                Event::Delivery { outcome, .. } => format!("delivery {outcome}"),
+                Event::Run {
+                    status, instance, ..
+                } => format!("run {} on {instance}", status.unwrap_or(0)),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deliveries_and_runs_are_recorded_even_when_the_sender_hangs_up() {
+        let ledger = MemoryLedger::new();
+        let recorder = Recorder::spawn(ledger.clone(), "web-1");
+        let app = app(MemoryStore::new(), &recorder);
+
+        let answer = app.clone().oneshot(delivery("d-1", false)).await.unwrap();
+        assert_eq!(answer.status(), StatusCode::NO_CONTENT);
+        let answer = app.clone().oneshot(delivery("d-1", false)).await.unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+        // The key as stored: scoped by the route the router matched.
+        let first: IdempotencyKey = answer.extensions().get().cloned().unwrap();
+
+        // The app-wide timeout cuts the sender off; the handler runs on to its end.
+        let answer = app.clone().oneshot(delivery("d-2", true)).await.unwrap();
+        assert_eq!(answer.status(), StatusCode::REQUEST_TIMEOUT);
+        // The sender's retry: 409 while the first run goes on, 200 once it committed.
+        let answer = loop {
+            let answer = app.clone().oneshot(delivery("d-2", false)).await.unwrap();
+            if answer.status() != StatusCode::CONFLICT {
+                break answer;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(
+            answer.status(),
+            StatusCode::OK,
+            "a duplicate once it committed"
+        );
+        let second: IdempotencyKey = answer.extensions().get().cloned().unwrap();
+
+        recorder.flush().await;
+        assert_eq!(
+            timeline(&ledger, &first).await,
+            [
+                "run 204 on web-1",
+                "delivery processed",
+                "delivery duplicate"
+            ],
+            "sent twice, ran once"
+        );
+        // The retries answered 409 while it ran are deliveries too; besides them, the run and
+        // the retry answered as a duplicate. The delivery whose sender hung up got no answer.
+        let second = timeline(&ledger, &second).await;
+        let in_flight = second.iter().filter(|r| *r == "delivery in-flight").count();
+        let rest: Vec<_> = second
+            .iter()
+            .filter(|r| *r != "delivery in-flight")
+            .collect();
+        assert_eq!(
+            rest,
+            ["run 204 on web-1", "delivery duplicate"],
+            "the run of the delivery whose sender hung up is recorded"
+        );
+        assert_eq!(recorder.dropped(), 0);
+
+        let signer = NoteSigner::from_seed("example.com/hooks", [5; 32]).unwrap();
+        let checkpoint = publish(&ledger, &signer, "example.com/hooks")
+            .await
+            .unwrap();
+        assert_eq!(checkpoint.size as usize, 3 + in_flight + 2);
+        let (_, verdict) = audit(&ledger, &signer.verifier(), None).await.unwrap();
+        assert!(verdict.is_intact());
+    }
+}

@@ -124,6 +124,17 @@ impl<St, K> IdempotencyLayer<St, K> {
         self
     }
 
+    /// Records each delivery the layer answers (its outcome) and each run of the handler (its
+    /// instance, start, end and status, recorded before its commit or release, also when the
+    /// sender hung up) in a ledger, through `recorder`. The records are appended off the
+    /// delivery's path: see [`Recorder`](crate::ledger::Recorder) for what a crash can lose.
+    #[cfg(feature = "ledger")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "ledger")))]
+    pub fn ledger(mut self, recorder: &crate::ledger::Recorder) -> Self {
+        self.claims.ledger = Some(recorder.clone());
+        self
+    }
+
     /// Finds keys with `key` instead, e.g. [`key::stripe()`] or
     /// [`key::header("x-event-id")`](key::header).
     pub fn key<K2: ExtractKey>(self, key: K2) -> IdempotencyLayer<St, K2> {

@@ -122,6 +122,18 @@ where
         if let (Some(journal), Some(outcome)) = (&self.claims.journal, res.extensions().get()) {
             journal.record(&found.key, *outcome, found.attempt);
         }
+        #[cfg(feature = "ledger")]
+        if let (Some(ledger), Some(outcome)) = (&self.claims.ledger, res.extensions().get()) {
+            ledger.record(crate::ledger::Record {
+                key: found.key.clone(),
+                at: std::time::SystemTime::now(),
+                event: crate::ledger::Event::Delivery {
+                    number: None,
+                    outcome: *outcome,
+                    replay: false,
+                },
+            });
+        }
         res.extensions_mut().insert(found.key);
     }
 }
@@ -288,6 +300,11 @@ impl<St: Store, K: ExtractKey> Owner for ClaimMode<St, K> {
             (Settle::GiveBack, _) => self.store.give_back(lease).await,
         }
     }
+
+    #[cfg(feature = "ledger")]
+    fn ledger(&self) -> Option<&crate::ledger::Recorder> {
+        self.claims.ledger.as_ref()
+    }
 }
 
 /// The settings only claim-then-commit has.
@@ -299,4 +316,6 @@ pub(crate) struct ClaimSettings {
     pub(crate) replay: Option<Arc<Replay>>,
     pub(crate) fingerprint: Option<Arc<RequestFingerprint>>,
     pub(crate) journal: Option<Journal>,
+    #[cfg(feature = "ledger")]
+    pub(crate) ledger: Option<crate::ledger::Recorder>,
 }

@@ -254,7 +254,11 @@ where
         req.extensions_mut().insert(guard.handle());
         let body = req.body_mut().bound(guard.owner().settings().body_timeout);
         let result = heartbeat(&mut guard, pin!(call(inner, req))).await;
-        guard.handler_answered();
+        let status = match &result {
+            Ok(Ok(res)) => Some(res.status().as_u16()),
+            _ => None,
+        };
+        guard.handler_answered(status);
         match result {
             Ok(Ok(res)) if body.as_deref().is_some_and(BodyWatch::timed_out) => {
                 let res = timed_out(&guard, res);

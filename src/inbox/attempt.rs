@@ -166,7 +166,7 @@ pub(super) async fn attempt<St, S, B, ResB>(
                 req.extensions_mut().insert(hand_back.clone());
                 guard.start();
                 let ended = through_the_app(&mut guard, service, req, &hand_back, report).await;
-                guard.handler_answered();
+                guard.handler_answered(None);
                 ended
             }
             Err(error) => {

@@ -60,9 +60,11 @@
 //! # main() }
 //! ```
 //!
-//! The layers do not write records to a ledger yet, and only the memory store keeps one: the
-//! records, their numbering, the checkpoints and the audit are the parts that do not depend
-//! on where deliveries are recorded from.
+//! Claim-then-commit records into a ledger through a [`Recorder`]
+//! ([`IdempotencyLayer::ledger`](crate::IdempotencyLayer::ledger)): each delivery it answers,
+//! and each run of the handler before its commit or release, also when the sender hung up.
+//! The other modes record nothing yet, and the ledger is kept in memory only
+//! ([`MemoryLedger`]); a [`LedgerStore`] on a database is written against the same trait.
 
 mod audit;
 mod log;
@@ -71,6 +73,7 @@ mod memory;
 pub mod merkle;
 mod note;
 mod record;
+mod recorder;
 
 pub use audit::{Finding, Logged, Verdict, verify, verify_from};
 pub use log::{LedgerError, LedgerStore, StoredCheckpoint, audit, publish};
@@ -79,3 +82,4 @@ pub use memory::MemoryLedger;
 pub use merkle::{Frontier, Hash};
 pub use note::{Checkpoint, NoteError, NoteSigner, NoteVerifier};
 pub use record::{Event, Record, Unreadable};
+pub use recorder::Recorder;

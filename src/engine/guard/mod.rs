@@ -61,6 +61,21 @@ pub(crate) trait Owner: Configured + Send + Sync + 'static {
         action: Settle,
         receipt: Option<&Receipt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The ledger the owner records its handlers' runs in, if any.
+    #[cfg(feature = "ledger")]
+    fn ledger(&self) -> Option<&crate::ledger::Recorder> {
+        None
+    }
+}
+
+/// A handler's run, for the ledger: when it started, and the status it answered (none when it
+/// failed without an answer).
+#[cfg(feature = "ledger")]
+#[derive(Debug, Clone, Copy)]
+struct HandlerRun {
+    started: std::time::SystemTime,
+    status: Option<u16>,
 }
 
 /// Logs how a settlement went, for every owner alike: the `delivery` event with the outcome,
@@ -338,6 +353,9 @@ pub(crate) struct LeaseGuard<O: Owner> {
     receipt: Option<Arc<Receipt>>,
     /// Whether a failed settlement is retried in place rather than in a task of its own.
     in_place: bool,
+    /// The handler's run, when the owner records runs in a ledger.
+    #[cfg(feature = "ledger")]
+    run: Option<HandlerRun>,
 }
 
 impl<O: Owner> LeaseGuard<O> {
@@ -356,6 +374,8 @@ impl<O: Owner> LeaseGuard<O> {
             beating: false,
             receipt: None,
             in_place: false,
+            #[cfg(feature = "ledger")]
+            run: None,
         }
     }
 
@@ -389,13 +409,26 @@ impl<O: Owner> LeaseGuard<O> {
     /// The handler starts.
     pub(crate) fn start(&mut self) {
         self.phase = Phase::Running;
+        #[cfg(feature = "ledger")]
+        if self.owner.ledger().is_some() {
+            self.run = Some(HandlerRun {
+                started: std::time::SystemTime::now(),
+                status: None,
+            });
+        }
         if let Some(now) = super::observe::started() {
             let _ = self.state.started.set(now);
         }
     }
 
     /// The handler answered: its span and the metrics hear how long it took.
-    pub(crate) fn handler_answered(&self) {
+    pub(crate) fn handler_answered(&mut self, status: Option<u16>) {
+        #[cfg(feature = "ledger")]
+        if let Some(run) = &mut self.run {
+            run.status = status;
+        }
+        #[cfg(not(feature = "ledger"))]
+        let _ = status;
         let Some(took) = self.state.started.get().map(std::time::Instant::elapsed) else {
             return;
         };
@@ -414,6 +447,8 @@ impl<O: Owner> LeaseGuard<O> {
     )]
     pub(crate) fn settle(mut self, action: Settle) -> impl Future<Output = Outcome> + Send {
         async move {
+            #[cfg(feature = "ledger")]
+            self.record_run(action);
             self.phase = Phase::Settling(action);
             self.state.set_stage(Stage::Settling);
             let timeout = self.owner.settings().store_timeout;
@@ -455,6 +490,32 @@ impl<O: Owner> LeaseGuard<O> {
     /// an inbox worker whose stop waits for every settlement.
     pub(crate) fn retry_in_place(&mut self) {
         self.in_place = true;
+    }
+
+    /// Hands the handler's run to the owner's ledger, once, before its settlement: a run that
+    /// never started (a give-back) is none.
+    #[cfg(feature = "ledger")]
+    fn record_run(&mut self, action: Settle) {
+        let (Some(run), Some(ledger)) = (self.run.take(), self.owner.ledger()) else {
+            return;
+        };
+        if matches!(action, Settle::GiveBack) {
+            return;
+        }
+        ledger.record(crate::ledger::Record {
+            key: self.lease().key().clone(),
+            at: std::time::SystemTime::now(),
+            event: crate::ledger::Event::Run {
+                instance: ledger.instance().to_owned(),
+                started: run.started,
+                status: run.status,
+                error: run
+                    .status
+                    .is_none()
+                    .then(|| "the handler failed without an answer".to_owned()),
+                replay: false,
+            },
+        });
     }
 
     fn finish(&mut self) {
