@@ -145,32 +145,80 @@ pub fn verify_from(
         }
         frontier.push(Logged::leaf_of(seq, &row.record));
     }
-    // A broken record that is intact under another broken one's number was moved there.
+    // A broken record that is intact under another broken one's number, or under the number
+    // next to its own (records renumbered around an insertion or a deletion), was moved.
     for row in &broken {
-        let was = broken.iter().find(|other| {
-            other.seq != row.seq && Logged::leaf_of(other.seq, &row.record) == row.leaf
-        });
+        let next_to = [row.seq.checked_sub(1), row.seq.checked_add(1)];
+        let was = broken
+            .iter()
+            .map(|other| Some(other.seq))
+            .chain(next_to)
+            .flatten()
+            .find(|&seq| seq != row.seq && Logged::leaf_of(seq, &row.record) == row.leaf);
         findings.push(match was {
-            Some(other) => Finding::Moved {
-                seq: row.seq,
-                was: other.seq,
-            },
+            Some(was) => Finding::Moved { seq: row.seq, was },
             None => Finding::Altered { seq: row.seq },
         });
     }
-    findings.sort_by_key(|finding| match finding {
+    renumbered(&mut findings, from, size);
+    if findings.is_empty() && frontier.root() != checkpoint.root {
+        findings.push(Finding::Rewritten { size });
+    }
+    let frontier = findings.is_empty().then_some(frontier);
+    Verdict { findings, frontier }
+}
+
+/// Where a finding is, for their order.
+fn place(finding: &Finding) -> u64 {
+    match finding {
         Finding::Altered { seq }
         | Finding::Moved { seq, .. }
         | Finding::Deleted { seq }
         | Finding::Inserted { seq } => *seq,
         Finding::Truncated { from, .. } => *from,
         Finding::Rewritten { .. } => u64::MAX,
-    });
-    if findings.is_empty() && frontier.root() != checkpoint.root {
-        findings.push(Finding::Rewritten { size });
     }
-    let frontier = findings.is_empty().then_some(frontier);
-    Verdict { findings, frontier }
+}
+
+/// Whether every record from `first` to before `end` moved up by one (`up`) or down by one.
+fn shifted(findings: &[Finding], first: u64, end: u64, up: bool) -> bool {
+    (first..end).all(|seq| {
+        let was = if up { seq - 1 } else { seq + 1 };
+        findings.contains(&Finding::Moved { seq, was })
+    })
+}
+
+/// Puts the findings in the log's order, naming a record inserted, or deleted, with the
+/// records after it renumbered to close the gap: each of them moved by one, to the
+/// checkpoint's end.
+fn renumbered(findings: &mut Vec<Finding>, from: u64, size: u64) {
+    findings.sort_by_key(place);
+    let first_moved = findings.iter().find_map(|finding| match finding {
+        Finding::Moved { seq, was } if seq.abs_diff(*was) == 1 => Some((*seq, was > seq)),
+        _ => None,
+    });
+    let Some((first, down)) = first_moved else {
+        return;
+    };
+    let moved_on =
+        |finding: &Finding| matches!(finding, Finding::Moved { seq, .. } if *seq >= first);
+    if !down && first > from && shifted(findings, first, size, true) {
+        // The record just before the shifted ones is the one inserted.
+        findings.retain(|finding| !moved_on(finding));
+        findings.push(Finding::Inserted { seq: first - 1 });
+    } else if down
+        && size > first
+        && shifted(findings, first, size - 1, false)
+        && findings.contains(&Finding::Truncated {
+            from: size - 1,
+            size,
+        })
+    {
+        findings
+            .retain(|finding| !moved_on(finding) && !matches!(finding, Finding::Truncated { .. }));
+        findings.push(Finding::Deleted { seq: first });
+    }
+    findings.sort_by_key(place);
 }
 
 #[cfg(test)]
@@ -254,6 +302,24 @@ mod tests {
         assert!(
             findings(&|rows| rows.reverse()).is_empty(),
             "order of reading is free"
+        );
+        assert_eq!(
+            findings(&|rows| {
+                rows.iter_mut()
+                    .filter(|row| row.seq >= 4)
+                    .for_each(|row| row.seq += 1);
+                rows.push(Logged::new(4, b"forged, the rest renumbered".to_vec()));
+            }),
+            [Finding::Inserted { seq: 4 }]
+        );
+        assert_eq!(
+            findings(&|rows| {
+                rows.remove(6);
+                rows.iter_mut()
+                    .filter(|row| row.seq > 6)
+                    .for_each(|row| row.seq -= 1);
+            }),
+            [Finding::Deleted { seq: 6 }]
         );
     }
 }

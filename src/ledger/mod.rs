@@ -63,8 +63,10 @@
 //! Claim-then-commit records into a ledger through a [`Recorder`]
 //! ([`IdempotencyLayer::ledger`](crate::IdempotencyLayer::ledger)): each delivery it answers,
 //! and each run of the handler before its commit or release, also when the sender hung up.
-//! The other modes record nothing yet, and the ledger is kept in memory only
-//! ([`MemoryLedger`]); a [`LedgerStore`] on a database is written against the same trait.
+//! The other modes record nothing yet. The ledger lives in memory ([`MemoryLedger`]), or
+//! beside the claims' table on PostgreSQL and SQLite (`PostgresLedger`, `SqliteLedger`: a
+//! table of records numbered in place, `<table>_ledger`, and one of checkpoints,
+//! `<table>_ledger_cp`); not yet on MySQL or Redis.
 
 mod audit;
 mod log;
@@ -74,6 +76,8 @@ pub mod merkle;
 mod note;
 mod record;
 mod recorder;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod sql;
 
 pub use audit::{Finding, Logged, Verdict, verify, verify_from};
 pub use log::{LedgerError, LedgerStore, StoredCheckpoint, audit, publish};
@@ -83,3 +87,9 @@ pub use merkle::{Frontier, Hash};
 pub use note::{Checkpoint, NoteError, NoteSigner, NoteVerifier};
 pub use record::{Event, Record, Unreadable};
 pub use recorder::Recorder;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use sql::postgres::PostgresLedger;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use sql::sqlite::SqliteLedger;

@@ -143,7 +143,7 @@ mod record;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 #[cfg(feature = "_sql")]
-mod sql;
+pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;

@@ -146,6 +146,16 @@ impl TableName {
         format!("{quote}{}_state_check{quote}", self.table)
     }
 
+    /// `<table><suffix>`, in the same schema: the tables beside the claims' (the ledger's).
+    /// The caller keeps the result within the database's limit on names.
+    #[cfg(all(feature = "ledger", any(feature = "postgres", feature = "sqlite")))]
+    pub(crate) fn suffixed(&self, suffix: &str) -> Self {
+        Self {
+            schema: self.schema.clone(),
+            table: format!("{}{suffix}", self.table),
+        }
+    }
+
     /// The unqualified table name, unquoted: for catalog lookups.
     pub(crate) fn bare(&self) -> &str {
         &self.table

@@ -1,0 +1,79 @@
+//! The ledger on the SQL databases: a table of records, `<table>_ledger`, numbered in place
+//! by the publisher, and a table of checkpoints, `<table>_ledger_cp`, beside the claims'
+//! table. What the backends share is here; each writes its statements.
+
+#[cfg(feature = "postgres")]
+pub(super) mod postgres;
+#[cfg(feature = "sqlite")]
+pub(super) mod sqlite;
+
+use super::audit::Logged;
+use super::log::StoredCheckpoint;
+use super::merkle::{Frontier, Hash};
+use crate::store::StoreError;
+use crate::store::sql::TableName;
+
+/// The ledger's tables and the names of their indexes, from the claims' table name (at most
+/// 49 bytes: every name here stays within 63).
+struct Names {
+    /// `<table>_ledger`.
+    records: TableName,
+    /// `<table>_ledger_cp`.
+    checkpoints: TableName,
+    /// `<table>_ldg_new`: the records not numbered yet, by id.
+    unnumbered: String,
+    /// `<table>_ldg_key`: a key's records, by id.
+    by_key: String,
+    /// `<table>_ldg_seq`: the records by number, unique.
+    by_seq: String,
+}
+
+impl Names {
+    fn of(table: &TableName) -> Self {
+        Self {
+            records: table.suffixed("_ledger"),
+            checkpoints: table.suffixed("_ledger_cp"),
+            unnumbered: format!("{}_ldg_new", table.bare()),
+            by_key: format!("{}_ldg_key", table.bare()),
+            by_seq: format!("{}_ldg_seq", table.bare()),
+        }
+    }
+}
+
+/// A numbered record as read back: a number, bytes and a leaf hash that may have been
+/// changed by anyone who can write to the table. A leaf of the wrong length reads as zeros,
+/// which no record matches.
+fn logged(seq: i64, record: Vec<u8>, leaf: Option<Vec<u8>>) -> Logged {
+    Logged {
+        seq: u64::try_from(seq).unwrap_or(u64::MAX),
+        record,
+        leaf: leaf
+            .and_then(|leaf| Hash::try_from(leaf).ok())
+            .unwrap_or([0; 32]),
+    }
+}
+
+/// A checkpoint as read back: the note, the size and the frontier's heads, one after the
+/// other.
+fn checkpoint(note: String, size: i64, heads: &[u8]) -> Result<StoredCheckpoint, StoreError> {
+    let size =
+        u64::try_from(size).map_err(|_| StoreError::backend("a negative checkpoint size"))?;
+    let heads: Vec<Hash> = heads
+        .chunks(32)
+        .map(|head| Hash::try_from(head).map_err(|_| ()))
+        .collect::<Result<_, _>>()
+        .map_err(|()| StoreError::backend("a checkpoint's frontier is not whole hashes"))?;
+    let frontier = Frontier::from_parts(size, heads)
+        .ok_or_else(|| StoreError::backend("a checkpoint's frontier does not fit its size"))?;
+    Ok(StoredCheckpoint { note, frontier })
+}
+
+/// The frontier's heads, one after the other.
+fn heads(frontier: &Frontier) -> Vec<u8> {
+    frontier.heads().concat()
+}
+
+/// A number as the databases keep it.
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
