@@ -301,3 +301,65 @@ mod sqlite {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// Two instances each run a `Publisher` (a claims store and a ledger on a pool of their own)
+/// while records arrive: they take turns through the claims store, and what they publish
+/// audits clean.
+mod publishers {
+    use super::*;
+    use tower_idempotency::ledger::Publisher;
+    use tower_idempotency::store::PostgresStore;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_instances_take_turns_and_every_record_is_checkpointed() {
+        let name = table("pg-publishers");
+        let mut instances = Vec::new();
+        for _ in 0..2 {
+            let Some(pool) = common::db::postgres_pool().await else {
+                return;
+            };
+            let store = PostgresStore::new(pool.clone())
+                .with_table_name(&name)
+                .unwrap();
+            store.migrate().await.unwrap();
+            let ledger = PostgresLedger::new(pool).with_table_name(&name).unwrap();
+            ledger.migrate().await.unwrap();
+            instances.push((store, ledger));
+        }
+        let publishers: Vec<Publisher> = instances
+            .iter()
+            .map(|(store, ledger)| {
+                Publisher::spawn(
+                    ledger.clone(),
+                    store.clone(),
+                    signer(),
+                    ORIGIN,
+                    Duration::from_millis(20),
+                )
+            })
+            .collect();
+        for n in 0..100 {
+            let (_, ledger) = &instances[n % 2];
+            ledger.append(&[delivery(&format!("d-{n}"))]).await.unwrap();
+            if n % 10 == 0 {
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let size = |p: &Publisher| p.last().map_or(0, |c| c.size);
+        while publishers.iter().map(size).max() < Some(100) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never checkpointed all 100"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for publisher in publishers {
+            publisher.stop().await;
+        }
+        let (_, ledger) = &instances[0];
+        let (checkpoint, verdict) = audit(ledger, &signer().verifier(), None).await.unwrap();
+        assert_eq!(checkpoint.size, 100);
+        assert!(verdict.is_intact(), "{:?}", verdict.findings);
+    }
+}

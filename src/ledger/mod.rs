@@ -74,6 +74,7 @@ mod log;
 mod memory;
 pub mod merkle;
 mod note;
+mod publisher;
 mod record;
 mod recorder;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
@@ -85,6 +86,7 @@ pub use log::{LedgerError, LedgerStore, StoredCheckpoint, audit, publish};
 pub use memory::MemoryLedger;
 pub use merkle::{Frontier, Hash};
 pub use note::{Checkpoint, NoteError, NoteSigner, NoteVerifier};
+pub use publisher::Publisher;
 pub use record::{Event, Record, Unreadable};
 pub use recorder::Recorder;
 #[cfg(feature = "postgres")]

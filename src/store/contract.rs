@@ -77,7 +77,8 @@ use crate::key::IdempotencyKey;
 ///         };
 ///         (row.state, row.token, row.claimed, row.renewed) = (KeyState::Processing, token, now, now);
 ///         row.runs += 1;
-///         Ok(Claim::Acquired(Lease::new(key.clone(), token, reclaimed)))
+///         let lease = Lease::new(key.clone(), token, reclaimed).with_deliveries(row.deliveries);
+///         Ok(Claim::Acquired(lease))
 ///     }
 ///
 ///     async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {

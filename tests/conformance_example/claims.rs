@@ -103,7 +103,9 @@ impl Store for MapStore {
         row.given_back = false;
         row.receipt = None;
         (row.claimed, row.renewed) = (now, now);
-        Ok(Claim::Acquired(Lease::new(key.clone(), token, reclaimed)))
+        Ok(Claim::Acquired(
+            Lease::new(key.clone(), token, reclaimed).with_deliveries(row.deliveries),
+        ))
     }
 
     async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
