@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use tower::Layer as _;
+
 use tower_idempotency::ledger::{
     Event, Finding, LedgerError, LedgerStore, Logged, MemoryLedger, NoteSigner, Record, audit,
     publish,
@@ -316,4 +318,50 @@ mod through_the_layer {
         let (_, verdict) = audit(&ledger, &signer.verifier(), None).await.unwrap();
         assert!(verdict.is_intact());
     }
+}
+
+/// A handler that panics is a run too, under either stale policy: recorded with its cause.
+#[tokio::test]
+async fn a_run_that_panicked_is_recorded_under_hold() {
+    use http::Request;
+    use tower::{ServiceExt, service_fn};
+    use tower_idempotency::ledger::Recorder;
+    use tower_idempotency::store::MemoryStore;
+    use tower_idempotency::{IdempotencyLayer, Stale, key};
+
+    let ledger = MemoryLedger::new();
+    let recorder = Recorder::spawn(ledger.clone(), "web-2");
+    let svc = IdempotencyLayer::new(MemoryStore::new())
+        .key(key::github())
+        .stale(Stale::hold_after(Duration::from_secs(60)))
+        .ledger(&recorder)
+        .layer(service_fn(|_req: Request<_>| async {
+            if true {
+                panic!("the handler's bug");
+            }
+            Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+        }));
+    let req = Request::post("/")
+        .header("x-github-delivery", "d-panic")
+        .body(String::new())
+        .unwrap();
+    let joined = tokio::spawn(svc.oneshot(req)).await;
+    assert!(joined.unwrap_err().is_panic());
+    recorder.flush().await;
+    let key = IdempotencyKey::new("github", "d-panic").unwrap();
+    let timeline = ledger.timeline(&key).await.unwrap();
+    assert_eq!(timeline.len(), 1, "{timeline:?}");
+    let Event::Run {
+        instance,
+        status,
+        error,
+        ..
+    } = &timeline[0].event
+    else {
+        panic!("{timeline:?}");
+    };
+    assert_eq!(
+        (instance.as_str(), *status, error.as_deref()),
+        ("web-2", None, Some("the handler panicked"))
+    );
 }

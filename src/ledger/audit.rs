@@ -8,6 +8,8 @@
 //! a number twice an insertion, and missing numbers at the end a truncation; a record rewritten
 //! together with its leaf hash still changes the tree's head, which the signature pins.
 
+use std::collections::HashSet;
+
 use super::merkle::{Frontier, Hash, leaf_hash};
 use super::note::Checkpoint;
 
@@ -77,6 +79,14 @@ pub enum Finding {
         /// How many records the checkpoint covers.
         size: u64,
     },
+    /// The check started from a frontier past the checkpoint's size: an older checkpoint
+    /// cannot be checked from a later frontier (start from an earlier one, or from nothing).
+    Behind {
+        /// How many records the checkpoint covers.
+        size: u64,
+        /// Where the check started.
+        from: u64,
+    },
     /// Every record matches its leaf, yet the tree's head is not the checkpoint's: records were
     /// rewritten together with their leaf hashes.
     Rewritten {
@@ -118,17 +128,29 @@ pub fn verify_from(
     records: impl IntoIterator<Item = Logged>,
 ) -> Verdict {
     let (from, size) = (start.size(), checkpoint.size);
-    let mut rows: Vec<Logged> = records
+    if from > size {
+        return Verdict {
+            findings: vec![Finding::Behind { size, from }],
+            frontier: None,
+        };
+    }
+    // Each record with whether it still matches its leaf; among records holding one number,
+    // the one that matches first: it is kept, the others are named.
+    let mut rows: Vec<(Logged, bool)> = records
         .into_iter()
         .filter(|row| row.seq >= from && row.seq < size)
+        .map(|row| {
+            let intact = row.intact();
+            (row, intact)
+        })
         .collect();
-    rows.sort_by_key(|row| row.seq);
+    rows.sort_by_key(|(row, intact)| (row.seq, !intact));
     let mut findings = Vec::new();
     let mut frontier = start.clone();
     let mut broken: Vec<&Logged> = Vec::new();
     let mut rows_at = rows.iter().peekable();
-    for seq in from..size.max(from) {
-        let Some(row) = rows_at.next_if(|row| row.seq == seq) else {
+    for seq in from..size {
+        let Some((row, intact)) = rows_at.next_if(|(row, _)| row.seq == seq) else {
             if rows_at.peek().is_none() {
                 findings.push(Finding::Truncated { from: seq, size });
                 break;
@@ -136,23 +158,28 @@ pub fn verify_from(
             findings.push(Finding::Deleted { seq });
             continue;
         };
-        if rows_at.next_if(|next| next.seq == seq).is_some() {
+        if rows_at.next_if(|(next, _)| next.seq == seq).is_some() {
             findings.push(Finding::Inserted { seq });
-            while rows_at.next_if(|next| next.seq == seq).is_some() {}
+            while rows_at.next_if(|(next, _)| next.seq == seq).is_some() {}
         }
-        if !row.intact() {
+        if !intact {
             broken.push(row);
         }
         frontier.push(Logged::leaf_of(seq, &row.record));
     }
-    // A broken record that is intact under another broken one's number, or under the number
-    // next to its own (records renumbered around an insertion or a deletion), was moved.
+    // A broken record that is intact under the number next to its own (records renumbered
+    // around an insertion or a deletion), or under another broken one's number while they
+    // are few (records swapped), was moved.
+    let pair_up = broken.len() <= PAIRED;
     for row in &broken {
         let next_to = [row.seq.checked_sub(1), row.seq.checked_add(1)];
-        let was = broken
+        let others = broken
             .iter()
-            .map(|other| Some(other.seq))
-            .chain(next_to)
+            .filter(|_| pair_up)
+            .map(|other| Some(other.seq));
+        let was = next_to
+            .into_iter()
+            .chain(others)
             .flatten()
             .find(|&seq| seq != row.seq && Logged::leaf_of(seq, &row.record) == row.leaf);
         findings.push(match was {
@@ -168,6 +195,10 @@ pub fn verify_from(
     Verdict { findings, frontier }
 }
 
+/// Up to how many broken records are each tried under the others' numbers: swaps are found
+/// among a few, and a mass edit costs no more than a pass over it.
+const PAIRED: usize = 64;
+
 /// Where a finding is, for their order.
 fn place(finding: &Finding) -> u64 {
     match finding {
@@ -176,16 +207,9 @@ fn place(finding: &Finding) -> u64 {
         | Finding::Deleted { seq }
         | Finding::Inserted { seq } => *seq,
         Finding::Truncated { from, .. } => *from,
+        Finding::Behind { .. } => 0,
         Finding::Rewritten { .. } => u64::MAX,
     }
-}
-
-/// Whether every record from `first` to before `end` moved up by one (`up`) or down by one.
-fn shifted(findings: &[Finding], first: u64, end: u64, up: bool) -> bool {
-    (first..end).all(|seq| {
-        let was = if up { seq - 1 } else { seq + 1 };
-        findings.contains(&Finding::Moved { seq, was })
-    })
 }
 
 /// Puts the findings in the log's order, naming a record inserted, or deleted, with the
@@ -200,15 +224,26 @@ fn renumbered(findings: &mut Vec<Finding>, from: u64, size: u64) {
     let Some((first, down)) = first_moved else {
         return;
     };
+    let moves: HashSet<(u64, u64)> = findings
+        .iter()
+        .filter_map(|finding| match finding {
+            Finding::Moved { seq, was } => Some((*seq, *was)),
+            _ => None,
+        })
+        .collect();
+    let shifted = |end: u64, up: bool| {
+        (first..end).all(|seq| moves.contains(&(seq, if up { seq - 1 } else { seq + 1 })))
+    };
     let moved_on =
         |finding: &Finding| matches!(finding, Finding::Moved { seq, .. } if *seq >= first);
-    if !down && first > from && shifted(findings, first, size, true) {
-        // The record just before the shifted ones is the one inserted.
+    // The record just before the shifted ones is the one inserted: there, and itself intact.
+    let inserted_before = first > from && !findings.iter().any(|f| place(f) == first - 1);
+    if !down && inserted_before && shifted(size, true) {
         findings.retain(|finding| !moved_on(finding));
         findings.push(Finding::Inserted { seq: first - 1 });
     } else if down
         && size > first
-        && shifted(findings, first, size - 1, false)
+        && shifted(size - 1, false)
         && findings.contains(&Finding::Truncated {
             from: size - 1,
             size,
@@ -256,6 +291,29 @@ mod tests {
         let from = verify_from(&frontier, &later, records[12..].to_vec());
         assert!(from.is_intact());
         assert_eq!(from.frontier.unwrap().root(), later.root);
+        let older = checkpoint_of(&records[..5]);
+        assert_eq!(
+            verify_from(&frontier, &older, records.clone()).findings,
+            [Finding::Behind { size: 5, from: 12 }]
+        );
+        assert!(verify(&older, records).is_intact());
+    }
+
+    #[test]
+    fn every_record_edited_is_named_each() {
+        let records = log(3000);
+        let checkpoint = checkpoint_of(&records);
+        let mut edited = records;
+        for row in &mut edited {
+            row.record.push(b'!');
+        }
+        let findings = verify(&checkpoint, edited).findings;
+        assert_eq!(findings.len(), 3000);
+        assert!(
+            findings
+                .iter()
+                .all(|f| matches!(f, Finding::Altered { .. }))
+        );
     }
 
     #[test]
@@ -311,6 +369,31 @@ mod tests {
                 rows.push(Logged::new(4, b"forged, the rest renumbered".to_vec()));
             }),
             [Finding::Inserted { seq: 4 }]
+        );
+        assert_eq!(
+            findings(&|rows| rows
+                .iter_mut()
+                .filter(|row| row.seq >= 4)
+                .for_each(|row| row.seq += 1)),
+            [4, 5, 6, 7, 8, 9].map(|seq| if seq == 4 {
+                Finding::Deleted { seq }
+            } else {
+                Finding::Moved { seq, was: seq - 1 }
+            }),
+            "a gap opened, nothing inserted"
+        );
+        assert_eq!(
+            findings(&|rows| {
+                let mut copy = rows[9].clone();
+                copy.seq = 8;
+                rows.insert(0, copy);
+                rows.pop();
+            }),
+            [
+                Finding::Inserted { seq: 8 },
+                Finding::Truncated { from: 9, size: 10 }
+            ],
+            "the same names whatever the order the rows are read in"
         );
         assert_eq!(
             findings(&|rows| {

@@ -95,6 +95,11 @@ pub async fn publish<L: LedgerStore>(
     let mut frontier = match store.latest_checkpoint().await? {
         Some(stored) => {
             let signed = Checkpoint::open(&stored.note, &signer.verifier())?;
+            if signed.origin != origin {
+                return Err(LedgerError::Diverged(
+                    "the last checkpoint was signed under another origin",
+                ));
+            }
             if (signed.size, signed.root) != (stored.frontier.size(), stored.frontier.root()) {
                 return Err(LedgerError::Diverged(
                     "the frontier kept with the last checkpoint is not the one it signs",

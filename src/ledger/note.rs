@@ -224,7 +224,7 @@ impl NoteVerifier {
             return Err(NoteError::Malformed("no signature lines"));
         }
         let mut signed = false;
-        for line in signatures.lines() {
+        for line in signatures[..signatures.len() - 1].split('\n') {
             let line = line.strip_prefix(DASH).ok_or(NoteError::Malformed(
                 "a signature line starts with an em dash",
             ))?;
@@ -234,8 +234,10 @@ impl NoteVerifier {
             let blob = BASE64
                 .decode(blob)
                 .map_err(|_| NoteError::Malformed("a signature is base64"))?;
-            if blob.len() < 4 {
-                return Err(NoteError::Malformed("a signature starts with its key's id"));
+            if blob.len() < 5 {
+                return Err(NoteError::Malformed(
+                    "a signature is its key's id and at least a byte",
+                ));
             }
             let id = u32::from_be_bytes([blob[0], blob[1], blob[2], blob[3]]);
             if name != self.name || id != self.id {
@@ -314,7 +316,11 @@ impl Checkpoint {
             .ok_or(NoteError::Checkpoint("the first line is the origin"))?;
         let size = lines
             .next()
-            .filter(|size| !size.is_empty() && (size == &"0" || !size.starts_with('0')))
+            .filter(|size| {
+                !size.is_empty()
+                    && size.bytes().all(|b| b.is_ascii_digit())
+                    && (*size == "0" || !size.starts_with('0'))
+            })
             .and_then(|size| size.parse::<u64>().ok())
             .ok_or(NoteError::Checkpoint(
                 "the second line is the size in decimal",
@@ -338,9 +344,16 @@ impl Checkpoint {
         })
     }
 
-    /// The checkpoint signed by `signer`, as a note.
+    /// The checkpoint signed by `signer`, as a note. A checkpoint whose text would not read
+    /// back as itself (an origin or an extension with a newline, or empty) is refused.
     pub fn sign(&self, signer: &NoteSigner) -> Result<String, NoteError> {
-        signer.sign(&self.body())
+        let body = self.body();
+        if Self::parse(&body).as_ref() != Ok(self) {
+            return Err(NoteError::Checkpoint(
+                "the origin and each extension are one line, not empty",
+            ));
+        }
+        signer.sign(&body)
     }
 
     /// The checkpoint of a note signed by `verifier`'s key.
@@ -421,10 +434,18 @@ mod tests {
             "x\n-1\n\n",
             "\n1\nCQkJ\n",
             "x\n1\nnot base64\n",
+            "x\n+12\nCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQk=\n",
         ] {
             assert!(Checkpoint::parse(body).is_err(), "{body:?}");
         }
         let lying = note.replacen("\n12\n", "\n13\n", 1);
         assert!(Checkpoint::open(&lying, &signer.verifier()).is_err());
+        let crlf = note.replace("=\n", "=\r\n");
+        assert!(Checkpoint::open(&crlf, &signer.verifier()).is_err());
+        let two_lines = Checkpoint {
+            origin: "a\nb".into(),
+            ..checkpoint
+        };
+        assert!(two_lines.sign(&signer).is_err());
     }
 }

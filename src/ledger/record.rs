@@ -68,8 +68,10 @@ fn micros(at: SystemTime) -> u64 {
     })
 }
 
-fn time(micros: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_micros(micros)
+fn time(micros: u64) -> Result<SystemTime, Unreadable> {
+    UNIX_EPOCH
+        .checked_add(Duration::from_micros(micros))
+        .ok_or(Unreadable("a time out of range"))
 }
 
 impl Record {
@@ -152,7 +154,7 @@ impl Record {
             },
             "run" => Event::Run {
                 instance: member(&value, "instance")?.to_owned(),
-                started: time(number("started")?),
+                started: time(number("started")?)?,
                 status: value
                     .get("status")
                     .and_then(Value::as_u64)
@@ -172,7 +174,7 @@ impl Record {
         };
         Ok(Self {
             key,
-            at: time(number("at")?),
+            at: time(number("at")?)?,
             event,
         })
     }
@@ -188,7 +190,7 @@ mod tests {
 
     #[test]
     fn every_kind_round_trips_and_encodes_canonically() {
-        let at = time(1_700_000_000_123_456);
+        let at = time(1_700_000_000_123_456).unwrap();
         let records = [
             Record {
                 key: key(),
@@ -204,7 +206,7 @@ mod tests {
                 at,
                 event: Event::Run {
                     instance: "web-1".into(),
-                    started: time(1_700_000_000_000_000),
+                    started: time(1_700_000_000_000_000).unwrap(),
                     status: Some(200),
                     error: None,
                     replay: true,

@@ -155,6 +155,8 @@ impl<O: Owner> LeaseGuard<O> {
     )]
     pub(crate) fn abandon(mut self) -> impl Future<Output = ()> + Send {
         async move {
+            #[cfg(feature = "ledger")]
+            self.record_run(Settle::Release, Some("the handler panicked"));
             match self.owner.stale().policy() {
                 StalePolicy::Reclaim => {
                     self.settle(Settle::Release).await;

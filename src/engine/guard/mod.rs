@@ -448,7 +448,7 @@ impl<O: Owner> LeaseGuard<O> {
     pub(crate) fn settle(mut self, action: Settle) -> impl Future<Output = Outcome> + Send {
         async move {
             #[cfg(feature = "ledger")]
-            self.record_run(action);
+            self.record_run(action, None);
             self.phase = Phase::Settling(action);
             self.state.set_stage(Stage::Settling);
             let timeout = self.owner.settings().store_timeout;
@@ -492,10 +492,11 @@ impl<O: Owner> LeaseGuard<O> {
         self.in_place = true;
     }
 
-    /// Hands the handler's run to the owner's ledger, once, before its settlement: a run that
-    /// never started (a give-back) is none.
+    /// Hands the handler's run to the owner's ledger, once, before its settlement (or as it
+    /// is left: a panic, a run cut off), with `error` when it ended without an answer: a run
+    /// that never started (a give-back) is none.
     #[cfg(feature = "ledger")]
-    fn record_run(&mut self, action: Settle) {
+    pub(super) fn record_run(&mut self, action: Settle, error: Option<&str>) {
         let (Some(run), Some(ledger)) = (self.run.take(), self.owner.ledger()) else {
             return;
         };
@@ -509,10 +510,11 @@ impl<O: Owner> LeaseGuard<O> {
                 instance: ledger.instance().to_owned(),
                 started: run.started,
                 status: run.status,
-                error: run
-                    .status
-                    .is_none()
-                    .then(|| "the handler failed without an answer".to_owned()),
+                error: run.status.is_none().then(|| {
+                    error
+                        .unwrap_or("the handler failed without an answer")
+                        .to_owned()
+                }),
                 replay: false,
             },
         });
@@ -532,14 +534,18 @@ impl<O: Owner> Drop for LeaseGuard<O> {
             Phase::Settling(action) => action,
             // Nothing ran: give the claim back, whatever the policy.
             Phase::Claimed => Settle::GiveBack,
-            Phase::Running => match self.owner.stale().policy() {
-                StalePolicy::Reclaim => Settle::Release,
-                StalePolicy::Hold => {
-                    left_for_hold(self.lease(), O::WHAT, "the handler was cut off");
-                    self.finish();
-                    return;
+            Phase::Running => {
+                #[cfg(feature = "ledger")]
+                self.record_run(Settle::Release, Some("the handler was cut off"));
+                match self.owner.stale().policy() {
+                    StalePolicy::Reclaim => Settle::Release,
+                    StalePolicy::Hold => {
+                        left_for_hold(self.lease(), O::WHAT, "the handler was cut off");
+                        self.finish();
+                        return;
+                    }
                 }
-            },
+            }
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             let lease = self.lease();
