@@ -91,7 +91,16 @@ fn main() {
         println!("SKIPPED: POSTGRES_URL unreachable");
         return;
     };
-    let recorder = rt.block_on(async { Recorder::spawn(ledger.clone(), "bench") });
+    // `BENCH_LEDGER=null`: records are made, handed over and encoded, and the store drops
+    // them: what recording costs the process, without the database's share.
+    let null = std::env::var("BENCH_LEDGER").is_ok_and(|v| v == "null");
+    let recorder = rt.block_on(async {
+        if null {
+            Recorder::spawn(Null, "bench")
+        } else {
+            Recorder::spawn(ledger.clone(), "bench")
+        }
+    });
     let off = app(store.clone(), None);
     let on = app(store, Some(&recorder));
     let done: Arc<Vec<String>> = Arc::new((0..2000).map(|_| fresh()).collect());
@@ -157,6 +166,55 @@ fn main() {
     }
     println!("records dropped: {}", recorder.dropped());
     criterion.final_summary();
+}
+
+/// A ledger that keeps nothing.
+#[derive(Clone)]
+struct Null;
+
+impl LedgerStore for Null {
+    async fn append(
+        &self,
+        records: &[tower_idempotency::ledger::Record],
+    ) -> Result<(), tower_idempotency::store::StoreError> {
+        for record in records {
+            std::hint::black_box(record.encode());
+        }
+        Ok(())
+    }
+    async fn sequence(
+        &self,
+        _: usize,
+    ) -> Result<Vec<tower_idempotency::ledger::Logged>, tower_idempotency::store::StoreError> {
+        Ok(Vec::new())
+    }
+    async fn records(
+        &self,
+        _: u64,
+        _: u64,
+    ) -> Result<Vec<tower_idempotency::ledger::Logged>, tower_idempotency::store::StoreError> {
+        Ok(Vec::new())
+    }
+    async fn timeline(
+        &self,
+        _: &tower_idempotency::IdempotencyKey,
+    ) -> Result<Vec<tower_idempotency::ledger::Record>, tower_idempotency::store::StoreError> {
+        Ok(Vec::new())
+    }
+    async fn save_checkpoint(
+        &self,
+        _: &tower_idempotency::ledger::StoredCheckpoint,
+    ) -> Result<(), tower_idempotency::store::StoreError> {
+        Ok(())
+    }
+    async fn latest_checkpoint(
+        &self,
+    ) -> Result<
+        Option<tower_idempotency::ledger::StoredCheckpoint>,
+        tower_idempotency::store::StoreError,
+    > {
+        Ok(None)
+    }
 }
 
 async fn connect(url: &str) -> Option<(PostgresStore, PostgresLedger)> {

@@ -122,8 +122,15 @@ where
         if let (Some(journal), Some(outcome)) = (&self.claims.journal, res.extensions().get()) {
             journal.record(&found.key, *outcome, found.attempt);
         }
+        // A delivery that ran is recorded by its run (before its settlement), whatever its
+        // sender heard: the others, by how they were answered.
         #[cfg(feature = "ledger")]
-        if let (Some(ledger), Some(outcome)) = (&self.claims.ledger, res.extensions().get()) {
+        if let (Some(ledger), Some(outcome)) = (&self.claims.ledger, res.extensions().get())
+            && !matches!(
+                outcome,
+                Outcome::Processed | Outcome::Released | Outcome::LeaseLost
+            )
+        {
             ledger.record(crate::ledger::Record {
                 key: found.key.clone(),
                 at: std::time::SystemTime::now(),

@@ -61,8 +61,9 @@
 //! ```
 //!
 //! Claim-then-commit records into a ledger through a [`Recorder`]
-//! ([`IdempotencyLayer::ledger`](crate::IdempotencyLayer::ledger)): each delivery it answers,
-//! and each run of the handler before its commit or release, also when the sender hung up.
+//! ([`IdempotencyLayer::ledger`](crate::IdempotencyLayer::ledger)): each run of the handler,
+//! before its commit or release, also when the sender hung up, and each delivery answered
+//! without a run (a duplicate, one in flight, held, refused).
 //! The other modes record nothing yet. The ledger lives in memory ([`MemoryLedger`]), or
 //! beside the claims' table on PostgreSQL and SQLite (`PostgresLedger`, `SqliteLedger`: a
 //! table of records numbered in place, `<table>_ledger`, and one of checkpoints,

@@ -20,11 +20,10 @@ struct Names {
     records: TableName,
     /// `<table>_ledger_cp`.
     checkpoints: TableName,
-    /// `<table>_ldg_new`: the records not numbered yet, by id.
-    unnumbered: String,
     /// `<table>_ldg_key`: a key's records, by id.
     by_key: String,
-    /// `<table>_ldg_seq`: the records by number, unique.
+    /// `<table>_ldg_seq`: the records by number, unique; the ones not numbered yet are its
+    /// NULLs, which the publisher reads (a few: what arrived since it last published).
     by_seq: String,
 }
 
@@ -33,7 +32,6 @@ impl Names {
         Self {
             records: table.suffixed("_ledger"),
             checkpoints: table.suffixed("_ledger_cp"),
-            unnumbered: format!("{}_ldg_new", table.bare()),
             by_key: format!("{}_ldg_key", table.bare()),
             by_seq: format!("{}_ldg_seq", table.bare()),
         }

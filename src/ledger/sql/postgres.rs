@@ -53,7 +53,6 @@ CREATE TABLE IF NOT EXISTS {l} (
     leaf      BYTEA
 );
 CREATE UNIQUE INDEX IF NOT EXISTS "{seq}" ON {l} (seq);
-CREATE INDEX IF NOT EXISTS "{new}" ON {l} (id) WHERE seq IS NULL;
 CREATE INDEX IF NOT EXISTS "{key}" ON {l} (namespace, "key", id);
 CREATE TABLE IF NOT EXISTS {cp} (
     size     BIGINT PRIMARY KEY,
@@ -61,7 +60,6 @@ CREATE TABLE IF NOT EXISTS {cp} (
     frontier BYTEA  NOT NULL
 );"#,
                 seq = names.by_seq,
-                new = names.unnumbered,
                 key = names.by_key,
             ),
             append: format!(

@@ -51,7 +51,6 @@ impl Sql {
     leaf      BLOB
 );
 CREATE UNIQUE INDEX IF NOT EXISTS "{seq}" ON {l} (seq);
-CREATE INDEX IF NOT EXISTS "{new}" ON {l} (id) WHERE seq IS NULL;
 CREATE INDEX IF NOT EXISTS "{key}" ON {l} (namespace, "key", id);
 CREATE TABLE IF NOT EXISTS {cp} (
     size     INTEGER PRIMARY KEY,
@@ -59,7 +58,6 @@ CREATE TABLE IF NOT EXISTS {cp} (
     frontier BLOB NOT NULL
 );"#,
                 seq = names.by_seq,
-                new = names.unnumbered,
                 key = names.by_key,
             ),
             records_table: l.clone(),
