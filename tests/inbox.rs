@@ -282,6 +282,7 @@ mod sqlite {
 
 /// The tests of a database server, `$store(table)` opening an instance on `table`, and
 /// `$lock` the statement that locks one entry's row (`$1`/`?`: its key).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 macro_rules! server_tests {
     ($module:ident, $store:ident, $lock:expr) => {
         mod $module {
@@ -345,6 +346,7 @@ server_tests!(
 );
 
 /// Ends a transaction held elsewhere on the database.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 type Release =
     Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send>;
 

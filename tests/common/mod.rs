@@ -37,7 +37,7 @@ pub mod versions;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -303,8 +303,8 @@ impl<S: Store> Store for Counting<S> {
 #[cfg(feature = "verify")]
 pub fn stripe_delivery(path: &str, id: &str, secret: Option<&str>) -> Request<Full<Bytes>> {
     let body = format!(r#"{{"id":"{id}","object":"event","type":"invoice.paid"}}"#);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
     let signature = match secret {

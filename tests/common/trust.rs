@@ -9,9 +9,9 @@ use tower::ServiceExt;
 use tower_idempotency::store::Store;
 use tower_idempotency::{IdempotencyLayer, key};
 
+use super::unique_namespace;
 #[cfg(feature = "verify")]
-use super::{Counting, stripe_delivery};
-use super::{counting_body_service, unique_namespace};
+use super::{Counting, counting_body_service, stripe_delivery};
 
 /// A forged delivery with a real event id, sent first, claims nothing (401, the store never
 /// called); the genuine delivery that follows runs, once.
