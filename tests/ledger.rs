@@ -247,8 +247,15 @@ mod through_the_layer {
             .map(|record| match &record.event {
                 Event::Delivery { outcome, .. } => format!("delivery {outcome}"),
                 Event::Run {
-                    status, instance, ..
-                } => format!("run {} on {instance}", status.unwrap_or(0)),
+                    delivery,
+                    status,
+                    instance,
+                    ..
+                } => format!(
+                    "run {} on {instance} of delivery {}",
+                    status.unwrap_or(0),
+                    delivery.unwrap_or(0)
+                ),
                 other => format!("{other:?}"),
             })
             .collect()
@@ -288,7 +295,7 @@ mod through_the_layer {
         recorder.flush().await;
         assert_eq!(
             timeline(&ledger, &first).await,
-            ["run 204 on web-1", "delivery duplicate"],
+            ["run 204 on web-1 of delivery 1", "delivery duplicate"],
             "sent twice, ran once: the delivery that ran is recorded by its run"
         );
         // The retries answered 409 while it ran are deliveries too; besides them, the run and
@@ -301,7 +308,7 @@ mod through_the_layer {
             .collect();
         assert_eq!(
             rest,
-            ["run 204 on web-1", "delivery duplicate"],
+            ["run 204 on web-1 of delivery 1", "delivery duplicate"],
             "the run of the delivery whose sender hung up is recorded"
         );
         assert_eq!(recorder.dropped(), 0);

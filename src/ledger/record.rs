@@ -35,6 +35,9 @@ pub enum Event {
     },
     /// A run of the handler, ended at the record's time.
     Run {
+        /// Which delivery of the event ran it, where the store counted (1 for the first): a
+        /// run of the second delivery is a sender's retry of one that failed or was cut off.
+        delivery: Option<u64>,
         /// The instance that ran it (a host name, a pod).
         instance: String,
         /// When the handler started.
@@ -91,6 +94,7 @@ impl Record {
                 "replay": replay,
             }),
             Event::Run {
+                delivery,
                 instance,
                 started,
                 status,
@@ -98,6 +102,7 @@ impl Record {
                 replay,
             } => json!({
                 "kind": "run",
+                "delivery": delivery,
                 "instance": instance,
                 "started": micros(*started),
                 "status": status,
@@ -153,6 +158,7 @@ impl Record {
                 replay: flag("replay"),
             },
             "run" => Event::Run {
+                delivery: value.get("delivery").and_then(Value::as_u64),
                 instance: member(&value, "instance")?.to_owned(),
                 started: time(number("started")?)?,
                 status: value
@@ -205,6 +211,7 @@ mod tests {
                 key: key(),
                 at,
                 event: Event::Run {
+                    delivery: Some(2),
                     instance: "web-1".into(),
                     started: time(1_700_000_000_000_000).unwrap(),
                     status: Some(200),

@@ -30,6 +30,11 @@ pub(crate) trait Leased: Clone + Send + Sync + 'static {
     fn version(&self) -> Option<i64> {
         None
     }
+
+    /// Which delivery of the key made the claim, where the store counted.
+    fn deliveries(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl Leased for Lease {
@@ -39,6 +44,10 @@ impl Leased for Lease {
 
     fn token(&self) -> LeaseToken {
         self.token()
+    }
+
+    fn deliveries(&self) -> Option<u64> {
+        self.deliveries()
     }
 }
 
@@ -507,6 +516,7 @@ impl<O: Owner> LeaseGuard<O> {
             key: self.lease().key().clone(),
             at: std::time::SystemTime::now(),
             event: crate::ledger::Event::Run {
+                delivery: self.lease().deliveries(),
                 instance: ledger.instance().to_owned(),
                 started: run.started,
                 status: run.status,
