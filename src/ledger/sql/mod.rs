@@ -2,6 +2,76 @@
 //! by the publisher, and a table of checkpoints, `<table>_ledger_cp`, beside the claims'
 //! table. What the backends share is here; each writes its statements.
 
+/// Inside a backend's `impl LedgerStore`, the methods every SQL backend runs the same way: a
+/// `pool` field, and `sql` holding the statements `records`, `timeline`, `save` and `latest`.
+macro_rules! shared_reads {
+    () => {
+        async fn records(
+            &self,
+            from: u64,
+            to: u64,
+        ) -> Result<Vec<crate::ledger::audit::Logged>, crate::store::StoreError> {
+            let rows: Vec<(i64, Vec<u8>, Option<Vec<u8>>)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(self.sql.records.as_str()))
+                    .bind(super::to_i64(from))
+                    .bind(super::to_i64(to))
+                    .fetch_all(&self.pool)
+                    .await
+                    .store()?;
+            Ok(rows
+                .into_iter()
+                .map(|(seq, record, leaf)| super::logged(seq, record, leaf))
+                .collect())
+        }
+
+        async fn timeline(
+            &self,
+            key: &crate::key::IdempotencyKey,
+        ) -> Result<Vec<crate::ledger::record::Record>, crate::store::StoreError> {
+            let rows: Vec<(Vec<u8>,)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(self.sql.timeline.as_str()))
+                    .bind(key.namespace().to_owned())
+                    .bind(key.value().to_owned())
+                    .fetch_all(&self.pool)
+                    .await
+                    .store()?;
+            rows.iter()
+                .map(|(bytes,)| {
+                    crate::ledger::record::Record::decode(bytes)
+                        .map_err(crate::store::StoreError::backend)
+                })
+                .collect()
+        }
+
+        async fn save_checkpoint(
+            &self,
+            checkpoint: &crate::ledger::log::StoredCheckpoint,
+        ) -> Result<(), crate::store::StoreError> {
+            sqlx::query(sqlx::AssertSqlSafe(self.sql.save.as_str()))
+                .bind(super::to_i64(checkpoint.frontier.size()))
+                .bind(checkpoint.note.clone())
+                .bind(super::heads(&checkpoint.frontier))
+                .execute(&self.pool)
+                .await
+                .store()?;
+            Ok(())
+        }
+
+        async fn latest_checkpoint(
+            &self,
+        ) -> Result<Option<crate::ledger::log::StoredCheckpoint>, crate::store::StoreError> {
+            let row: Option<(String, i64, Vec<u8>)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(self.sql.latest.as_str()))
+                    .fetch_optional(&self.pool)
+                    .await
+                    .store()?;
+            row.map(|(note, size, frontier)| super::checkpoint(note, size, &frontier))
+                .transpose()
+        }
+    };
+}
+use shared_reads;
+
 #[cfg(feature = "postgres")]
 pub(super) mod postgres;
 #[cfg(feature = "sqlite")]

@@ -4,10 +4,9 @@ use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, PgPool};
 
-use super::{Names, checkpoint, heads, logged, to_i64};
-use crate::key::IdempotencyKey;
+use super::{Names, to_i64};
 use crate::ledger::audit::Logged;
-use crate::ledger::log::{LedgerStore, StoredCheckpoint};
+use crate::ledger::log::LedgerStore;
 use crate::ledger::record::Record;
 use crate::store::sql::{ResultExt as _, TableName};
 use crate::store::{ConfigError, StoreError};
@@ -174,50 +173,5 @@ impl LedgerStore for PostgresLedger {
         Ok(numbered)
     }
 
-    async fn records(&self, from: u64, to: u64) -> Result<Vec<Logged>, StoreError> {
-        let rows: Vec<(i64, Vec<u8>, Option<Vec<u8>>)> =
-            sqlx::query_as(AssertSqlSafe(self.sql.records.as_str()))
-                .bind(to_i64(from))
-                .bind(to_i64(to))
-                .fetch_all(&self.pool)
-                .await
-                .store()?;
-        Ok(rows
-            .into_iter()
-            .map(|(seq, record, leaf)| logged(seq, record, leaf))
-            .collect())
-    }
-
-    async fn timeline(&self, key: &IdempotencyKey) -> Result<Vec<Record>, StoreError> {
-        let rows: Vec<(Vec<u8>,)> = sqlx::query_as(AssertSqlSafe(self.sql.timeline.as_str()))
-            .bind(key.namespace())
-            .bind(key.value())
-            .fetch_all(&self.pool)
-            .await
-            .store()?;
-        rows.iter()
-            .map(|(bytes,)| Record::decode(bytes).map_err(StoreError::backend))
-            .collect()
-    }
-
-    async fn save_checkpoint(&self, checkpoint: &StoredCheckpoint) -> Result<(), StoreError> {
-        sqlx::query(AssertSqlSafe(self.sql.save.as_str()))
-            .bind(to_i64(checkpoint.frontier.size()))
-            .bind(&checkpoint.note)
-            .bind(heads(&checkpoint.frontier))
-            .execute(&self.pool)
-            .await
-            .store()?;
-        Ok(())
-    }
-
-    async fn latest_checkpoint(&self) -> Result<Option<StoredCheckpoint>, StoreError> {
-        let row: Option<(String, i64, Vec<u8>)> =
-            sqlx::query_as(AssertSqlSafe(self.sql.latest.as_str()))
-                .fetch_optional(&self.pool)
-                .await
-                .store()?;
-        row.map(|(note, size, frontier)| checkpoint(note, size, &frontier))
-            .transpose()
-    }
+    super::shared_reads!();
 }
