@@ -31,7 +31,9 @@ pub(crate) trait Leased: Clone + Send + Sync + 'static {
         None
     }
 
-    /// Which delivery of the key made the claim, where the store counted.
+    /// Which delivery of the key made the claim, where the store counted: what a run's record
+    /// says.
+    #[cfg(feature = "ledger")]
     fn deliveries(&self) -> Option<u64> {
         None
     }
@@ -46,6 +48,7 @@ impl Leased for Lease {
         self.token()
     }
 
+    #[cfg(feature = "ledger")]
     fn deliveries(&self) -> Option<u64> {
         self.deliveries()
     }
