@@ -124,10 +124,12 @@ impl<St, K> IdempotencyLayer<St, K> {
         self
     }
 
-    /// Records each delivery the layer answers (its outcome) and each run of the handler (its
-    /// instance, start, end and status, recorded before its commit or release, also when the
-    /// sender hung up) in a ledger, through `recorder`. The records are appended off the
-    /// delivery's path: see [`Recorder`](crate::ledger::Recorder) for what a crash can lose.
+    /// Records each run of the handler (which delivery ran, the instance, start, end and
+    /// status, or how it ended without one: recorded before its commit or release, also when
+    /// the sender hung up or it panicked) and each delivery answered without a run (duplicate,
+    /// in flight, held, refused) in a ledger, through `recorder`: a delivery that ran is
+    /// recorded by its run. The records are appended off the delivery's path: see
+    /// [`Recorder`](crate::ledger::Recorder) for what a crash can lose.
     #[cfg(feature = "ledger")]
     #[cfg_attr(docsrs, doc(cfg(feature = "ledger")))]
     pub fn ledger(mut self, recorder: &crate::ledger::Recorder) -> Self {

@@ -110,19 +110,13 @@ impl TableName {
     /// The table of entity versions: `<table>_versions`, in the same schema. At most 58
     /// bytes, so Postgres' name for its primary key (`<table>_versions_pkey`) fits in 63.
     pub(crate) fn versions(&self) -> Self {
-        Self {
-            schema: self.schema.clone(),
-            table: format!("{}{VERSIONS_SUFFIX}", self.table),
-        }
+        self.suffixed(VERSIONS_SUFFIX)
     }
 
     /// The inbox table: `<table>_inbox`, in the same schema. At most 55 bytes.
     #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
     pub(crate) fn inbox(&self) -> Self {
-        Self {
-            schema: self.schema.clone(),
-            table: format!("{}{INBOX_SUFFIX}", self.table),
-        }
+        self.suffixed(INBOX_SUFFIX)
     }
 
     /// The quoted, unqualified name of the inbox's index of queued entries by due time:
@@ -146,9 +140,9 @@ impl TableName {
         format!("{quote}{}_state_check{quote}", self.table)
     }
 
-    /// `<table><suffix>`, in the same schema: the tables beside the claims' (the ledger's).
-    /// The caller keeps the result within the database's limit on names.
-    #[cfg(all(feature = "ledger", any(feature = "postgres", feature = "sqlite")))]
+    /// `<table><suffix>`, in the same schema: the tables beside the claims' (the versions',
+    /// the inbox's, the ledger's). The caller keeps the result within the database's limit on
+    /// names.
     pub(crate) fn suffixed(&self, suffix: &str) -> Self {
         Self {
             schema: self.schema.clone(),
